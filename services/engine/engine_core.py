@@ -1,0 +1,98 @@
+"""EngineCore: builds the model, KV cache, scheduler and runner, and runs one step at a time."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from services.common.hashing import HASH_VERSION, BlockHasher
+from services.engine.attention import select_backend
+from services.engine.config import EngineConfig
+from services.engine.kv_cache_manager import KVCacheManager
+from services.engine.model_loader import load_model, load_model_config, resolve_dtype
+from services.engine.model_runner import ModelRunner, bytes_per_block, kv_cache_shape
+from services.engine.outputs import EngineCoreOutput
+from services.engine.request import Request, RequestStatus
+from services.engine.scheduler import Scheduler, SchedulerConfig
+
+log = logging.getLogger(__name__)
+
+_DEFAULT_CPU_KV_GB = 2.0
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r} requested but CUDA is not available")
+    return torch.device(name)
+
+
+class EngineCore:
+    """The engine without a front end: requests in, per-step token outputs out."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.model_config = load_model_config(config.model)
+        cfg = self.model_config
+        self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        if config.max_model_len and config.max_model_len > cfg.max_position_embeddings:
+            raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's "
+                             f"max_position_embeddings={cfg.max_position_embeddings}")
+        self.dtype = resolve_dtype(config.dtype, cfg, self.device)
+        self.block_size = config.block_size
+        self.num_blocks = self._num_blocks()
+        self.hasher = BlockHasher(config.model_name, self.block_size, HASH_VERSION)
+        torch.manual_seed(config.seed)
+        model = load_model(config.model, cfg, self.dtype, self.device, self.max_model_len)
+        kv_cache = torch.zeros(kv_cache_shape(cfg, self.num_blocks, self.block_size), dtype=self.dtype, device=self.device)
+        backend = select_backend(self.device, config.attention_backend)
+        self.runner = ModelRunner(model, cfg, kv_cache, self.block_size, backend, self.device,
+                                  cfg.eos_token_ids, seed=config.seed)
+        self.kv_manager = KVCacheManager(self.num_blocks, self.block_size, config.enable_prefix_caching)
+        batched = config.max_num_batched_tokens or max(2048, self.max_model_len if self.device.type == "cuda" else 2048)
+        self.scheduler = Scheduler(
+            SchedulerConfig(max_num_seqs=config.max_num_seqs, max_num_batched_tokens=batched,
+                            max_model_len=self.max_model_len),
+            self.kv_manager,
+        )
+        log.info("engine ready: %s, %d KV blocks of %d tokens, dtype %s, device %s",
+                 config.model_name, self.num_blocks, self.block_size, self.dtype, self.device)
+
+    def _num_blocks(self) -> int:
+        if self.config.num_kv_blocks:
+            return self.config.num_kv_blocks
+        per_block = bytes_per_block(self.model_config, self.block_size, self.dtype)
+        if self.config.kv_cache_memory_gb:
+            budget = self.config.kv_cache_memory_gb * 2**30
+        elif self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget = free * 0.5
+        else:
+            budget = _DEFAULT_CPU_KV_GB * 2**30
+        needed = self.config.max_num_seqs * -(-self.max_model_len // self.block_size)
+        blocks = min(int(budget // per_block), needed)
+        min_blocks = -(-self.max_model_len // self.block_size)
+        if blocks < min_blocks:
+            raise ValueError(f"kv cache of {blocks} blocks cannot hold one max_model_len={self.max_model_len} "
+                             f"sequence ({min_blocks} blocks needed); raise kv_cache_memory_gb or lower max_model_len")
+        return blocks
+
+    def add_request(self, request: Request) -> None:
+        self.scheduler.add_request(request)
+
+    def abort(self, req_ids: list[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
+        self.scheduler.finish_requests(req_ids, status)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[EngineCoreOutput]:
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            self.runner.execute(sched)  # only forgets finished requests
+            return []
+        result = self.runner.execute(sched)
+        return self.scheduler.update_from_output(sched, result)

@@ -1,0 +1,57 @@
+"""LLM: the offline batch API (vLLM-style): generate() and chat() over an LLMEngine."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from services.engine.config import EngineConfig
+from services.engine.llm_engine import LLMEngine, RequestOutput
+from services.engine.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+
+
+class LLM:
+    """Generate for a batch of prompts: ``LLM(model=path).generate(prompts, SamplingParams(...))``."""
+
+    def __init__(self, model: str, **kwargs: Any) -> None:
+        self.config = EngineConfig(model=str(model), **kwargs)
+        self.engine = LLMEngine(self.config)
+        self.tokenizer = self.engine.tokenizer
+
+    def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 cache_salt: str | None = None) -> list[RequestOutput]:
+        """Run all prompts to completion; outputs are in prompt order, n sequences each."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        param_list = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
+        if len(param_list) != len(prompts):
+            raise ValueError(f"params: got {len(param_list)} for {len(prompts)} prompts")
+        groups: list[list[str]] = []
+        for prompt, p in zip(prompts, param_list, strict=True):
+            ids = []
+            for i in range(p.n):
+                child = p if p.n == 1 else p.model_copy(update={"seed": None if p.seed is None else p.seed + i})
+                ids.append(self.engine.add_request(prompt, child, cache_salt=cache_salt, index=i))
+            groups.append(ids)
+        final: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
+                if out.finished:
+                    final[out.request_id] = out
+        return [self._merge([final[r] for r in ids]) for ids in groups]
+
+    @staticmethod
+    def _merge(outs: list[RequestOutput]) -> RequestOutput:
+        first = outs[0]
+        first.outputs = [o.outputs[0] for o in outs]
+        return first
+
+    def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]], params: SamplingParams | None = None,
+             add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """Apply the model's chat template to each conversation, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [self.tokenizer.encode_chat(c, add_generation_prompt) for c in conversations]
+        return self.generate(prompts, params)

@@ -1,0 +1,141 @@
+"""LLMEngine: validates and tokenizes inputs, drives EngineCore, detokenizes and applies stop strings."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.common.hashing import BlockHashExtras
+from services.common.tokenizer import Tokenizer
+from services.engine.config import EngineConfig
+from services.engine.detokenizer import IncrementalDetokenizer
+from services.engine.engine_core import EngineCore
+from services.engine.outputs import EngineCoreOutput, Logprobs
+from services.engine.request import Request, RequestStatus
+from services.engine.sampling_params import SamplingParams
+
+
+@dataclass
+class CompletionOutput:
+    """One generated sequence (cumulative)."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[Logprobs] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class RequestOutput:
+    """The state of one request after a step; ``delta_*`` holds what is new since the last output."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = False
+    num_cached_tokens: int = 0
+    delta_text: str = ""
+    delta_token_ids: list[int] = field(default_factory=list)
+    error: str | None = None
+
+
+class _Tracked:
+    """Front-end state of one request: its detokenizer and accumulated output."""
+
+    def __init__(self, req: Request, prompt: str | None, detok: IncrementalDetokenizer, index: int) -> None:
+        self.req, self.prompt, self.detok = req, prompt, detok
+        self.out = CompletionOutput(index=index, logprobs=[] if req.sampling_params.logprobs is not None else None)
+
+
+class LLMEngine:
+    """Synchronous engine with a text front end; the async server and the offline LLM wrap it."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.core = EngineCore(config)
+        tok_dir = Path(config.model)
+        if tok_dir.suffix == ".gguf":
+            from services.engine.model_cache import gguf_tokenizer_dir
+
+            tok_dir = gguf_tokenizer_dir(tok_dir)
+        self.tokenizer = Tokenizer(tok_dir)
+        cfg_eos = self.core.model_config.eos_token_ids
+        self.eos_token_id = cfg_eos[0] if cfg_eos else self.tokenizer.eos_token_id
+        if not cfg_eos and self.tokenizer.eos_token_id is not None:
+            self.core.runner.eos_ids = (self.tokenizer.eos_token_id,)
+        self.max_model_len = self.core.max_model_len
+        self._tracked: dict[str, _Tracked] = {}
+        self._ids = itertools.count()
+
+    def tokenize_prompt(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        return None, list(prompt)
+
+    def validate_prompt(self, token_ids: list[int], params: SamplingParams) -> None:
+        """Raise ValueError naming the field when the prompt cannot be served."""
+        if not token_ids:
+            raise ValueError("prompt: must not be empty")
+        vocab = self.core.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in token_ids):
+            raise ValueError(f"prompt: token ids must be in [0, {vocab})")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(f"prompt: {len(token_ids)} tokens, but max_model_len is {self.max_model_len} "
+                             "(the prompt must leave room for at least one generated token)")
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+                    cache_salt: str | None = None, lora_name: str | None = None, priority: int = 0,
+                    index: int = 0) -> str:
+        """Queue one sequence (n is expanded by the caller); returns its request id."""
+        text, token_ids = self.tokenize_prompt(prompt)
+        self.validate_prompt(token_ids, params)
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self._tracked:
+            raise ValueError(f"request_id: {request_id!r} is already in use")
+        extras = BlockHashExtras(lora_name=lora_name, cache_salt=cache_salt)
+        req = Request(request_id, token_ids, params, self.eos_token_id,
+                      hash_fn=lambda hashes, toks: self.core.hasher.extend(hashes, toks, extras), priority=priority)
+        detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop, params.include_stop_str_in_output,
+                                       params.skip_special_tokens)
+        self._tracked[request_id] = _Tracked(req, text, detok, index)
+        self.core.add_request(req)
+        return request_id
+
+    def abort(self, request_ids: list[str]) -> None:
+        self.core.abort(request_ids)
+        for rid in request_ids:
+            self._tracked.pop(rid, None)
+
+    def has_unfinished(self) -> bool:
+        return self.core.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        return [out for o in self.core.step() if (out := self._process(o)) is not None]
+
+    def _process(self, o: EngineCoreOutput) -> RequestOutput | None:
+        tr = self._tracked.get(o.req_id)
+        if tr is None:
+            return None
+        out = tr.out
+        out.token_ids.extend(o.new_token_ids)
+        if out.logprobs is not None:
+            out.logprobs.extend(o.new_logprobs)
+        finish, stop_reason = o.finish_reason, o.stop_reason
+        hit = tr.detok.add_tokens(o.new_token_ids)
+        if hit is not None and finish is None:
+            self.core.abort([o.req_id], RequestStatus.FINISHED_STOPPED)
+            finish, stop_reason = "stop", hit
+        if finish is not None:
+            out.finish_reason, out.stop_reason = finish, stop_reason
+            del self._tracked[o.req_id]
+        delta = tr.detok.take_delta(final=finish is not None)
+        out.text += delta
+        return RequestOutput(
+            request_id=o.req_id, prompt=tr.prompt, prompt_token_ids=tr.req.prompt_token_ids, outputs=[out],
+            finished=finish is not None, num_cached_tokens=o.num_cached_tokens, delta_text=delta,
+            delta_token_ids=list(o.new_token_ids), error=o.error,
+        )

@@ -1,0 +1,148 @@
+"""LlamaForCausalLM (also Mistral and Qwen2): RMSNorm, GQA attention over the paged cache, SwiGLU, RoPE."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from services.engine.attention import AttentionMetadata, TorchPagedAttention
+from services.engine.model_config import ModelConfig
+from services.engine.rotary import apply_rotary, build_cos_sin
+
+
+class RMSNorm(nn.Module):
+    """HF Llama RMSNorm: normalize in fp32, cast back, then scale."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.hq, self.hkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_size, self.kv_size = self.hq * self.d, self.hkv * self.d
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.scale = self.d**-0.5
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata, backend: TorchPagedAttention) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = apply_rotary(q.view(t, self.hq, self.d), cos, sin)
+        k = apply_rotary(k.view(t, self.hkv, self.d), cos, sin)
+        v = v.view(t, self.hkv, self.d)
+        key_cache, value_cache = kv_cache[:, self.layer_idx, 0], kv_cache[:, self.layer_idx, 1]
+        out = backend.forward(q, k, v, key_cache, value_cache, meta, self.scale)
+        return self.o_proj(out.reshape(t, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.inter = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.inter, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(self.inter, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split([self.inter, self.inter], dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = LlamaAttention(cfg, layer_idx)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata, backend: TorchPagedAttention) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta, backend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    """The Llama family. Weights use HF names except fused qkv_proj / gate_up_proj (see load_weights)."""
+
+    def __init__(self, cfg: ModelConfig, max_positions: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        cos, sin = build_cos_sin(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling, dtype)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata, backend: TorchPagedAttention) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.cos[positions], self.sin[positions]
+        for layer in self.layers:
+            x = layer(x, cos, sin, kv_cache, meta, backend)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load HF-named tensors, fusing q/k/v and gate/up; every parameter must be filled."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            target, shard = _map_name(name.removeprefix("model."), self.cfg)
+            if target is None:
+                continue
+            if target not in params:
+                raise ValueError(f"checkpoint tensor {name!r} has no place in {self.cfg.architecture}")
+            _copy_shard(params[target], tensor, shard, self.cfg)
+            loaded.add(f"{target}:{shard}")
+            if target == "embed_tokens.weight" and self.cfg.tie_word_embeddings:
+                _copy_shard(params["lm_head.weight"], tensor, None, self.cfg)
+                loaded.add("lm_head.weight:None")
+        missing = [n for n in params if not any(key.startswith(n + ":") for key in loaded)]
+        if missing:
+            raise ValueError(f"checkpoint is missing tensors for: {', '.join(missing[:8])}")
+
+
+_FUSED = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+          "gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up")}
+
+
+def _map_name(name: str, cfg: ModelConfig) -> tuple[str | None, str | None]:
+    if "rotary_emb" in name:
+        return None, None
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part in _FUSED:
+            fused, shard = _FUSED[part]
+            return ".".join(parts[:i] + [fused] + parts[i + 1 :]), shard
+    return name, None
+
+
+def _copy_shard(param: torch.Tensor, tensor: torch.Tensor, shard: str | None, cfg: ModelConfig) -> None:
+    if shard is None:
+        rows = (0, param.shape[0])
+    else:
+        q, kv, inter = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size
+        rows = {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv), "gate": (0, inter), "up": (inter, 2 * inter)}[shard]
+    dst = param.data[rows[0] : rows[1]]
+    if dst.shape != tensor.shape:
+        raise ValueError(f"weight shape mismatch for {shard or 'tensor'}: expected {tuple(dst.shape)}, got {tuple(tensor.shape)}")
+    dst.copy_(tensor.to(dst.dtype))

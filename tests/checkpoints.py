@@ -1,0 +1,79 @@
+"""Builders for tiny random-weight HF checkpoints and a byte-level BPE tokenizer, all offline and seeded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+_WORDS = (
+    "the quick brown fox jumps over a lazy dog while paris is the capital of france and "
+    "kvferry moves blocks of cache between prefill and decode engines über naïve café 東京 🚀 "
+    "numbers 0123456789 code def return class import print hello world"
+).split()
+
+
+def _corpus(n: int = 3000) -> list[str]:
+    import random
+
+    rng = random.Random(0)
+    return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 20))) for _ in range(n)]
+
+
+def build_tokenizer(out: Path, vocab_size: int = 512) -> int:
+    """Train a byte-level BPE on a fixed corpus; write tokenizer files; return the vocab size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_corpus(), trainer)
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "chat_template": CHAT_TEMPLATE, "bos_token": "<|im_start|>", "eos_token": "<|im_end|>",
+    }))
+    return tok.get_vocab_size()
+
+
+def build_checkpoint(out: Path, kind: str, seed: int = 0) -> Path:
+    """Write a tiny random-weight checkpoint: kind is 'llama', 'qwen2' or 'mistral'."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    vocab = build_tokenizer(out)
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, max_position_embeddings=1024, rms_norm_eps=1e-6,
+                  initializer_range=0.1, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if kind == "llama":
+        cfg = LlamaConfig(num_key_value_heads=2, rope_theta=10000.0, **common, rope_scaling={
+            "rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64})
+        cls = LlamaForCausalLM
+    elif kind == "qwen2":
+        cfg = Qwen2Config(num_key_value_heads=1, tie_word_embeddings=True, rope_theta=10000.0,
+                          rope_scaling={"rope_type": "linear", "factor": 2.0}, **common)
+        cls = Qwen2ForCausalLM
+    elif kind == "mistral":
+        cfg = MistralConfig(num_key_value_heads=2, sliding_window=None, **common)
+        cls = MistralForCausalLM
+    else:
+        raise ValueError(kind)
+    torch.manual_seed(seed)
+    model = cls(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)  # biases start at 0 and norms at 1: make them matter
+    model.save_pretrained(str(out), safe_serialization=True)
+    return out
