@@ -12,11 +12,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-_WORDS = (
-    "the quick brown fox jumps over a lazy dog while paris is the capital of france and "
-    "kvferry moves blocks of cache between prefill and decode engines über naïve café 東京 🚀 "
-    "numbers 0123456789 code def return class import print hello world"
-).split()
+_WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "paris", "is", "the", "capital", "of", "france", "and", "kvferry", "moves", "blocks", "of", "cache", "between", "prefill", "and", "decode", "engines", "über", "naïve", "café", "東京", "🚀", "numbers", "0123456789", "code", "def", "return", "class", "import", "print", "hello", "world"]
 
 
 def _corpus(n: int = 3000) -> list[str]:
@@ -48,8 +44,14 @@ def build_tokenizer(out: Path, vocab_size: int = 512) -> int:
 def build_checkpoint(out: Path, kind: str, seed: int = 0) -> Path:
     """Write a tiny random-weight checkpoint: kind is 'llama', 'qwen2' or 'mistral'."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     vocab = build_tokenizer(out)
     common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

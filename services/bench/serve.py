@@ -1,0 +1,118 @@
+"""``kvferry bench serve`` as a library: validated config -> dataset -> load run -> summary."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from services.bench.client import LoadRun, RequestResult, Target, fetch_model, run_load
+from services.bench.datasets import (
+    BenchRequest,
+    TokenSpace,
+    plain_token_space,
+    synthetic_dataset,
+    tokenizer_token_space,
+)
+from services.bench.stats import BenchSummary, summarize
+
+
+class BenchConfig(BaseModel):
+    """Options of ``kvferry bench serve`` (the CLI flags, validated)."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+
+    url: str = "http://127.0.0.1:8000"
+    model: str | None = None
+    endpoint: Literal["completions", "chat"] = "completions"
+    dataset: Literal["random", "shared-prefix"] = "random"
+    num_prompts: int = Field(100, ge=1)
+    input_len: int = Field(1024, ge=0)
+    output_len: int = Field(128, ge=1)
+    prefix_len: int = Field(0, ge=0)
+    num_prefixes: int = Field(1, ge=1)
+    request_rate: float = Field(math.inf, gt=0)
+    max_concurrency: int | None = Field(None, ge=1)
+    seed: int = 0
+    tokenizer: str | None = None
+    vocab_size: int = Field(256, ge=1)
+    api_key: str | None = Field(None, exclude=True)  # never written to --result-json
+    timeout: float = Field(600.0, gt=0)
+    result_json: Path | None = None
+    plot: Path | None = None
+    progress: bool = True
+
+    @model_validator(mode="after")
+    def _check_dataset(self) -> BenchConfig:
+        if self.dataset == "shared-prefix" and self.prefix_len < 1:
+            raise ValueError("the shared-prefix dataset needs --prefix-len >= 1")
+        if self.input_len + self.prefix_len < 1:
+            raise ValueError("prompts need at least one token: raise --input-len or --prefix-len")
+        return self
+
+
+class BenchResult(BaseModel):
+    """What ``--result-json`` holds: the config, the summary and every request's timings (seconds)."""
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+    config: BenchConfig
+    summary: BenchSummary
+    requests: list[RequestResult]
+
+
+@dataclass(frozen=True)
+class BenchOutcome:
+    """A finished benchmark: the raw run and its summary."""
+
+    config: BenchConfig
+    run: LoadRun
+    summary: BenchSummary
+
+    def to_result(self) -> BenchResult:
+        return BenchResult(config=self.config, summary=self.summary, requests=self.run.results)
+
+
+def token_space(config: BenchConfig) -> TokenSpace:
+    """The tokenizer's vocabulary if ``--tokenizer`` is given, else ids in ``[0, --vocab-size)``."""
+    return (
+        tokenizer_token_space(config.tokenizer) if config.tokenizer else plain_token_space(config.vocab_size)
+    )
+
+
+def build_dataset(config: BenchConfig) -> list[BenchRequest]:
+    """The prompts of a run (``random`` uses one shared prefix when ``--prefix-len`` > 0)."""
+    num_prefixes = config.num_prefixes if config.dataset == "shared-prefix" else 1
+    return synthetic_dataset(
+        token_space(config),
+        config.num_prompts,
+        config.input_len,
+        config.output_len,
+        config.prefix_len,
+        num_prefixes,
+        config.seed,
+    )
+
+
+async def run_bench_async(config: BenchConfig) -> BenchOutcome:
+    """Build the dataset, resolve the model (first of ``/v1/models`` if not given), run, summarize."""
+    requests = build_dataset(config)
+    target = Target(config.url, config.model or "", config.endpoint, config.api_key, config.timeout)
+    if not config.model:
+        target = Target(
+            config.url, await fetch_model(target), config.endpoint, config.api_key, config.timeout
+        )
+        config = config.model_copy(update={"model": target.model})
+    run = await run_load(
+        target, requests, config.request_rate, config.max_concurrency, config.seed, config.progress
+    )
+    return BenchOutcome(config, run, summarize(run))
+
+
+def run_bench(config: BenchConfig) -> BenchOutcome:
+    """Synchronous :func:`run_bench_async` for scripts."""
+    return asyncio.run(run_bench_async(config))

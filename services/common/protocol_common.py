@@ -1,0 +1,158 @@
+"""Pieces shared by the OpenAI completions and chat protocols: base models, sampling fields, usage.
+
+Request models are strict (no string-to-number or float-to-int coercion: ``max_tokens=1.5`` and
+``"0.5"`` are rejected, as OpenAI does) and ignore unknown fields (as OpenAI and vLLM do), so a
+client sending a newer OpenAI parameter still gets served. Cross-field checks raise
+:func:`field_error`, which names the offending field so the 400 body's ``param`` points at it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic_core import PydanticCustomError
+
+MAX_LOGPROBS = 20
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+PositiveInt = Annotated[int, Field(ge=1)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+TokenId = Annotated[int, Field(ge=0)]
+
+
+def field_error(param: str, message: str) -> PydanticCustomError:
+    """A validation error for a model-level check that names ``param`` as the offending field."""
+    return PydanticCustomError("invalid_field", message, {"param": param})
+
+
+def random_id(prefix: str) -> str:
+    """An OpenAI-style object id such as ``cmpl-3f2a...``."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    """Creation time in whole seconds, as the ``created`` field carries it."""
+    return int(time.time())
+
+
+class RequestModel(BaseModel):
+    """Base of every request body: strict types, no NaN or infinity, unknown fields ignored."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+
+class ResponseModel(BaseModel):
+    """Base of every response body: lax, so the server may pass tuples or numpy scalars."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(RequestModel):
+    """``stream_options``: ``include_usage`` adds a final chunk with empty choices and the usage."""
+
+    include_usage: bool = False
+
+
+class SamplingRequest(RequestModel):
+    """Fields both endpoints accept: OpenAI's sampling parameters plus vLLM's extras.
+
+    ``model`` is optional (vLLM behaviour): the server fills in its served model name.
+    ``top_k`` of -1 or 0 disables top-k. ``kv_transfer_params`` is the P/D hand-off dict
+    (vLLM NixlConnector shape), passed through untouched.
+    """
+
+    model: str | None = None
+    max_tokens: PositiveInt | None = None
+    temperature: Annotated[float, Field(ge=0)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    n: PositiveInt = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] = 0.0
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] = 0.0
+    user: str | None = None
+    # vLLM extras
+    top_k: Annotated[int, Field(ge=-1)] | None = None
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0)] | None = None
+    min_tokens: NonNegativeInt = 0
+    ignore_eos: bool = False
+    stop_token_ids: list[TokenId] | None = None
+    cache_salt: Annotated[str, Field(min_length=1)] | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    priority: int = 0
+    request_id: str | None = None
+
+    @model_validator(mode="after")
+    def _check_sampling(self) -> SamplingRequest:
+        if self.stream_options is not None and not self.stream:
+            raise field_error("stream_options", "only allowed when stream is true")
+        limit = self.max_output_tokens()
+        if limit is not None and self.min_tokens > limit:
+            raise field_error("min_tokens", f"must be <= max_tokens ({limit}), got {self.min_tokens}")
+        return self
+
+    def max_output_tokens(self) -> int | None:
+        """The requested output-token limit, or None for "up to the context length"."""
+        return self.max_tokens
+
+    def stop_strings(self) -> list[str]:
+        """``stop`` as a list (a single string becomes a one-element list)."""
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def include_usage_in_stream(self) -> bool:
+        """Whether a streamed response ends with a usage chunk."""
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class PromptTokensDetails(ResponseModel):
+    """``usage.prompt_tokens_details``: prompt tokens served from the prefix cache."""
+
+    cached_tokens: int = 0
+
+
+class Usage(ResponseModel):
+    """Token accounting of one response (all choices together)."""
+
+    prompt_tokens: int
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+    @model_validator(mode="after")
+    def _fill_total(self) -> Usage:
+        if self.total_tokens == 0:
+            self.total_tokens = self.prompt_tokens + self.completion_tokens
+        return self
+
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Usage:
+        """Usage with ``total_tokens`` computed and ``cached_tokens`` filled in."""
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+        )
+
+
+class StreamChunkModel(ResponseModel):
+    """Base of streaming chunks (each declares ``usage`` last): ``usage`` is sent only when set.
+
+    OpenAI sends ``"usage": null`` on every chunk when ``include_usage`` is on and no ``usage`` key
+    at all otherwise; pass ``usage=None`` explicitly in the first case.
+    """
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_usage(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("usage") is None and "usage" not in self.model_fields_set:
+            data.pop("usage", None)
+        return data

@@ -1,0 +1,117 @@
+"""OpenAI ``POST /v1/completions``: the request, the ``text_completion`` response and its chunks."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, PlainValidator
+from pydantic_core import PydanticCustomError
+
+from services.common.protocol_common import (
+    MAX_LOGPROBS,
+    FinishReason,
+    PositiveInt,
+    ResponseModel,
+    SamplingRequest,
+    StreamChunkModel,
+    Usage,
+    now,
+    random_id,
+)
+
+PromptInput = str | list[str] | list[int] | list[list[int]]
+
+
+def _is_token_id(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _prompt_error(message: str) -> PydanticCustomError:
+    return PydanticCustomError("invalid_prompt", message)
+
+
+def _check_prompt(value: Any) -> PromptInput:
+    """Accept a string, strings, token ids or lists of token ids; reject anything empty."""
+    if isinstance(value, str):
+        if not value:
+            raise _prompt_error("must not be empty")
+        return value
+    if not isinstance(value, list) or not value:
+        raise _prompt_error("must be a non-empty string, list of strings, or list of token ids")
+    if all(isinstance(item, str) for item in value):
+        if not all(value):
+            raise _prompt_error("must not contain empty strings")
+        return value
+    if all(_is_token_id(item) for item in value):
+        return value
+    if all(isinstance(item, list) and item and all(_is_token_id(t) for t in item) for item in value):
+        return value
+    raise _prompt_error(
+        "must be a string, a list of strings, a list of non-negative token ids, "
+        "or a list of non-empty token-id lists"
+    )
+
+
+Prompt = Annotated[PromptInput, PlainValidator(_check_prompt, json_schema_input_type=PromptInput)]
+
+
+class CompletionRequest(SamplingRequest):
+    """Body of ``POST /v1/completions``. ``max_tokens`` defaults to 16 as in OpenAI and vLLM."""
+
+    prompt: Prompt
+    max_tokens: PositiveInt | None = 16
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    echo: bool = False
+
+    def prompts(self) -> list[str] | list[list[int]]:
+        """The prompt as a batch: a list of strings or a list of token-id lists (one per prompt)."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if isinstance(prompt[0], int):
+            return [prompt]  # type: ignore[list-item]
+        return prompt  # type: ignore[return-value]
+
+
+class CompletionLogprobs(ResponseModel):
+    """``choices[i].logprobs`` of a completion: parallel lists, one entry per token."""
+
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+
+
+class CompletionChoice(ResponseModel):
+    """One choice of a completion (also the shape of a streamed choice)."""
+
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(ResponseModel):
+    """A ``text_completion`` object, with vLLM's top-level ``kv_transfer_params``."""
+
+    id: str = Field(default_factory=lambda: random_id("cmpl"))
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=now)
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+
+
+class CompletionStreamResponse(StreamChunkModel):
+    """One streamed chunk of a completion; the same ``id`` and ``created`` on every chunk."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    system_fingerprint: str | None = None
+    usage: Usage | None = None

@@ -1,0 +1,46 @@
+"""Model-free drivers for scheduler tests: requests with real hashes and a fake runner that samples."""
+
+from __future__ import annotations
+
+import random
+
+from services.common.hashing import BlockHasher
+from services.engine.outputs import ModelRunnerOutput, SchedulerOutput
+from services.engine.request import Request
+from services.engine.sampling_params import SamplingParams
+
+HASHER = BlockHasher("test-model", 4)
+
+
+def make_request(rid: str, tokens: list[int], max_tokens: int = 4, **kw) -> Request:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=kw.pop("ignore_eos", True))
+    return Request(rid, tokens, params, eos_token_id=0, hash_fn=HASHER.extend, **kw)
+
+
+class FakeRunner:
+    """Tracks what the runner would know and samples a random token when a request reaches its end."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = random.Random(seed)
+        self.num_tokens: dict[str, int] = {}
+        self.computed: dict[str, int] = {}
+
+    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        for rid in sched.finished_req_ids | sched.preempted_req_ids:
+            self.num_tokens.pop(rid, None)
+        for new in sched.new_reqs:
+            self.num_tokens[new.req_id] = len(new.prompt_token_ids) + len(new.output_token_ids)
+            self.computed[new.req_id] = new.num_computed_tokens
+        for cached in sched.cached_reqs:
+            assert self.computed[cached.req_id] == cached.num_computed_tokens
+        ids, sampled = [], []
+        for rid, n in sched.num_scheduled_tokens:
+            self.computed[rid] += n
+            assert self.computed[rid] <= self.num_tokens[rid]
+            ids.append(rid)
+            if self.computed[rid] == self.num_tokens[rid]:
+                self.num_tokens[rid] += 1
+                sampled.append((self.rng.randrange(1, 50),))
+            else:
+                sampled.append(())
+        return ModelRunnerOutput(tuple(ids), tuple(sampled), (None,) * len(ids))
