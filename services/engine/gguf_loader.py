@@ -80,7 +80,7 @@ class GGUFCheckpoint:
                 arr = _unpermute(arr, cfg["num_attention_heads"])
             elif self.arch == "llama" and name.endswith("k_proj.weight"):
                 arr = _unpermute(arr, cfg["num_key_value_heads"])
-            yield name, torch.from_numpy(np.ascontiguousarray(arr))
+            yield name, torch.from_numpy(arr if arr.flags.writeable and arr.flags.c_contiguous else arr.copy())
 
     def tokenizer_files(self) -> dict[str, Any]:
         """tokenizer.json, tokenizer_config.json and generation_config.json contents."""
