@@ -41,8 +41,9 @@ def build_tokenizer(out: Path, vocab_size: int = 512) -> int:
     return tok.get_vocab_size()
 
 
-def build_checkpoint(out: Path, kind: str, seed: int = 0) -> Path:
-    """Write a tiny random-weight checkpoint: kind is 'llama', 'qwen2' or 'mistral'."""
+def build_checkpoint(out: Path, kind: str, seed: int = 0, hidden: int = 64, layers: int = 2, heads: int = 4,
+                     vocab_size: int | None = None) -> Path:
+    """Write a random-weight checkpoint (tiny by default): kind is 'llama', 'qwen2' or 'mistral'."""
     import torch
     from transformers import (
         LlamaConfig,
@@ -53,9 +54,9 @@ def build_checkpoint(out: Path, kind: str, seed: int = 0) -> Path:
         Qwen2ForCausalLM,
     )
 
-    vocab = build_tokenizer(out)
-    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, max_position_embeddings=1024, rms_norm_eps=1e-6,
+    vocab = max(build_tokenizer(out), vocab_size or 0)
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                  num_attention_heads=heads, max_position_embeddings=1024, rms_norm_eps=1e-6,
                   initializer_range=0.1, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if kind == "llama":
         cfg = LlamaConfig(num_key_value_heads=2, rope_theta=10000.0, **common, rope_scaling={

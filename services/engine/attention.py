@@ -34,7 +34,7 @@ class AttentionMetadata:
     # torch backend helpers
     decode_token_idx: torch.Tensor  # [Bd] token rows of single-token queries
     decode_block_tables: torch.Tensor  # [Bd, max_blocks] int64
-    decode_mask: torch.Tensor  # [Bd, max_blocks*block_size] bool
+    decode_bias: torch.Tensor  # [Bd, 1, 1, max_blocks*block_size] float: 0 = attend, -inf = padding
     prefills: list[PrefillSeq]
 
     @property
@@ -57,7 +57,8 @@ def build_metadata(
     decode_rows = [i for i, n in enumerate(q_lens) if n == 1]
     lens_t = torch.tensor(seq_lens, dtype=torch.int64)
     positions = torch.arange(max_blocks * block_size)
-    decode_lens = lens_t[decode_rows]
+    pad = positions[None, :] >= lens_t[decode_rows][:, None]
+    bias = torch.zeros(pad.shape).masked_fill_(pad, float("-inf"))[:, None, None, :]
     prefills = []
     for i, n in enumerate(q_lens):
         if n == 1:
@@ -75,59 +76,55 @@ def build_metadata(
         block_size=block_size,
         decode_token_idx=torch.tensor([starts[i] for i in decode_rows], dtype=torch.int64, device=device),
         decode_block_tables=table[decode_rows].long().to(device),
-        decode_mask=(positions[None, :] < decode_lens[:, None]).to(device),
+        decode_bias=bias.to(device),
         prefills=prefills,
     )
 
 
 class TorchPagedAttention:
-    """Paged attention in plain torch: same math as the Triton kernels, and their reference."""
+    """Paged attention in plain torch: same math as the Triton kernels, and their reference.
+
+    It works on the whole block-major cache [num_blocks, layers, 2, block_size, Hkv, D]: a layer's
+    K (or V) part of one block is one contiguous row of ``block_size*Hkv*D`` values, so writes are
+    one ``index_copy_`` and reads gather whole block rows with ``index_select``.
+    """
 
     name = "torch"
 
-    def write_kv(self, k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                 meta: AttentionMetadata) -> None:
-        blocks = meta.slot_mapping // meta.block_size
-        offsets = meta.slot_mapping % meta.block_size
-        key_cache[blocks, offsets] = k
-        value_cache[blocks, offsets] = v
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor,
-                value_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        """q [T,Hq,D], k/v [T,Hkv,D]; caches [num_blocks, block_size, Hkv, D]. Returns [T,Hq,D]."""
-        self.write_kv(k, v, key_cache, value_cache, meta)
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, layer: int,
+                meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        """q [T,Hq,D], k/v [T,Hkv,D] of this step. Returns [T,Hq,D]."""
+        n_blocks, n_layers, _, bs, hkv, d = kv_cache.shape
+        self._write(k, v, kv_cache, layer, meta)
+        block_rows = kv_cache.view(n_blocks * n_layers * 2, bs * hkv * d)
         out = torch.empty_like(q)
         if meta.decode_token_idx.numel():
-            out[meta.decode_token_idx] = self._decode(q[meta.decode_token_idx], key_cache, value_cache, meta, scale)
+            base = (meta.decode_block_tables.flatten() * n_layers + layer) * 2
+            bd, nb = meta.decode_block_tables.shape
+            keys = block_rows.index_select(0, base).view(bd, nb * bs, hkv, d)
+            values = block_rows.index_select(0, base + 1).view(bd, nb * bs, hkv, d)
+            qd = q.index_select(0, meta.decode_token_idx)[:, :, None, :]  # [Bd, Hq, 1, D]
+            o = F.scaled_dot_product_attention(qd, keys.transpose(1, 2), values.transpose(1, 2),
+                                               attn_mask=meta.decode_bias, scale=scale, enable_gqa=True)
+            out.index_copy_(0, meta.decode_token_idx, o[:, :, 0, :])
         for seq in meta.prefills:
-            out[seq.token_start : seq.token_end] = self._prefill(
-                q[seq.token_start : seq.token_end], key_cache, value_cache, seq, scale
-            )
+            base = (seq.block_ids * n_layers + layer) * 2
+            keys = block_rows.index_select(0, base).view(-1, hkv, d)[: seq.seq_len]
+            values = block_rows.index_select(0, base + 1).view(-1, hkv, d)[: seq.seq_len]
+            qs = q[seq.token_start : seq.token_end].transpose(0, 1)
+            o = F.scaled_dot_product_attention(qs, keys.transpose(0, 1), values.transpose(0, 1),
+                                               attn_mask=seq.mask, scale=scale, enable_gqa=True)
+            out[seq.token_start : seq.token_end] = o.transpose(0, 1)
         return out
 
     @staticmethod
-    def _decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, meta: AttentionMetadata,
-                scale: float) -> torch.Tensor:
-        bd, hq, d = q.shape
-        hkv = key_cache.shape[2]
-        keys = key_cache[meta.decode_block_tables].flatten(1, 2)  # [Bd, L, Hkv, D]
-        values = value_cache[meta.decode_block_tables].flatten(1, 2)
-        qg = q.view(bd, hkv, hq // hkv, d)
-        scores = torch.einsum("bhgd,blhd->bhgl", qg, keys) * scale
-        scores = scores.masked_fill(~meta.decode_mask[:, None, None, :], float("-inf"))
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        return torch.einsum("bhgl,blhd->bhgd", probs, values).reshape(bd, hq, d)
-
-    @staticmethod
-    def _prefill(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, seq: PrefillSeq,
-                 scale: float) -> torch.Tensor:
-        keys = key_cache[seq.block_ids].flatten(0, 1)[: seq.seq_len]  # [L, Hkv, D]
-        values = value_cache[seq.block_ids].flatten(0, 1)[: seq.seq_len]
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
-            attn_mask=seq.mask, scale=scale, enable_gqa=True,
-        )
-        return out.transpose(0, 1)
+    def _write(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, layer: int, meta: AttentionMetadata) -> None:
+        n_blocks, n_layers, _, bs, hkv, d = kv_cache.shape
+        token_rows = kv_cache.view(-1, hkv * d)
+        blocks, offsets = meta.slot_mapping // bs, meta.slot_mapping % bs
+        rows = ((blocks * n_layers + layer) * 2) * bs + offsets
+        token_rows.index_copy_(0, rows, k.reshape(-1, hkv * d))
+        token_rows.index_copy_(0, rows + bs, v.reshape(-1, hkv * d))
 
 
 def select_backend(device: torch.device, override: str | None = None) -> TorchPagedAttention:

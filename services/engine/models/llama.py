@@ -45,8 +45,7 @@ class LlamaAttention(nn.Module):
         q = apply_rotary(q.view(t, self.hq, self.d), cos, sin)
         k = apply_rotary(k.view(t, self.hkv, self.d), cos, sin)
         v = v.view(t, self.hkv, self.d)
-        key_cache, value_cache = kv_cache[:, self.layer_idx, 0], kv_cache[:, self.layer_idx, 1]
-        out = backend.forward(q, k, v, key_cache, value_cache, meta, self.scale)
+        out = backend.forward(q, k, v, kv_cache, self.layer_idx, meta, self.scale)
         return self.o_proj(out.reshape(t, self.q_size))
 
 

@@ -1,0 +1,173 @@
+"""Pure-torch twins of every Triton kernel: the executable spec each kernel is tested against."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def ref_reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write token t's K/V into cache slot `slot_mapping[t]` (block * block_size + offset); skip slot < 0."""
+    block_size = key_cache.shape[1]
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid].long()
+    blocks, offsets = slots // block_size, slots % block_size
+    key_cache[blocks, offsets] = key[valid].to(key_cache.dtype)
+    value_cache[blocks, offsets] = value[valid].to(value_cache.dtype)
+
+
+def gather_kv(
+    cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
+) -> torch.Tensor:
+    """The first `seq_len` positions of one sequence as a dense [seq_len, Hkv, D] tensor."""
+    block_size = cache.shape[1]
+    num_blocks = -(-seq_len // block_size)
+    blocks = block_table[:num_blocks].long()
+    return cache[blocks].flatten(0, 1)[:seq_len]
+
+
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, first_pos: int
+) -> torch.Tensor:
+    """Causal GQA attention in fp32: q [Q, Hq, D] at positions first_pos.., k/v [L, Hkv, D] -> [Q, Hq, D]."""
+    group = q.shape[1] // k.shape[1]
+    k = k.float().repeat_interleave(group, dim=1)
+    v = v.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
+    q_pos = torch.arange(first_pos, first_pos + q.shape[0], device=q.device)
+    k_pos = torch.arange(k.shape[0], device=q.device)
+    scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v)
+
+
+def ref_paged_decode_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """One query token per sequence over its first seq_lens[b] cached positions; a row with seq_len 0 is 0."""
+    del num_splits  # a scheduling choice of the kernel; the math is the same
+    out = torch.zeros_like(query)
+    for b, seq_len in enumerate(seq_lens.tolist()):
+        if seq_len == 0:
+            continue
+        k = gather_kv(key_cache, block_tables[b], seq_len)
+        v = gather_kv(value_cache, block_tables[b], seq_len)
+        out[b] = _attend(query[b : b + 1], k, v, scale, seq_len - 1)[0].to(query.dtype)
+    return out
+
+
+def ref_paged_prefill_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of each sequence's packed queries (its LAST q_len positions) over its paged K/V."""
+    out = torch.zeros_like(query)
+    starts = query_start_loc.tolist()
+    for b, seq_len in enumerate(seq_lens.tolist()):
+        q_start, q_end = starts[b], starts[b + 1]
+        if q_end == q_start:
+            continue
+        k = gather_kv(key_cache, block_tables[b], seq_len)
+        v = gather_kv(value_cache, block_tables[b], seq_len)
+        first_pos = seq_len - (q_end - q_start)
+        out[q_start:q_end] = _attend(query[q_start:q_end], k, v, scale, first_pos).to(query.dtype)
+    return out
+
+
+def ref_rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """HF Llama RMSNorm (normalize in fp32, cast to x.dtype, times weight); with residual: r = x + residual."""
+    if residual is not None:
+        r = x + residual
+        return ref_rms_norm(r, weight, eps), r
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return (weight * normed.to(x.dtype)).to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> torch.Tensor:
+    """Rotate the first 2 * cos.shape[-1] dims of x [T, H, D] in fp32; the rest pass through."""
+    rot_dim = 2 * cos.shape[-1]
+    xf = x.float()
+    rot, rest = xf[..., :rot_dim], xf[..., rot_dim:]
+    cos, sin = cos[:, None, :].float(), sin[:, None, :].float()
+    if is_neox:
+        x1, x2 = rot.chunk(2, dim=-1)
+        rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    else:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        rotated = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    return torch.cat((rotated, rest), dim=-1).to(x.dtype)
+
+
+def ref_rotary_embedding(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE on q [T, Hq, D] and k [T, Hkv, D]: neox = HF rotate_half halves, else GPT-J interleaved pairs."""
+    cos, sin = cos_sin_cache[positions.long()].float().chunk(2, dim=-1)
+    return _rotate(query, cos, sin, is_neox), _rotate(key, cos, sin, is_neox)
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """HF transformers' llama3 frequency adjustment (same operations in the same order)."""
+    factor = scaling["factor"]
+    low_freq_factor = scaling["low_freq_factor"]
+    high_freq_factor = scaling["high_freq_factor"]
+    old_context_len = scaling["original_max_position_embeddings"]
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium_freq, smoothed, inv_freq_llama)
+
+
+def build_cos_sin_cache(
+    head_dim: int,
+    max_pos: int,
+    base: float,
+    rope_scaling: dict | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """[max_pos, head_dim] cache (cos half, then sin half) equal to HF LlamaRotaryEmbedding's cos/sin."""
+    rope_type = (rope_scaling or {}).get("rope_type", (rope_scaling or {}).get("type", "default"))
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if rope_type == "linear":
+        inv_freq = inv_freq / rope_scaling["factor"]
+    elif rope_type == "llama3":
+        inv_freq = _llama3_inv_freq(inv_freq, rope_scaling)
+    elif rope_type != "default":
+        raise ValueError(f"unsupported rope_scaling type {rope_type!r} (have: default, linear, llama3)")
+    freqs = torch.arange(max_pos, dtype=torch.int64).float()[:, None] * inv_freq[None, :]
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
+
+
+def ref_silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """silu(x[:, :I]) * x[:, I:] computed in fp32, cast back to x.dtype."""
+    gate, up = x.float().chunk(2, dim=-1)
+    return (F.silu(gate) * up).to(x.dtype)
