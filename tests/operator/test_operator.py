@@ -1,0 +1,184 @@
+"""The real operator process (`kvferry operator`, kopf) against the emulated API server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from tests.operator.cluster import POOLS, Cluster, wait_for
+from tests.operator.conftest import OperatorProcess, load_example
+from tests.operator.crd_validator import CrdValidator
+
+pytestmark = pytest.mark.timeout(120)
+DEPLOYMENTS = "/apis/apps/v1/namespaces/{ns}/deployments"
+
+
+def pool_body(name: str, namespace: str, example: str = "aggregated-pool.yaml", **spec: Any) -> dict[str, Any]:
+    body = copy.deepcopy(load_example(example))
+    body["metadata"] = {"name": name, "namespace": namespace}
+    body["spec"].update(spec)
+    return body
+
+
+def pool_path(namespace: str, name: str = "") -> str:
+    return f"{POOLS}/namespaces/{namespace}/inferencepools" + (f"/{name}" if name else "")
+
+
+def phase(cluster: Cluster, namespace: str, name: str) -> str | None:
+    obj = cluster.get(pool_path(namespace, name)) or {}
+    return (obj.get("status") or {}).get("phase")
+
+
+def deployment(cluster: Cluster, namespace: str, name: str) -> dict[str, Any] | None:
+    return cluster.get(DEPLOYMENTS.format(ns=namespace) + f"/{name}")
+
+
+def test_create_renders_children_and_becomes_ready(cluster, operator_process: OperatorProcess):
+    cluster.call("POST", pool_path("alpha"), pool_body("chat", "alpha"))
+    created = wait_for(lambda: deployment(cluster, "alpha", "chat-router"), what="router Deployment")
+    pool = cluster.get(pool_path("alpha", "chat"))
+    assert created["metadata"]["ownerReferences"][0]["uid"] == pool["metadata"]["uid"]
+    assert "kvferry.dev/finalizer" in pool["metadata"]["finalizers"]
+    wait_for(lambda: deployment(cluster, "alpha", "chat-engine"), what="engine Deployment")
+    assert phase(cluster, "alpha", "chat") in ("Progressing", None)
+    cluster.settle("alpha")
+    wait_for(lambda: phase(cluster, "alpha", "chat") == "Ready", what="phase Ready")
+    pool = cluster.get(pool_path("alpha", "chat"))
+    status = pool["status"]
+    assert status["endpoint"] == "http://chat-router.alpha.svc:80"
+    assert status["decode"]["readyReplicas"] == 2 and status["observedGeneration"] == 1
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        "Ready": "True", "Progressing": "False", "Degraded": "False", "ConfigConsistent": "True"}
+    assert CrdValidator().errors({k: v for k, v in pool.items() if k != "metadata"} | {
+        "metadata": {"name": "chat"}}) == []
+    applies = cluster.requests_to("PATCH", "/deployments/chat-engine")
+    assert [r.headers["Content-Type"] for r in applies] == ["application/apply-patch+yaml"]
+    assert applies[0].params["fieldManager"] == "kvferry-operator"
+    assert operator_process.count("[alpha/chat] Handler 'reconcile-create' succeeded") == 1
+
+
+def test_update_reapplies_only_the_changed_role(cluster, operator_process: OperatorProcess):
+    body = pool_body("pd", "beta", "disaggregated-pool.yaml")
+    body["spec"].pop("autoscaling")
+    cluster.call("POST", pool_path("beta"), body)
+    wait_for(lambda: deployment(cluster, "beta", "pd-decode"), what="decode Deployment")
+    cluster.settle("beta")
+    wait_for(lambda: phase(cluster, "beta", "pd") == "Ready", what="phase Ready")
+    before = {name: len(cluster.requests_to("PATCH", f"/deployments/pd-{name}"))
+              for name in ("prefill", "decode", "router", "kvstore")}
+    old_generation = deployment(cluster, "beta", "pd-decode")["metadata"]["generation"]
+    cluster.merge(pool_path("beta", "pd"), {"spec": {"decode": {"replicas": 3}}})
+    wait_for(lambda: deployment(cluster, "beta", "pd-decode")["spec"]["replicas"] == 3, what="decode scaled")
+    wait_for(lambda: operator_process.count("[beta/pd] Handler 'reconcile-update/spec' succeeded") == 1,
+             what="update handler")
+    after = {name: len(cluster.requests_to("PATCH", f"/deployments/pd-{name}")) for name in before}
+    assert after == {**before, "decode": before["decode"] + 1}
+    assert deployment(cluster, "beta", "pd-decode")["metadata"]["generation"] == old_generation + 1
+    wait_for(lambda: phase(cluster, "beta", "pd") == "Progressing", what="Progressing while rolling")
+    cluster.settle("beta")
+    wait_for(lambda: phase(cluster, "beta", "pd") == "Ready", what="Ready again")
+    assert cluster.get(pool_path("beta", "pd"))["status"]["decode"]["readyReplicas"] == 3
+
+
+def test_disabling_a_component_prunes_its_children(cluster, operator_process: OperatorProcess):
+    cluster.merge(pool_path("beta", "pd"), {"spec": {"kvstore": {"enabled": False}}})
+    wait_for(lambda: deployment(cluster, "beta", "pd-kvstore") is None, what="kvstore pruned")
+    assert cluster.get("/api/v1/namespaces/beta/services/pd-kvstore") is None
+    args = deployment(cluster, "beta", "pd-decode")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--kvstore-url" not in args
+
+
+def test_invalid_spec_is_reported_as_degraded_not_retried(cluster, operator_process: OperatorProcess):
+    body = pool_body("broken", "gamma", mode="Disaggregated")  # no spec.prefill: the CRD's CEL would refuse
+    cluster.call("POST", pool_path("gamma"), body)
+    wait_for(lambda: phase(cluster, "gamma", "broken") == "Degraded", what="Degraded")
+    degraded = next(c for c in cluster.get(pool_path("gamma", "broken"))["status"]["conditions"]
+                    if c["type"] == "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "InvalidSpec"
+    assert "spec.prefill is required when mode is Disaggregated" in degraded["message"]
+    assert cluster.items(DEPLOYMENTS.format(ns="gamma")) == []
+    cluster.merge(pool_path("gamma", "broken"), {"spec": {"mode": "Aggregated"}})
+    wait_for(lambda: deployment(cluster, "gamma", "broken-engine"), what="fixed spec reconciles")
+    assert operator_process.count("[gamma/broken] Handler 'reconcile-create' succeeded") == 1
+    assert operator_process.count("[gamma/broken] Handler 'reconcile-create' failed") == 0
+
+
+def test_delete_runs_teardown_and_releases_the_finalizer(cluster, operator_process: OperatorProcess):
+    cluster.call("DELETE", pool_path("alpha", "chat"))
+    wait_for(lambda: cluster.get(pool_path("alpha", "chat")) is None, what="pool gone")
+    assert cluster.items(DEPLOYMENTS.format(ns="alpha")) == []
+    assert cluster.items("/api/v1/namespaces/alpha/configmaps") == []
+    assert operator_process.count("[alpha/chat] Handler 'teardown' succeeded") == 1
+
+
+class FakeEngines:
+    """A /metrics endpoint standing in for every engine pod (the pods' http port points here)."""
+
+    def __init__(self) -> None:
+        self.waiting = 0.0
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = (f"kvferry_num_requests_waiting {owner.waiting}\nkvferry_num_requests_running 1\n"
+                        "kvferry_kv_cache_usage_ratio 0.5\n").encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_engine_metrics_drive_scale_up_then_drained_scale_down(cluster, operator_process: OperatorProcess):
+    engines = FakeEngines()
+    try:
+        body = pool_body("auto", "delta", "disaggregated-pool.yaml")
+        body["spec"]["autoscaling"]["scaleDownStabilizationSeconds"] = 0
+        body["spec"]["autoscaling"].pop("prefillDecodeRatio")
+        cluster.call("POST", pool_path("delta"), body)
+        wait_for(lambda: deployment(cluster, "delta", "auto-prefill"), what="prefill Deployment")
+        assert "replicas" not in deployment(cluster, "delta", "auto-prefill")["spec"]
+        engines.waiting = 8.0  # 8 waiting per replica against a target of 4 -> double
+        cluster.settle("delta", http_port=engines.port)
+
+        def prefill_replicas() -> int:
+            return deployment(cluster, "delta", "auto-prefill")["spec"].get("replicas", 1)
+
+        wait_for(lambda: prefill_replicas() == 2, what="scale-up 1 -> 2")
+        managers = {m["manager"] for m in deployment(cluster, "delta", "auto-prefill")["metadata"]["managedFields"]}
+        assert managers == {"kvferry-operator", "kvferry-autoscaler", "tests"}
+        wait_for(lambda: any(e.get("reason") == "ScaledUp" for e in cluster.items("/api/v1/namespaces/delta/events")),
+                 what="ScaledUp event")
+        assert deployment(cluster, "delta", "auto-decode")["spec"]["replicas"] == 2  # decode held at its min
+        cluster.settle("delta", http_port=engines.port)
+        wait_for(lambda: prefill_replicas() == 4, what="scale-up 2 -> 4 (max)")
+        cluster.settle("delta", http_port=engines.port)
+        engines.waiting = 0.0
+        wait_for(lambda: prefill_replicas() == 1, what="scale-down to min")
+        pods = cluster.items("/api/v1/namespaces/delta/pods", "kvferry.dev/role=prefill")
+        draining = sorted(p["metadata"]["name"] for p in pods
+                          if p["metadata"].get("annotations", {}).get("kvferry.dev/draining") == "true")
+        assert len(draining) == 3  # marked before replicas dropped
+        cluster.settle("delta", http_port=engines.port)
+        left = cluster.items("/api/v1/namespaces/delta/pods", "kvferry.dev/role=prefill")
+        assert [p["metadata"]["name"] for p in left if p["metadata"]["name"] not in draining] == \
+            [p["metadata"]["name"] for p in left]
+        assert operator_process.count("[delta/auto] autoscaler scaled prefill: 4 -> 1") == 1
+    finally:
+        engines.close()
