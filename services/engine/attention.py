@@ -1,12 +1,16 @@
-"""Paged attention: per-step metadata, the plain-torch backend (CPU and test reference), backend choice."""
+"""Attention metadata built once per step, and the choice of compute backend (torch or Triton)."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from services.engine.backend_torch import TorchBackend
+    from services.engine.backend_triton import TritonBackend
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +35,8 @@ class AttentionMetadata:
     seq_lens: torch.Tensor  # [B] int32
     block_tables: torch.Tensor  # [B, max_blocks] int32
     block_size: int
+    max_query_len: int
+    max_seq_len: int
     # torch backend helpers
     decode_token_idx: torch.Tensor  # [Bd] token rows of single-token queries
     decode_block_tables: torch.Tensor  # [Bd, max_blocks] int64
@@ -74,6 +80,8 @@ def build_metadata(
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
         block_tables=table.to(device),
         block_size=block_size,
+        max_query_len=max(q_lens, default=0),
+        max_seq_len=max(seq_lens, default=0),
         decode_token_idx=torch.tensor([starts[i] for i in decode_rows], dtype=torch.int64, device=device),
         decode_block_tables=table[decode_rows].long().to(device),
         decode_bias=bias.to(device),
@@ -81,58 +89,18 @@ def build_metadata(
     )
 
 
-class TorchPagedAttention:
-    """Paged attention in plain torch: same math as the Triton kernels, and their reference.
-
-    It works on the whole block-major cache [num_blocks, layers, 2, block_size, Hkv, D]: a layer's
-    K (or V) part of one block is one contiguous row of ``block_size*Hkv*D`` values, so writes are
-    one ``index_copy_`` and reads gather whole block rows with ``index_select``.
-    """
-
-    name = "torch"
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, layer: int,
-                meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        """q [T,Hq,D], k/v [T,Hkv,D] of this step. Returns [T,Hq,D]."""
-        n_blocks, n_layers, _, bs, hkv, d = kv_cache.shape
-        self._write(k, v, kv_cache, layer, meta)
-        block_rows = kv_cache.view(n_blocks * n_layers * 2, bs * hkv * d)
-        out = torch.empty_like(q)
-        if meta.decode_token_idx.numel():
-            base = (meta.decode_block_tables.flatten() * n_layers + layer) * 2
-            bd, nb = meta.decode_block_tables.shape
-            keys = block_rows.index_select(0, base).view(bd, nb * bs, hkv, d)
-            values = block_rows.index_select(0, base + 1).view(bd, nb * bs, hkv, d)
-            qd = q.index_select(0, meta.decode_token_idx)[:, :, None, :]  # [Bd, Hq, 1, D]
-            o = F.scaled_dot_product_attention(qd, keys.transpose(1, 2), values.transpose(1, 2),
-                                               attn_mask=meta.decode_bias, scale=scale, enable_gqa=True)
-            out.index_copy_(0, meta.decode_token_idx, o[:, :, 0, :])
-        for seq in meta.prefills:
-            base = (seq.block_ids * n_layers + layer) * 2
-            keys = block_rows.index_select(0, base).view(-1, hkv, d)[: seq.seq_len]
-            values = block_rows.index_select(0, base + 1).view(-1, hkv, d)[: seq.seq_len]
-            qs = q[seq.token_start : seq.token_end].transpose(0, 1)
-            o = F.scaled_dot_product_attention(qs, keys.transpose(0, 1), values.transpose(0, 1),
-                                               attn_mask=seq.mask, scale=scale, enable_gqa=True)
-            out[seq.token_start : seq.token_end] = o.transpose(0, 1)
-        return out
-
-    @staticmethod
-    def _write(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, layer: int, meta: AttentionMetadata) -> None:
-        n_blocks, n_layers, _, bs, hkv, d = kv_cache.shape
-        token_rows = kv_cache.view(-1, hkv * d)
-        blocks, offsets = meta.slot_mapping // bs, meta.slot_mapping % bs
-        rows = ((blocks * n_layers + layer) * 2) * bs + offsets
-        token_rows.index_copy_(0, rows, k.reshape(-1, hkv * d))
-        token_rows.index_copy_(0, rows + bs, v.reshape(-1, hkv * d))
-
-
-def select_backend(device: torch.device, override: str | None = None) -> TorchPagedAttention:
+def select_backend(device: torch.device, override: str | None = None) -> TorchBackend | TritonBackend:
     """Triton kernels on CUDA, plain torch elsewhere; ``override`` forces one ('torch' | 'triton')."""
     choice = override or ("triton" if device.type == "cuda" else "torch")
-    if choice == "triton":
-        raise ValueError("attention backend 'triton' is not available in this build yet (use 'torch')")
-    if choice != "torch":
+    if choice == "torch":
+        from services.engine.backend_torch import TorchBackend
+
+        backend = TorchBackend()
+    elif choice == "triton":
+        from services.engine.backend_triton import TritonBackend
+
+        backend = TritonBackend()
+    else:
         raise ValueError(f"attention_backend={choice!r} is unknown (choose 'torch' or 'triton')")
-    log.info("attention backend: torch (paged, plain PyTorch) on %s", device)
-    return TorchPagedAttention()
+    log.info("kvferry backend: %s (%s) on %s", backend.name, backend.description, device)
+    return backend

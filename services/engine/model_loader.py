@@ -63,7 +63,7 @@ def load_model(path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: t
     with torch.device("meta"):
         model = cls(cfg, max_positions, dtype)
     model = model.to_empty(device=device).to(dtype)
-    _init_rope(model, cfg, max_positions, dtype)
+    model.cos_sin_cache = model.build_rope_cache(dtype).to(device)
     p = Path(path)
     if p.suffix == ".gguf":
         from services.engine.gguf_loader import GGUFCheckpoint
@@ -76,11 +76,3 @@ def load_model(path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: t
     model.load_weights(bar)
     log.info("loaded %s (%d parameter tensors, %s) on %s", p.name, total, dtype, device)
     return model.eval()
-
-
-def _init_rope(model: torch.nn.Module, cfg: ModelConfig, max_positions: int, dtype: torch.dtype) -> None:
-    from services.engine.rotary import build_cos_sin
-
-    cos, sin = build_cos_sin(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling, dtype)
-    model.cos = cos.to(model.cos.device)
-    model.sin = sin.to(model.sin.device)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from services.engine.attention import AttentionMetadata, TorchPagedAttention, build_metadata
+from services.engine.attention import AttentionMetadata, build_metadata
 from services.engine.model_config import ModelConfig
 from services.engine.outputs import ModelRunnerOutput, SchedulerOutput
 from services.engine.sampler import Sampler, SamplingRow
@@ -44,7 +45,7 @@ class ModelRunner:
     """Runs a model over the paged KV cache (one block-major tensor, see allocate_kv_cache)."""
 
     def __init__(self, model: torch.nn.Module, cfg: ModelConfig, kv_cache: torch.Tensor, block_size: int,
-                 backend: TorchPagedAttention, device: torch.device, eos_ids: tuple[int, ...], seed: int = 0) -> None:
+                 backend: Any, device: torch.device, eos_ids: tuple[int, ...], seed: int = 0) -> None:
         self.model, self.cfg, self.kv_cache = model, cfg, kv_cache
         self.block_size, self.backend, self.device = block_size, backend, device
         self.eos_ids = eos_ids

@@ -3,29 +3,29 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from services.engine.attention import AttentionMetadata, TorchPagedAttention
+from kernels.reference import build_cos_sin_cache
+from services.engine.attention import AttentionMetadata
 from services.engine.model_config import ModelConfig
-from services.engine.rotary import apply_rotary, build_cos_sin
+
+Backend = Any  # TorchBackend | TritonBackend: rms_norm, rope_inputs, rotary, silu_and_mul, attention
 
 
 class RMSNorm(nn.Module):
-    """HF Llama RMSNorm: normalize in fp32, cast back, then scale."""
+    """RMSNorm weights; the math (HF semantics, optional fused residual add) is the backend's."""
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+    def forward(self, x: torch.Tensor, backend: Backend,
+                residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return backend.rms_norm(x, self.weight, self.eps, residual)
 
 
 class LlamaAttention(nn.Module):
@@ -38,14 +38,13 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.scale = self.d**-0.5
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata, backend: TorchPagedAttention) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Any, kv_cache: torch.Tensor, meta: AttentionMetadata,
+                backend: Backend) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rotary(q.view(t, self.hq, self.d), cos, sin)
-        k = apply_rotary(k.view(t, self.hkv, self.d), cos, sin)
+        q, k = backend.rotary(q.view(t, self.hq, self.d), k.view(t, self.hkv, self.d), rope)
         v = v.view(t, self.hkv, self.d)
-        out = backend.forward(q, k, v, kv_cache, self.layer_idx, meta, self.scale)
+        out = backend.attention(q, k, v, kv_cache, self.layer_idx, meta, self.scale)
         return self.o_proj(out.reshape(t, self.q_size))
 
 
@@ -56,9 +55,8 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.inter, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(self.inter, cfg.hidden_size, bias=cfg.mlp_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split([self.inter, self.inter], dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, backend: Backend) -> torch.Tensor:
+        return self.down_proj(backend.silu_and_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -69,10 +67,13 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata, backend: TorchPagedAttention) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: Any, kv_cache: torch.Tensor,
+                meta: AttentionMetadata, backend: Backend) -> tuple[torch.Tensor, torch.Tensor]:
+        """x is the previous layer's MLP output (or the embeddings); the residual add is fused into the norm."""
+        h, residual = self.input_layernorm(x, backend, residual)
+        h = self.self_attn(h, rope, kv_cache, meta, backend)
+        h, residual = self.post_attention_layernorm(h, backend, residual)
+        return self.mlp(h, backend), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -85,17 +86,22 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        cos, sin = build_cos_sin(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling, dtype)
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
+        self.max_positions = max_positions
+        self.register_buffer("cos_sin_cache", self.build_rope_cache(dtype), persistent=False)
+
+    def build_rope_cache(self, dtype: torch.dtype) -> torch.Tensor:
+        """[max_positions, head_dim]: cos half then sin half (HF rotary semantics)."""
+        cfg = self.cfg
+        return build_cos_sin_cache(cfg.head_dim, self.max_positions, cfg.rope_theta, cfg.rope_scaling, dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata, backend: TorchPagedAttention) -> torch.Tensor:
+                meta: AttentionMetadata, backend: Backend) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
-        cos, sin = self.cos[positions], self.sin[positions]
+        rope = backend.rope_inputs(positions, self.cos_sin_cache)
+        residual = None
         for layer in self.layers:
-            x = layer(x, cos, sin, kv_cache, meta, backend)
-        return self.norm(x)
+            x, residual = layer(x, residual, rope, kv_cache, meta, backend)
+        return self.norm(x, backend, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
