@@ -51,11 +51,8 @@ class IncrementalDetokenizer:
                 return True
         return False
 
-    def flush(self) -> str:
-        """Text not yet emitted; withholds a tail that could still become a stop string."""
-        return self.take_delta(final=False)
-
     def take_delta(self, final: bool) -> str:
+        """Text not yet emitted; unless final, withholds a tail that could still become a stop string."""
         end = len(self.text) if (final or self.stop_str is not None) else max(self.emitted, len(self.text) - self.hold_back)
         delta = self.text[self.emitted : end]
         self.emitted = end

@@ -19,6 +19,7 @@ from services.engine.scheduler import Scheduler, SchedulerConfig
 log = logging.getLogger(__name__)
 
 _DEFAULT_CPU_KV_GB = 2.0
+_DEFAULT_BATCHED_TOKENS = 2048  # per step; longer prompts are chunked (vLLM V1's default)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -52,7 +53,7 @@ class EngineCore:
         self.runner = ModelRunner(model, cfg, kv_cache, self.block_size, backend, self.device,
                                   cfg.eos_token_ids, seed=config.seed)
         self.kv_manager = KVCacheManager(self.num_blocks, self.block_size, config.enable_prefix_caching)
-        batched = config.max_num_batched_tokens or max(2048, self.max_model_len if self.device.type == "cuda" else 2048)
+        batched = config.max_num_batched_tokens or _DEFAULT_BATCHED_TOKENS
         self.scheduler = Scheduler(
             SchedulerConfig(max_num_seqs=config.max_num_seqs, max_num_batched_tokens=batched,
                             max_model_len=self.max_model_len),

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from torch import nn
 
 from services.engine.models.llama import LlamaForCausalLM
 
-_REGISTRY: dict[str, type[nn.Module]] = {
+_REGISTRY: MappingProxyType[str, type[nn.Module]] = MappingProxyType({
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
-}
+})
 
 
 def supported_architectures() -> list[str]:
