@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as services.engine does, before torch loads
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 try:  # The Triton interpreter must be chosen before anything imports triton.
     import torch

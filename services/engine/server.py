@@ -1,0 +1,140 @@
+"""The engine's HTTP app (every engine role): OpenAI routes, ops routes, error handling, lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse, Response
+
+from services.common.errors import OpenAIError, not_ready, server_error, validation_error_response
+from services.common.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from services.engine.async_engine import AsyncLLM
+from services.engine.lifecycle import ServerState, warm_up
+from services.engine.metrics import CONTENT_TYPE, ServerMetrics
+from services.engine.middleware import RequestContextMiddleware
+from services.engine.serving import ServerSettings, ServingContext
+from services.engine.serving_chat import create_chat_completion
+from services.engine.serving_completions import create_completion
+from services.engine.serving_tokens import detokenize, list_models, tokenize
+
+log = logging.getLogger(__name__)
+
+
+def version() -> str:
+    """The installed kvferry version (``unknown`` when running from a source tree)."""
+    try:
+        return importlib.metadata.version("kvferry")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _openai_routes(ctx: ServingContext) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await create_completion(ctx, body, request, body.request_id or request.state.request_id)
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await create_chat_completion(ctx, body, request, body.request_id or request.state.request_id)
+
+    @router.get("/v1/models")
+    async def models() -> ModelList:
+        return list_models(ctx)
+
+    @router.post("/tokenize")
+    async def tokenize_route(body: TokenizeRequest) -> TokenizeResponse:
+        return tokenize(ctx, body)
+
+    @router.post("/detokenize")
+    async def detokenize_route(body: DetokenizeRequest) -> DetokenizeResponse:
+        return detokenize(ctx, body)
+
+    return router
+
+
+def _ops_routes(ctx: ServingContext) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health() -> Response:
+        if not ctx.state.is_ready(ctx.llm):
+            error = not_ready("The engine is draining." if ctx.state.draining else "The engine is not ready.")
+            return JSONResponse(error.body(), status_code=error.status)
+        return JSONResponse({"status": "ok"})
+
+    @router.get("/version")
+    async def version_route() -> dict[str, str]:
+        return {"version": version()}
+
+    @router.get("/metrics")
+    async def metrics() -> Response:
+        return Response(ctx.metrics.render(), media_type=CONTENT_TYPE)
+
+    return router
+
+
+def _error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(OpenAIError)
+    async def openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        status, body = validation_error_response(exc.errors())
+        return JSONResponse(body, status_code=status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        body = OpenAIError(exc.status_code, str(exc.detail), kind).body()
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.error("unhandled server error: %r", exc)
+        error = server_error()
+        return JSONResponse(error.body(), status_code=error.status)
+
+
+def build_app(llm: AsyncLLM, settings: ServerSettings) -> FastAPI:
+    """The app serving ``llm``; it owns the engine: warm-up on start-up, shutdown at the end."""
+    name = llm.config.model_name
+    ctx = ServingContext(llm=llm, settings=settings, metrics=ServerMetrics(llm.stats, name), model_name=name,
+                         max_model_len=llm.engine.max_model_len, vocab_size=llm.engine.core.model_config.vocab_size,
+                         state=ServerState(drain_timeout=settings.drain_timeout))
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        ctx.state.loop = asyncio.get_running_loop()
+        warming = asyncio.create_task(warm_up(llm, ctx.state))
+        try:
+            yield
+        finally:
+            ctx.state.draining = True
+            warming.cancel()
+            await asyncio.to_thread(llm.shutdown)
+
+    app = FastAPI(title="kvferry engine", version=version(), lifespan=lifespan)
+    app.state.ctx = ctx
+    app.add_middleware(RequestContextMiddleware, api_key=settings.api_key)
+    _error_handlers(app)
+    app.include_router(_openai_routes(ctx))
+    app.include_router(_ops_routes(ctx))
+    return app

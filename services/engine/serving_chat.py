@@ -1,0 +1,96 @@
+"""``POST /v1/chat/completions``: chat template -> sub-requests -> a ``chat.completion`` or its chunks."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from services.common.errors import OpenAIError, bad_request
+from services.common.protocol_chat import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogprobs,
+)
+from services.common.protocol_stream import StreamContext
+from services.common.sse import SSE_DONE, sse_event
+from services.common.tokenizer import ChatTemplateError
+from services.engine.generation import Generation, RequestOptions
+from services.engine.lifecycle import SSEResponse, cancel_on_disconnect
+from services.engine.llm_engine import CompletionOutput
+from services.engine.serving import ServingContext, fan_out
+from services.engine.serving_logprobs import chat_logprobs
+
+
+def _prompt_ids(ctx: ServingContext, body: ChatCompletionRequest) -> list[int]:
+    try:
+        return ctx.llm.tokenizer.encode_chat(body.conversation(), body.add_generation_prompt)
+    except ChatTemplateError as exc:
+        raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
+
+
+def _top_n(body: ChatCompletionRequest) -> int | None:
+    """Engine logprobs setting: None when not asked, else the number of alternatives."""
+    return (body.top_logprobs or 0) if body.logprobs else None
+
+
+async def create_chat_completion(ctx: ServingContext, body: ChatCompletionRequest, request: Request,
+                                 request_id: str) -> Response:
+    """Serve one chat completions request (streamed or not)."""
+    ctx.check_ready()
+    ctx.check_model(body.model)
+    subs = fan_out(body, [_prompt_ids(ctx, body)], ctx, _top_n(body))
+    gen = Generation(ctx, subs, RequestOptions(request_id, body.cache_salt, body.priority))
+    stream = StreamContext("chat", ctx.model_name, body.include_usage_in_stream(), id=f"chatcmpl-{request_id}")
+    if body.stream:
+        return SSEResponse(_events(ctx, body, gen, stream))
+    finals = await cancel_on_disconnect(request, gen.run())
+    if finals is None:
+        return Response(status_code=499)
+    choices = [_choice(ctx, body, sub.index, finals[sub.index].outputs[0]) for sub in subs]
+    response = ChatCompletionResponse(id=stream.id, created=stream.created, model=ctx.model_name,
+                                      choices=choices, usage=gen.usage())
+    return JSONResponse(response.model_dump(mode="json"))
+
+
+def _logprobs(ctx: ServingContext, body: ChatCompletionRequest, token_ids: list[int],
+              out: CompletionOutput, start: int) -> ChatLogprobs | None:
+    if not body.logprobs:
+        return None
+    lps = (out.logprobs or [])[start : start + len(token_ids)]
+    return chat_logprobs(ctx.llm.tokenizer, token_ids, lps, body.top_logprobs or 0)
+
+
+def _choice(ctx: ServingContext, body: ChatCompletionRequest, index: int, out: CompletionOutput) -> ChatChoice:
+    return ChatChoice(index=index, message=AssistantMessage(content=out.text),
+                      logprobs=_logprobs(ctx, body, out.token_ids, out, 0),
+                      finish_reason=out.finish_reason, stop_reason=out.stop_reason)
+
+
+async def _events(ctx: ServingContext, body: ChatCompletionRequest, gen: Generation,
+                  stream: StreamContext) -> AsyncIterator[bytes]:
+    """Role chunk per choice, content chunks, an empty-delta chunk with finish_reason, usage, [DONE]."""
+    sent = {sub.index: 0 for sub in gen.subs}
+    try:
+        for sub in gen.subs:
+            yield sse_event(stream.chat_role_chunk(sub.index))
+        async with aclosing(gen.stream()) as outputs:
+            async for index, out in outputs:
+                choice = out.outputs[0]
+                new_ids = choice.token_ids[sent[index]:]
+                logprobs = _logprobs(ctx, body, new_ids, choice, sent[index]) if new_ids else None
+                sent[index] = len(choice.token_ids)
+                if out.delta_text or logprobs:
+                    yield sse_event(stream.chat_chunk(index, out.delta_text, logprobs=logprobs))
+                if out.finished:
+                    yield sse_event(stream.chat_chunk(index, None, choice.finish_reason,
+                                                      stop_reason=choice.stop_reason))
+        if stream.include_usage:
+            yield sse_event(stream.usage_chunk(gen.usage()))
+    except OpenAIError as exc:
+        yield sse_event(exc.body())
+    yield SSE_DONE

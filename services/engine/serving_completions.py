@@ -1,0 +1,128 @@
+"""``POST /v1/completions``: prompts -> sub-requests -> a ``text_completion`` or its SSE stream."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from services.common.errors import OpenAIError
+from services.common.protocol_completions import (
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionStreamResponse,
+)
+from services.common.protocol_stream import StreamContext
+from services.common.sse import SSE_DONE, sse_event
+from services.engine.generation import Generation, RequestOptions
+from services.engine.lifecycle import SSEResponse, cancel_on_disconnect
+from services.engine.llm_engine import RequestOutput
+from services.engine.serving import ServingContext, SubRequest, fan_out
+from services.engine.serving_logprobs import completion_logprobs
+
+
+@dataclass
+class _Prompt:
+    ids: list[int]
+    text: str
+
+
+def _prompts(ctx: ServingContext, body: CompletionRequest) -> list[_Prompt]:
+    tok = ctx.llm.tokenizer
+    out = []
+    for prompt in body.prompts():
+        if isinstance(prompt, str):
+            out.append(_Prompt(tok.encode(prompt), prompt))
+        else:
+            out.append(_Prompt(list(prompt), tok.decode(list(prompt), skip_special_tokens=False)))
+    return out
+
+
+async def create_completion(ctx: ServingContext, body: CompletionRequest, request: Request,
+                            request_id: str) -> Response:
+    """Serve one completions request (streamed or not)."""
+    ctx.check_ready()
+    ctx.check_model(body.model)
+    prompts = _prompts(ctx, body)
+    subs = fan_out(body, [p.ids for p in prompts], ctx, body.logprobs)
+    gen = Generation(ctx, subs, RequestOptions(request_id, body.cache_salt, body.priority))
+    stream = StreamContext("completion", ctx.model_name, body.include_usage_in_stream(), id=f"cmpl-{request_id}")
+    if body.stream:
+        return SSEResponse(_events(ctx, body, gen, prompts, stream))
+    finals = await cancel_on_disconnect(request, gen.run())
+    if finals is None:
+        return Response(status_code=499)
+    choices = [_choice(ctx, body, sub, prompts[sub.prompt], finals[sub.index]) for sub in subs]
+    response = CompletionResponse(id=stream.id, created=stream.created, model=ctx.model_name,
+                                  choices=choices, usage=gen.usage())
+    return JSONResponse(response.model_dump(mode="json"))
+
+
+def _choice(ctx: ServingContext, body: CompletionRequest, sub: SubRequest, prompt: _Prompt,
+            final: RequestOutput) -> CompletionChoice:
+    out = final.outputs[0]
+    text = prompt.text + out.text if body.echo else out.text
+    logprobs = None
+    if body.logprobs is not None:
+        echoed = prompt.ids if body.echo else []
+        logprobs = completion_logprobs(ctx.llm.tokenizer, echoed + out.token_ids,
+                                       [None] * len(echoed) + list(out.logprobs or []), 0)
+    return CompletionChoice(index=sub.index, text=text, logprobs=logprobs, finish_reason=out.finish_reason,
+                            stop_reason=out.stop_reason)
+
+
+@dataclass
+class _ChoiceCursor:
+    """What of one choice was already streamed: tokens (for logprobs) and text length (offsets)."""
+
+    tokens: int = 0
+    offset: int = 0
+
+
+async def _events(ctx: ServingContext, body: CompletionRequest, gen: Generation, prompts: list[_Prompt],
+                  stream: StreamContext) -> AsyncIterator[bytes]:
+    cursors = {sub.index: _ChoiceCursor() for sub in gen.subs}
+    try:
+        if body.echo:
+            for sub in gen.subs:
+                yield sse_event(_echo_chunk(ctx, body, stream, sub.index, prompts[sub.prompt], cursors[sub.index]))
+        async with aclosing(gen.stream()) as outputs:
+            async for index, out in outputs:
+                chunk = _chunk(ctx, body, stream, index, out, cursors[index])
+                if chunk is not None:
+                    yield sse_event(chunk)
+        if stream.include_usage:
+            yield sse_event(stream.usage_chunk(gen.usage()))
+    except OpenAIError as exc:
+        yield sse_event(exc.body())
+    yield SSE_DONE
+
+
+def _echo_chunk(ctx: ServingContext, body: CompletionRequest, stream: StreamContext, index: int,
+                prompt: _Prompt, cursor: _ChoiceCursor) -> CompletionStreamResponse:
+    logprobs = None
+    if body.logprobs is not None:
+        logprobs = completion_logprobs(ctx.llm.tokenizer, prompt.ids, [None] * len(prompt.ids), 0)
+        cursor.offset = sum(len(t) for t in logprobs.tokens)
+    return stream.completion_chunk(index, prompt.text, logprobs=logprobs)
+
+
+def _chunk(ctx: ServingContext, body: CompletionRequest, stream: StreamContext, index: int,
+           out: RequestOutput, cursor: _ChoiceCursor) -> CompletionStreamResponse | None:
+    choice = out.outputs[0]
+    logprobs = None
+    if body.logprobs is not None and len(choice.token_ids) > cursor.tokens:
+        new_ids = choice.token_ids[cursor.tokens:]
+        logprobs = completion_logprobs(ctx.llm.tokenizer, new_ids, (choice.logprobs or [])[cursor.tokens:],
+                                       cursor.offset)
+        cursor.offset += sum(len(t) for t in logprobs.tokens)
+    cursor.tokens = len(choice.token_ids)
+    if not (out.delta_text or out.finished or logprobs):
+        return None
+    finish = choice.finish_reason if out.finished else None
+    stop_reason = choice.stop_reason if out.finished else None
+    return stream.completion_chunk(index, out.delta_text, finish, logprobs, stop_reason)

@@ -1,0 +1,55 @@
+"""Engine logprobs in OpenAI's two shapes: completions' parallel lists and chat's per-token entries."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from services.common.protocol_chat import ChatLogprobEntry, ChatLogprobs, TopLogprob
+from services.common.protocol_completions import CompletionLogprobs
+from services.common.tokenizer import Tokenizer
+from services.engine.outputs import Logprobs
+
+
+def token_text(tokenizer: Tokenizer, token_id: int) -> str:
+    """The text of one token as OpenAI shows it in logprobs (special tokens included)."""
+    return tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def completion_logprobs(tokenizer: Tokenizer, token_ids: Sequence[int], logprobs: Sequence[Logprobs | None],
+                        text_offset: int) -> CompletionLogprobs:
+    """Completions logprobs of ``token_ids``; a ``None`` entry (an echoed prompt token) has no logprob.
+
+    ``top_logprobs`` holds the top-n alternatives plus the sampled token, as vLLM returns them.
+    """
+    out = CompletionLogprobs()
+    for token_id, lp in zip(token_ids, logprobs, strict=True):
+        text = token_text(tokenizer, token_id)
+        out.tokens.append(text)
+        out.text_offset.append(text_offset)
+        text_offset += len(text)
+        if lp is None:
+            out.token_logprobs.append(None)
+            out.top_logprobs.append(None)
+            continue
+        out.token_logprobs.append(lp.token_logprob)
+        top: dict[str, float] = {}
+        for t, v in (*lp.top, (token_id, lp.token_logprob)):
+            top.setdefault(token_text(tokenizer, t), v)  # distinct ids may share a text: keep the best
+        out.top_logprobs.append(top)
+    return out
+
+
+def _top(tokenizer: Tokenizer, token_id: int, logprob: float) -> TopLogprob:
+    text = token_text(tokenizer, token_id)
+    return TopLogprob(token=text, logprob=logprob, bytes=list(text.encode("utf-8")))
+
+
+def chat_logprobs(tokenizer: Tokenizer, token_ids: Sequence[int], logprobs: Sequence[Logprobs],
+                  top_n: int) -> ChatLogprobs:
+    """Chat logprobs: one entry per token with its ``top_n`` alternatives."""
+    entries = []
+    for token_id, lp in zip(token_ids, logprobs, strict=True):
+        head = _top(tokenizer, token_id, lp.token_logprob)
+        alternatives = [_top(tokenizer, t, v) for t, v in lp.top[:top_n]]
+        entries.append(ChatLogprobEntry(**head.model_dump(), top_logprobs=alternatives))
+    return ChatLogprobs(content=entries)
