@@ -1,0 +1,136 @@
+"""EndpointPoller: polls every engine's /health and /metrics, keeping a fresh Endpoint snapshot of each."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import BaseModel, Field
+
+from services.router.scheduling.endpoint import CacheConfig, Endpoint, EndpointLoad, Role, normalize_url
+
+log = logging.getLogger(__name__)
+
+WAITING = "kvferry_num_requests_waiting"
+RUNNING = "kvferry_num_requests_running"
+KV_USAGE = "kvferry_kv_cache_usage_ratio"
+CACHE_INFO = "kvferry_cache_config_info"
+
+
+class EndpointSpec(BaseModel):
+    """One engine the router was told about (flags or discovery)."""
+
+    url: str
+    role: Role = "both"
+
+
+class PollerSettings(BaseModel):
+    interval_s: float = Field(2.0, gt=0)
+    timeout_s: float = Field(1.0, gt=0)
+
+
+def parse_metrics(text: str) -> tuple[EndpointLoad, CacheConfig | None]:
+    """Load gauges and the cache-config info of an engine's Prometheus text (missing ones read 0)."""
+    values: dict[str, float] = {}
+    config = None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == CACHE_INFO:
+                labels = sample.labels
+                config = CacheConfig(labels.get("model", ""), int(labels.get("block_size", 0)),
+                                     int(labels.get("num_blocks", 0)), int(labels.get("hash_version", 0)))
+            elif sample.name in (WAITING, RUNNING, KV_USAGE):
+                values[sample.name] = sample.value
+    load = EndpointLoad(int(values.get(WAITING, 0)), int(values.get(RUNNING, 0)), float(values.get(KV_USAGE, 0.0)))
+    return load, config
+
+
+def _is_draining(response: httpx.Response) -> bool:
+    return response.status_code == 503 and "draining" in response.text.lower()
+
+
+class EndpointPoller:
+    """Engines start out unhealthy; a poll where /health answers 200 and /metrics parses puts one in,
+    any failure takes it out (its last load is kept), a 503 that says "draining" marks it draining."""
+
+    def __init__(self, specs: Sequence[EndpointSpec], settings: PollerSettings | None = None,
+                 client: httpx.AsyncClient | None = None) -> None:
+        self.settings = settings or PollerSettings()
+        self._client = client or httpx.AsyncClient(timeout=self.settings.timeout_s)
+        self._owns_client = client is None
+        self._endpoints: dict[str, Endpoint] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.set_specs(specs)
+
+    def set_specs(self, specs: Sequence[EndpointSpec]) -> None:
+        """Replace the set of engines (discovery); known ones keep their state, new ones start out."""
+        fresh = {}
+        for spec in specs:
+            url = normalize_url(spec.url)
+            old = self._endpoints.get(url)
+            fresh[url] = Endpoint(url, spec.role, healthy=False) if old is None or old.role != spec.role else old
+        self._endpoints = fresh
+
+    def endpoints(self) -> list[Endpoint]:
+        """The current snapshot of every endpoint (healthy or not)."""
+        return list(self._endpoints.values())
+
+    def by_url(self) -> Mapping[str, Endpoint]:
+        return dict(self._endpoints)
+
+    async def poll_once(self) -> list[Endpoint]:
+        """Poll every endpoint concurrently and publish the new snapshots."""
+        current = self.endpoints()
+        polled = await asyncio.gather(*(self._poll(e) for e in current))
+        for old, new in zip(current, polled, strict=True):
+            if old.healthy != new.healthy or old.draining != new.draining:
+                state = "draining" if new.draining else "healthy" if new.healthy else "unhealthy"
+                log.log(logging.INFO if new.healthy else logging.WARNING, "endpoint %s is %s", new.url, state)
+            if new.url in self._endpoints:  # not dropped by set_specs meanwhile
+                self._endpoints[new.url] = new
+        return self.endpoints()
+
+    async def _poll(self, endpoint: Endpoint) -> Endpoint:
+        down = Endpoint(endpoint.url, endpoint.role, False, False, endpoint.load, endpoint.cache_config)
+        try:
+            health, metrics = await asyncio.gather(self._client.get(f"{endpoint.url}/health"),
+                                                   self._client.get(f"{endpoint.url}/metrics"))
+        except httpx.HTTPError:
+            return down
+        if _is_draining(health):
+            return Endpoint(endpoint.url, endpoint.role, True, True, endpoint.load, endpoint.cache_config)
+        if health.status_code != 200 or metrics.status_code != 200:
+            return down
+        try:
+            load, config = parse_metrics(metrics.text)
+        except ValueError:
+            log.warning("endpoint %s: unreadable /metrics", endpoint.url)
+            return down
+        return Endpoint(endpoint.url, endpoint.role, True, False, load, config or endpoint.cache_config)
+
+    async def run(self) -> None:
+        """Poll forever, every ``interval_s``; a failing round never stops the loop."""
+        while True:
+            try:
+                await self.poll_once()
+            except Exception:  # noqa: BLE001 - the poller must outlive any one bad answer
+                log.exception("endpoint poll failed")
+            await asyncio.sleep(self.settings.interval_s)
+
+    def start(self) -> None:
+        """Run the loop as a task of the current event loop."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self.run(), name="endpoint-poller")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._owns_client:
+            await self._client.aclose()

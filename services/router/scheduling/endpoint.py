@@ -1,0 +1,47 @@
+"""What the router knows about one engine endpoint: role, health, load and cache settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Role = Literal["prefill", "decode", "both"]
+
+
+def normalize_url(url: str) -> str:
+    """The one spelling of an endpoint address used as a key (no trailing slash)."""
+    return url.rstrip("/")
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointLoad:
+    """Load figures from the engine's /metrics."""
+
+    waiting: int = 0
+    running: int = 0
+    kv_usage: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """``kvferry_cache_config_info``: what every engine of a pool must agree on."""
+
+    model: str
+    block_size: int
+    num_blocks: int
+    hash_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """An immutable snapshot of one engine endpoint; the poller publishes fresh ones."""
+
+    url: str
+    role: Role = "both"
+    healthy: bool = True
+    draining: bool = False
+    load: EndpointLoad = field(default_factory=EndpointLoad)
+    cache_config: CacheConfig | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "url", normalize_url(self.url))

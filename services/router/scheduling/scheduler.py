@@ -1,0 +1,72 @@
+"""The scheduling pipeline: filters -> strategy (scorers + picker) for decode, then the P/D decider."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel, Field
+
+from services.router.scheduling.context import RequestContext
+from services.router.scheduling.decider import PDDecider
+from services.router.scheduling.endpoint import Endpoint
+from services.router.scheduling.filters import DECODE_ROLES, PREFILL_ROLES, eligible
+from services.router.scheduling.scorers import DEFAULT_TIER_WEIGHTS
+from services.router.scheduling.strategies import Choice, ScorerWeights, StrategyName, make_strategy
+
+
+class SchedulingConfig(BaseModel):
+    """Router flags that shape scheduling."""
+
+    strategy: StrategyName = "prefix-aware"
+    weights: ScorerWeights = ScorerWeights()
+    tier_weights: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_TIER_WEIGHTS))
+    pd_threshold: int = Field(256, ge=0)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    """Where one request goes: always a decode endpoint, a prefill endpoint when disaggregated."""
+
+    decode: Endpoint
+    prefill: Endpoint | None
+    cached_tokens: int
+    uncached_tokens: int
+    decode_choice: Choice
+    prefill_choice: Choice | None = None
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill is not None
+
+
+class Scheduler:
+    """Picks decode among decode|both endpoints; adds a prefill endpoint when the decider says so."""
+
+    def __init__(self, config: SchedulingConfig | None = None, rng: random.Random | None = None) -> None:
+        self.config = config or SchedulingConfig()
+        rng = rng or random.Random()
+        c = self.config
+        self.decode_strategy = make_strategy(c.strategy, c.weights, c.tier_weights, rng)
+        self.prefill_strategy = make_strategy(c.strategy, c.weights, c.tier_weights, rng)
+        self.decider = PDDecider(c.pd_threshold)
+
+    def schedule(self, endpoints: Sequence[Endpoint], ctx: RequestContext,
+                 exclude: Iterable[str] = ()) -> RouteDecision | None:
+        """The route for one request, or ``None`` when no endpoint can serve it."""
+        exclude = list(exclude)
+        decoders = eligible(endpoints, DECODE_ROLES, exclude)
+        if not decoders:
+            return None
+        decode_choice = self.decode_strategy.choose(decoders, ctx)
+        decode = decode_choice.endpoint
+        cached = ctx.cached_tokens(decode)
+        uncached = self.decider.uncached_tokens(ctx.prompt_tokens, cached)
+        prefill_choice = None
+        if self.decider.disaggregate(ctx.prompt_tokens, cached):
+            prefillers = eligible(endpoints, PREFILL_ROLES, exclude)
+            if prefillers:
+                prefill_choice = self.prefill_strategy.choose(prefillers, ctx)
+        return RouteDecision(decode, prefill_choice.endpoint if prefill_choice else None, cached, uncached,
+                             decode_choice, prefill_choice)
