@@ -8,10 +8,14 @@ import queue
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from services.engine.config import EngineConfig
 from services.engine.llm_engine import LLMEngine, RequestOutput
 from services.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from services.common.kv_event_publisher import KVEventPublisher
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +57,10 @@ class EngineStats:
 class AsyncLLM:
     """Thread-confined LLMEngine driven by a command queue; safe to call from any asyncio loop."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, publisher: KVEventPublisher | None = None) -> None:
         self.engine = LLMEngine(config)
+        self.publisher = publisher
+        self.engine.core.kv_manager.pool.record_events = publisher is not None
         self.tokenizer = self.engine.tokenizer
         self.config = config
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -124,7 +130,11 @@ class AsyncLLM:
                 continue
             for out in outputs:
                 self._deliver(out.request_id, out, out.finished)
+            if self.publisher is not None:
+                self.publisher.publish(engine.core.kv_manager.pool.take_events())
         self._fail_all(EngineDeadError("the engine is shutting down"))
+        if self.publisher is not None:
+            self.publisher.close()
 
     def _drain(self, block: bool) -> None:
         try:

@@ -67,7 +67,7 @@ class FreeBlockQueue:
 class BlockPool:
     """All KV blocks of one engine. Cached blocks stay reusable after free until they are evicted."""
 
-    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, enable_caching: bool = True, record_events: bool = False) -> None:
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -75,6 +75,7 @@ class BlockPool:
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[bytes, KVCacheBlock] = {}
+        self.record_events = record_events  # on when a publisher drains take_events() every step
         self._events: list[KVEvent] = []
 
     @property
@@ -113,7 +114,7 @@ class BlockPool:
             return
         if self.cached.get(block.block_hash) is block:
             del self.cached[block.block_hash]
-            self._events.append(BlockRemoved((block.block_hash,)))
+            self._emit(BlockRemoved((block.block_hash,)))
         block.block_hash = None
 
     def cache_full_blocks(
@@ -140,7 +141,7 @@ class BlockPool:
         if stored:
             parent = block_hashes[start - 1] if start > 0 else None
             toks = tuple(token_ids[start * block_size : end * block_size])
-            self._events.append(BlockStored(tuple(stored), parent, toks, block_size))
+            self._emit(BlockStored(tuple(stored), parent, toks, block_size))
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference each; blocks reaching zero join the queue in the given order."""
@@ -158,8 +159,12 @@ class BlockPool:
         for block in self.blocks:
             block.block_hash = None
         self.cached.clear()
-        self._events.append(AllBlocksCleared())
+        self._emit(AllBlocksCleared())
         return True
+
+    def _emit(self, event: KVEvent) -> None:
+        if self.record_events:
+            self._events.append(event)
 
     def take_events(self) -> list[KVEvent]:
         events, self._events = self._events, []

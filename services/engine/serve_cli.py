@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from types import FrameType
@@ -14,6 +16,7 @@ import uvicorn
 from pydantic import ValidationError
 
 if TYPE_CHECKING:
+    from services.common.kv_event_publisher import KVEventPublisher
     from services.engine.config import EngineConfig
     from services.engine.serving import ServerSettings
 
@@ -54,6 +57,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add("--role", type=_role, default="both", help="both | prefill | decode (only both in this build)")
     add("--request-timeout", type=float, default=None, help="seconds before a request is aborted")
     add("--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits for running requests")
+    add("--redis-url", default=None, help="publish KV cache events to this prefix index (redis://host:port)")
+    add("--engine-id", default=None, help="stable id in the prefix index (default: $POD_NAME or host:port)")
+    add("--advertise-url", default=None,
+        help="URL routers use for this engine, as listed in the index (default: http://host:port)")
     add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
     return p
@@ -99,6 +106,25 @@ def _ignore(_sig: int, _frame: FrameType | None) -> None:
     """Installed before uvicorn runs: it re-raises the signal it drained on, and we exit 0 instead."""
 
 
+def advertised_url(host: str, port: int, explicit: str | None = None) -> str:
+    """The URL other components use to reach this engine (0.0.0.0 -> $POD_IP or the hostname)."""
+    if explicit:
+        return explicit.rstrip("/")
+    if host in ("0.0.0.0", "::", ""):
+        host = os.environ.get("POD_IP") or socket.gethostname()
+    return f"http://{host}:{port}"
+
+
+def _publisher(args: argparse.Namespace) -> KVEventPublisher | None:
+    if not args.redis_url:
+        return None
+    from services.common.kv_event_publisher import KVEventPublisher
+
+    url = advertised_url(args.host, args.port, args.advertise_url)
+    engine_id = args.engine_id or os.environ.get("POD_NAME") or url.removeprefix("http://")
+    return KVEventPublisher(args.redis_url, engine_id, url)
+
+
 def run(args: argparse.Namespace) -> int:
     """Load the model, serve until SIGTERM/SIGINT, drain, exit 0 (1 when the model cannot load)."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -115,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     from services.engine.server import build_app
 
     try:
-        llm = AsyncLLM(engine_config)
+        llm = AsyncLLM(engine_config, publisher=_publisher(args))
     except (ValueError, OSError) as exc:
         print(f"kvferry serve: error: cannot load {engine_config.model}: {exc}", file=sys.stderr)
         return 1

@@ -13,6 +13,7 @@ from tests.engine.helpers import HASHER, make_request
 
 def test_free_queue_is_lru_and_tail_blocks_are_evicted_first() -> None:
     kv = KVCacheManager(num_blocks=8, block_size=4)
+    kv.pool.record_events = True
     a = make_request("a", list(range(1, 13)))  # 3 full blocks
     assert [b.block_id for b in kv.allocate_slots(a, 12)] == [0, 1, 2]
     b = make_request("b", list(range(100, 108)))
@@ -78,7 +79,7 @@ def test_shared_block_is_freed_only_when_last_holder_frees() -> None:
 
 
 def test_events_and_reset() -> None:
-    pool = BlockPool(4)
+    pool = BlockPool(4, record_events=True)
     kv = KVCacheManager(4, 4)
     kv.pool = pool
     r = make_request("r", list(range(1, 9)))
@@ -90,6 +91,12 @@ def test_events_and_reset() -> None:
     kv.free(r)
     assert pool.reset_prefix_cache() and isinstance(pool.take_events()[0], AllBlocksCleared)
     assert pool.get_cached_block(r.block_hashes[0]) is None
+
+
+def test_events_are_not_kept_unless_recording() -> None:
+    kv = KVCacheManager(4, 4)
+    kv.allocate_slots(make_request("r", list(range(1, 9))), 8)
+    assert kv.pool.take_events() == []
 
 
 def test_request_transitions_are_checked() -> None:
