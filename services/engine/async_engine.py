@@ -7,9 +7,10 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from services.common.kv_transfer import KVTransferParams
 from services.engine.config import EngineConfig
 from services.engine.llm_engine import LLMEngine, RequestOutput
 from services.engine.sampling_params import SamplingParams
@@ -18,6 +19,9 @@ if TYPE_CHECKING:
     from services.common.kv_event_publisher import KVEventPublisher
 
 log = logging.getLogger(__name__)
+
+_IDLE_S = 0.25  # nothing to do: wake this often (lease expiry, notifications)
+_POLL_S = 0.001  # requests wait on remote KV: poll transfers this often
 
 
 class EngineDeadError(RuntimeError):
@@ -31,6 +35,7 @@ class _Add:
     params: SamplingParams
     cache_salt: str | None
     priority: int
+    kv_transfer_params: KVTransferParams | None
     sink: asyncio.Queue
     loop: asyncio.AbstractEventLoop
 
@@ -52,6 +57,9 @@ class EngineStats:
     num_preemptions: int
     num_blocks: int
     block_size: int
+    model: str = ""
+    kv_transfer_blocks: dict[tuple[str, str], int] = field(default_factory=dict)  # (direction, path) -> blocks
+    kv_transfer_failures: dict[str, int] = field(default_factory=dict)  # reason -> count
 
 
 class AsyncLLM:
@@ -81,18 +89,22 @@ class AsyncLLM:
     def stats(self) -> EngineStats:
         core = self.engine.core
         kv = core.kv_manager
+        transfer = core.connector.stats if core.connector is not None else None
         return EngineStats(core.scheduler.num_running, core.scheduler.num_waiting, kv.usage, kv.prefix_queries,
-                           kv.prefix_hits, core.scheduler.num_preemptions, core.num_blocks, core.block_size)
+                           kv.prefix_hits, core.scheduler.num_preemptions, core.num_blocks, core.block_size,
+                           self.config.model_name,
+                           dict(transfer.blocks) if transfer else {}, dict(transfer.failures) if transfer else {})
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
-                       cache_salt: str | None = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
+                       cache_salt: str | None = None, priority: int = 0,
+                       kv_transfer_params: KVTransferParams | None = None) -> AsyncIterator[RequestOutput]:
         """Yield a RequestOutput per engine step for this request; cancelling the iteration aborts it."""
         if not self.is_alive:
             raise EngineDeadError("the engine loop is not running")
         self.engine.validate_prompt(prompt_token_ids, params)
         sink: asyncio.Queue = asyncio.Queue()
-        self._commands.put(_Add(request_id, prompt_token_ids, params, cache_salt, priority, sink,
-                                asyncio.get_running_loop()))
+        self._commands.put(_Add(request_id, prompt_token_ids, params, cache_salt, priority, kv_transfer_params,
+                                sink, asyncio.get_running_loop()))
         finished = False
         try:
             while True:
@@ -119,7 +131,9 @@ class AsyncLLM:
     def _run(self) -> None:
         engine = self.engine
         while not self._stop.is_set():
-            self._drain(block=not engine.has_unfinished())
+            # Idle: wait for work. Only waiting on remote KV (or leases): poll the transfers every ms.
+            busy = engine.core.last_step_tokens > 0
+            self._drain(timeout=None if busy else (_POLL_S if engine.has_unfinished() else _IDLE_S))
             if self._stop.is_set():
                 break
             try:
@@ -136,9 +150,9 @@ class AsyncLLM:
         if self.publisher is not None:
             self.publisher.close()
 
-    def _drain(self, block: bool) -> None:
+    def _drain(self, timeout: float | None) -> None:
         try:
-            cmd = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+            cmd = self._commands.get(timeout=timeout) if timeout else self._commands.get_nowait()
         except queue.Empty:
             return
         while cmd is not None:
@@ -156,7 +170,7 @@ class AsyncLLM:
         self._sinks[cmd.request_id] = (cmd.sink, cmd.loop)
         try:
             self.engine.add_request(cmd.prompt, cmd.params, cmd.request_id, cache_salt=cmd.cache_salt,
-                                    priority=cmd.priority)
+                                    priority=cmd.priority, kv_transfer_params=cmd.kv_transfer_params)
         except ValueError as exc:
             self._deliver(cmd.request_id, exc, True)
 

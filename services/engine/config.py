@@ -28,6 +28,10 @@ class EngineConfig(BaseModel):
     device: str = "auto"
     seed: int = 0
     attention_backend: Literal["torch", "triton"] | None = None
+    role: Literal["both", "prefill", "decode"] = "both"
+    kv_host: str = "127.0.0.1"  # where peers reach this engine's HTTP side channel (NIXL handshake)
+    kv_port: int = Field(8000, ge=1, le=65535)
+    kv_lease_s: float = Field(30.0, gt=0)
 
     @field_validator("model")
     @classmethod

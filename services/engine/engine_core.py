@@ -7,9 +7,11 @@ import logging
 import torch
 
 from services.common.hashing import HASH_VERSION, BlockHasher
+from services.common.kv_transfer import KVCompat, block_major_layout
 from services.engine.attention import select_backend
 from services.engine.config import EngineConfig
 from services.engine.kv_cache_manager import KVCacheManager
+from services.engine.kv_connector import KVConnector
 from services.engine.model_loader import load_model, load_model_config, resolve_dtype
 from services.engine.model_runner import ModelRunner, bytes_per_block, kv_cache_shape
 from services.engine.outputs import EngineCoreOutput
@@ -53,12 +55,15 @@ class EngineCore:
         self.runner = ModelRunner(model, cfg, kv_cache, self.block_size, backend, self.device,
                                   cfg.eos_token_ids, seed=config.seed)
         self.kv_manager = KVCacheManager(self.num_blocks, self.block_size, config.enable_prefix_caching)
+        self.connector = self._connector(kv_cache) if config.role != "both" else None
         batched = config.max_num_batched_tokens or _DEFAULT_BATCHED_TOKENS
         self.scheduler = Scheduler(
             SchedulerConfig(max_num_seqs=config.max_num_seqs, max_num_batched_tokens=batched,
                             max_model_len=self.max_model_len),
             self.kv_manager,
+            self.connector,
         )
+        self.last_step_tokens = 0
         log.info("engine ready: %s, %d KV blocks of %d tokens, dtype %s, device %s",
                  config.model_name, self.num_blocks, self.block_size, self.dtype, self.device)
 
@@ -81,6 +86,29 @@ class EngineCore:
                              f"sequence ({min_blocks} blocks needed); raise kv_cache_memory_gb or lower max_model_len")
         return blocks
 
+    def kv_compat(self) -> KVCompat:
+        """What a peer engine must match to exchange KV blocks with this one."""
+        cfg = self.model_config
+        return KVCompat(
+            model_id=self.config.model_name, block_size=self.block_size, hash_version=HASH_VERSION,
+            dtype=str(self.dtype).removeprefix("torch."),
+            bytes_per_block=bytes_per_block(cfg, self.block_size, self.dtype),
+            kv_layout=block_major_layout(cfg.num_hidden_layers, self.block_size, cfg.num_key_value_heads, cfg.head_dim),
+        )
+
+    def _connector(self, kv_cache: torch.Tensor) -> KVConnector:
+        """Prefill/decode roles move KV over NIXL; without NIXL they still serve (decode recomputes)."""
+        from services.engine.nixl_transfer import NixlTransfer, nixl_available
+
+        transfer = None
+        if nixl_available():
+            transfer = NixlTransfer(kv_cache, self.kv_compat())
+        else:
+            log.warning("NIXL is not available: role %s cannot move KV blocks; decode will recompute prompts",
+                        self.config.role)
+        return KVConnector(self.config.role, transfer, self.config.kv_host, self.config.kv_port, self.block_size,
+                           self.config.kv_lease_s)
+
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
 
@@ -92,6 +120,7 @@ class EngineCore:
 
     def step(self) -> list[EngineCoreOutput]:
         sched = self.scheduler.schedule()
+        self.last_step_tokens = sched.total_num_scheduled_tokens
         if sched.is_empty:
             self.runner.execute(sched)  # only forgets finished requests
             return []

@@ -8,6 +8,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 from services.common.errors import OpenAIError, bad_request
+from services.common.kv_transfer import KVTransferParams
 from services.common.protocol_common import Usage
 from services.engine.async_engine import EngineDeadError
 from services.engine.llm_engine import RequestOutput
@@ -23,6 +24,7 @@ class RequestOptions:
     request_id: str
     cache_salt: str | None = None
     priority: int = 0
+    kv_transfer_params: KVTransferParams | None = None
 
 
 class Generation:
@@ -42,7 +44,8 @@ class Generation:
         timer = self._timers[sub.index]
         opts = self._options
         gen = self._ctx.llm.generate(sub.prompt_ids, sub.params, f"{opts.request_id}-{sub.index}",
-                                     cache_salt=opts.cache_salt, priority=opts.priority)
+                                     cache_salt=opts.cache_salt, priority=opts.priority,
+                                     kv_transfer_params=opts.kv_transfer_params)
         try:
             async with aclosing(gen):
                 async for out in gen:

@@ -47,8 +47,12 @@ class KVCacheManager:
         num_new_tokens: int,
         new_computed_blocks: list[KVCacheBlock] | None = None,
         num_new_computed_tokens: int = 0,
+        cache: bool = True,
     ) -> list[KVCacheBlock] | None:
-        """Reserve blocks so ``num_new_tokens`` more tokens fit; None (and no change) if they do not."""
+        """Reserve blocks so ``num_new_tokens`` more tokens fit; None (and no change) if they do not.
+
+        ``cache=False`` defers prefix-cache registration (blocks whose KV is still being received).
+        """
         if num_new_tokens <= 0:
             raise ValueError("num_new_tokens must be positive")
         computed = list(new_computed_blocks or ())
@@ -65,14 +69,19 @@ class KVCacheManager:
         blocks.extend(computed)
         new_blocks = self.pool.get_new_blocks(num_new) if num_new > 0 else []
         blocks.extend(new_blocks)
-        self._cache_full(request, blocks, total)
+        if cache:
+            self.cache_full_blocks(request, total)
         return new_blocks
+
+    def cache_full_blocks(self, request: Request, num_tokens: int) -> None:
+        """Register the request's blocks that are full within its first ``num_tokens`` tokens."""
+        self._cache_full(request, self.req_to_blocks.get(request.request_id, []), num_tokens)
 
     def _cache_full(self, request: Request, blocks: list[KVCacheBlock], num_tokens: int) -> None:
         if not self.enable_caching:
             return
         start = self.num_cached_blocks.get(request.request_id, 0)
-        end = min(num_tokens // self.block_size, len(request.block_hashes))
+        end = min(num_tokens // self.block_size, len(request.block_hashes), len(blocks))
         if end > start:
             self.pool.cache_full_blocks(
                 blocks, request.block_hashes, request.all_token_ids, start, end, self.block_size
@@ -81,6 +90,9 @@ class KVCacheManager:
 
     def block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
+
+    def blocks_of(self, request_id: str) -> list[KVCacheBlock]:
+        return self.req_to_blocks.get(request_id, [])
 
     def free(self, request: Request) -> None:
         """Release every block of the request, tail first so tail blocks are evicted first."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.common.hashing import BlockHashExtras
+from services.common.kv_transfer import KVTransferParams
 from services.common.tokenizer import Tokenizer
 from services.engine.config import EngineConfig
 from services.engine.detokenizer import IncrementalDetokenizer
@@ -41,6 +42,7 @@ class RequestOutput:
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
     error: str | None = None
+    kv_transfer_params: dict | None = None
 
 
 class _Tracked:
@@ -89,7 +91,7 @@ class LLMEngine:
 
     def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
                     cache_salt: str | None = None, lora_name: str | None = None, priority: int = 0,
-                    index: int = 0) -> str:
+                    index: int = 0, kv_transfer_params: KVTransferParams | None = None) -> str:
         """Queue one sequence (n is expanded by the caller); returns its request id."""
         text, token_ids = self.tokenize_prompt(prompt)
         self.validate_prompt(token_ids, params)
@@ -98,7 +100,8 @@ class LLMEngine:
             raise ValueError(f"request_id: {request_id!r} is already in use")
         extras = BlockHashExtras(lora_name=lora_name, cache_salt=cache_salt)
         req = Request(request_id, token_ids, params, self.eos_token_id,
-                      hash_fn=lambda hashes, toks: self.core.hasher.extend(hashes, toks, extras), priority=priority)
+                      hash_fn=lambda hashes, toks: self.core.hasher.extend(hashes, toks, extras), priority=priority,
+                      kv_transfer_params=kv_transfer_params)
         detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop, params.include_stop_str_in_output,
                                        params.skip_special_tokens)
         self._tracked[request_id] = _Tracked(req, text, detok, index)
@@ -137,5 +140,5 @@ class LLMEngine:
         return RequestOutput(
             request_id=o.req_id, prompt=tr.prompt, prompt_token_ids=tr.req.prompt_token_ids, outputs=[out],
             finished=finish is not None, num_cached_tokens=o.num_cached_tokens, delta_text=delta,
-            delta_token_ids=list(o.new_token_ids), error=o.error,
+            delta_token_ids=list(o.new_token_ids), error=o.error, kv_transfer_params=o.kv_transfer_params,
         )

@@ -42,6 +42,17 @@ class _EngineCollector(Collector):
                                   value=s.prefix_hits)
         yield CounterMetricFamily("kvferry_num_preemptions", "Requests preempted (KV blocks ran out).",
                                   value=s.num_preemptions)
+        blocks = CounterMetricFamily("kvferry_kv_transfer_blocks", "KV blocks moved between engines.",
+                                     labels=["direction", "path"])
+        for (direction, path), n in sorted(s.kv_transfer_blocks.items()):
+            blocks.add_metric([direction, path], n)
+        yield blocks
+        failures = CounterMetricFamily("kvferry_kv_transfer_failures",
+                                       "KV transfers that failed (the prompt was recomputed), by reason.",
+                                       labels=["reason"])
+        for reason, n in sorted(s.kv_transfer_failures.items()):
+            failures.add_metric([reason], n)
+        yield failures
 
 
 class ServerMetrics:

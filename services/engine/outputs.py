@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from services.engine.sampling_params import SamplingParams
 
@@ -75,7 +75,7 @@ class EngineCoreOutput:
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
     error: str | None = None
-    extra: dict = field(default_factory=dict)
+    kv_transfer_params: dict | None = None  # prefill: where the prompt's blocks are (for a decode engine)
 
     @property
     def finished(self) -> bool:

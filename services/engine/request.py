@@ -6,6 +6,7 @@ import enum
 import time
 from collections.abc import Callable
 
+from services.common.kv_transfer import KVTransferParams
 from services.engine.sampling_params import SamplingParams
 
 
@@ -57,6 +58,7 @@ class Request:
         hash_fn: Callable[[list[bytes], list[int]], list[bytes]] | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
+        kv_transfer_params: KVTransferParams | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -71,6 +73,9 @@ class Request:
         self.num_cached_tokens = -1  # prompt tokens served from the prefix cache, set when first scheduled
         self.num_preemptions = 0
         self.stop_reason: int | str | None = None
+        # P/D: do_remote_decode (prefill keeps the KV) or do_remote_prefill (decode pulls it, once)
+        self.kv_transfer_params = kv_transfer_params
+        self.remote_kv_out: KVTransferParams | None = None  # what prefill answers
         self._hash_fn = hash_fn
         self.block_hashes: list[bytes] = []
         if hash_fn is not None:
@@ -87,6 +92,16 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
+
+    @property
+    def needs_remote_kv(self) -> bool:
+        p = self.kv_transfer_params
+        return p is not None and p.do_remote_prefill
+
+    @property
+    def keeps_kv_for_decode(self) -> bool:
+        p = self.kv_transfer_params
+        return p is not None and p.do_remote_decode
 
     @property
     def is_finished(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -15,6 +16,8 @@ from services.engine.outputs import (
     SchedulerOutput,
 )
 from services.engine.request import Request, RequestStatus
+
+_LEASABLE = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH})
 
 
 class SchedulerConfig(BaseModel):
@@ -39,9 +42,13 @@ class _StepPlan:
 class Scheduler:
     """Running requests first (in order), then waiting ones FCFS; preempts the newest when blocks run out."""
 
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager, connector: Any = None) -> None:
         self.config = config
         self.kv = kv_cache_manager
+        self.connector = connector  # KVConnector for prefill/decode roles (None: aggregated only)
+        self.loading: dict[str, Request] = {}  # WAITING_FOR_REMOTE_KV, blocks being received
+        self.leased: dict[str, Request] = {}  # finished prefills whose blocks wait for a decode read
+        self._aborted_loads: set[str] = set()  # finished while receiving: free once the read ends
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -70,6 +77,8 @@ class Scheduler:
                 continue
             if request.status == RequestStatus.RUNNING:
                 self.running.remove(request)
+            elif request.status == RequestStatus.WAITING_FOR_REMOTE_KV:
+                self._aborted_loads.add(req_id)  # NIXL may still write into its blocks
             else:
                 self.waiting.remove(request)
             request.transition(status)
@@ -78,8 +87,16 @@ class Scheduler:
         return done
 
     def _release(self, request: Request) -> None:
-        self.kv.free(request)
-        del self.requests[request.request_id]
+        rid = request.request_id
+        if rid in self._aborted_loads:
+            pass  # blocks are freed when the in-flight read completes
+        elif request.keeps_kv_for_decode and self.connector is not None and request.status in _LEASABLE:
+            self._lease(request)
+        else:
+            if request.kv_transfer_params is not None and request.needs_remote_kv and self.connector is not None:
+                self.connector.release_remote(request.kv_transfer_params)
+            self.kv.free(request)
+        del self.requests[rid]
         if request.request_id in self._known_to_runner:
             self._known_to_runner.discard(request.request_id)
             self._finished_since_last_step.add(request.request_id)
@@ -95,8 +112,85 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
+    # ------------------------------------------------------------------ remote KV (P/D roles)
+    def _lease(self, request: Request) -> None:
+        """Prefill finished: keep the prompt's full blocks for decode and say where they are."""
+        n_full = min(request.num_prompt_tokens // self.kv.block_size, len(request.block_hashes))
+        blocks = self.kv.blocks_of(request.request_id)[:n_full]
+        request.remote_kv_out = self.connector.hold(
+            request.request_id, [b.block_id for b in blocks], request.block_hashes[:n_full]
+        )
+        if blocks:
+            self.leased[request.request_id] = request
+        else:  # shorter than one block: nothing to transfer
+            self.kv.free(request)
+
+    def _poll_connector(self) -> None:
+        if self.connector is None:
+            return
+        for rid in self.connector.released_leases():
+            request = self.leased.pop(rid, None)
+            if request is not None:
+                self.kv.free(request)
+        if self.connector.has_pending_loads():
+            for rid, ok in self.connector.finished_loads():
+                self._finish_load(rid, ok)
+
+    def _finish_load(self, rid: str, ok: bool) -> None:
+        request = self.loading.pop(rid, None)
+        if request is None:
+            return
+        if rid in self._aborted_loads:
+            self._aborted_loads.discard(rid)
+            self.kv.free(request)
+            return
+        params = request.kv_transfer_params
+        request.kv_transfer_params = None  # consumed: a preempted request recomputes
+        if ok:
+            loaded = min(len(params.remote_block_ids) * self.kv.block_size, request.num_prompt_tokens - 1)
+            request.num_computed_tokens = loaded
+            self.kv.cache_full_blocks(request, loaded)
+        request.num_cached_tokens = request.num_computed_tokens
+        request.transition(RequestStatus.WAITING)
+        self.waiting.appendleft(request)
+
+    def _start_remote_load(self, request: Request) -> bool:
+        """Decode: local prefix hit, blocks for the rest of prefill's blocks, and a NIXL read into them.
+
+        Returns False only when blocks are short (the request stays at the head of the queue).
+        """
+        params, bs = request.kv_transfer_params, self.kv.block_size
+        computed, n_local = self.kv.get_computed_blocks(request)
+        n_remote = len(params.remote_block_ids)
+        if params.hashes() != request.block_hashes[:n_remote]:
+            self.connector.record_failure("hash_mismatch", request.request_id,
+                                          "prefill's block hashes differ from this prompt's")
+            return self._drop_remote(request)
+        if n_remote * bs <= n_local or n_remote == 0:
+            return self._drop_remote(request)
+        new_blocks = self.kv.allocate_slots(request, n_remote * bs - n_local, computed, n_local, cache=False)
+        if new_blocks is None:
+            return False
+        self.waiting.popleft()
+        request.num_computed_tokens = n_local
+        first = n_local // bs
+        started = self.connector.start_load(request.request_id, params, params.remote_block_ids[first:],
+                                            [b.block_id for b in new_blocks])
+        request.transition(RequestStatus.WAITING_FOR_REMOTE_KV)
+        self.loading[request.request_id] = request
+        if not started:
+            self._finish_load(request.request_id, False)
+        return True
+
+    def _drop_remote(self, request: Request) -> bool:
+        """Serve without prefill's blocks (a local hit covers them, or they cannot be used)."""
+        self.connector.release_remote(request.kv_transfer_params)
+        request.kv_transfer_params = None
+        return True
+
     # ------------------------------------------------------------------ scheduling
     def schedule(self) -> SchedulerOutput:
+        self._poll_connector()
         plan = _StepPlan(self.config.max_num_batched_tokens)
         self._schedule_running(plan)
         if not plan.preempted:
@@ -151,9 +245,14 @@ class Scheduler:
     def _schedule_waiting(self, plan: _StepPlan) -> None:
         while self.waiting and plan.budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            if request.status == RequestStatus.WAITING_FOR_REMOTE_KV:
-                break
-            computed, num_computed = self.kv.get_computed_blocks(request)
+            if request.needs_remote_kv and self.connector is not None:
+                if not self._start_remote_load(request):
+                    break
+                continue
+            if request.request_id in self.kv.req_to_blocks:  # holds received KV already
+                computed, num_computed = [], request.num_computed_tokens
+            else:
+                computed, num_computed = self.kv.get_computed_blocks(request)
             num_new = min(request.num_tokens - num_computed, plan.budget)
             new_blocks = self.kv.allocate_slots(request, num_new, computed, num_computed)
             if new_blocks is None:
@@ -201,6 +300,7 @@ class Scheduler:
             status = self._check_stop(request) if new_tokens else None
             if status is not None:
                 self.finish_requests([req_id], status)
+            kv_out = request.remote_kv_out.model_dump(mode="json") if request.remote_kv_out else None
             if new_tokens or status is not None:
                 lp = logprobs.get(req_id)
                 outputs.append(
@@ -211,6 +311,7 @@ class Scheduler:
                         finish_reason=status.value if status else None,
                         stop_reason=request.stop_reason,
                         num_cached_tokens=max(request.num_cached_tokens, 0),
+                        kv_transfer_params=kv_out,
                     )
                 )
         return outputs

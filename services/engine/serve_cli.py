@@ -29,9 +29,6 @@ log = logging.getLogger("kvferry.serve")
 def _role(value: str) -> str:
     if value not in ROLES:
         raise argparse.ArgumentTypeError(f"invalid choice {value!r} (choose from {', '.join(ROLES)})")
-    if value != "both":
-        raise argparse.ArgumentTypeError(f"{value!r} is not implemented in this build; only 'both' is "
-                                         "(prefill and decode come with P/D disaggregation)")
     return value
 
 
@@ -54,7 +51,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add("--host", default="127.0.0.1")
     add("--port", type=int, default=8000)
     add("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
-    add("--role", type=_role, default="both", help="both | prefill | decode (only both in this build)")
+    add("--role", type=_role, default="both",
+        help="both (aggregated) | prefill (keeps KV for a decode engine) | decode (pulls KV from prefill)")
+    add("--kv-lease", type=float, default=30.0, help="prefill: seconds blocks are kept for a decode read")
     add("--request-timeout", type=float, default=None, help="seconds before a request is aborted")
     add("--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits for running requests")
     add("--redis-url", default=None, help="publish KV cache events to this prefix index (redis://host:port)")
@@ -80,7 +79,8 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
         num_kv_blocks=args.num_kv_blocks, kv_cache_memory_gb=args.kv_cache_memory,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len, enable_prefix_caching=args.prefix_caching, device=args.device,
-        seed=args.seed,
+        seed=args.seed, role=args.role, kv_port=args.port, kv_lease_s=args.kv_lease,
+        kv_host=advertised_url(args.host, args.port, args.advertise_url).removeprefix("http://").rsplit(":", 1)[0],
     )
     server = ServerSettings(api_key=args.api_key, request_timeout=args.request_timeout,
                             drain_timeout=args.drain_timeout, role=args.role)

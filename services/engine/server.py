@@ -30,6 +30,7 @@ from services.engine.middleware import RequestContextMiddleware
 from services.engine.serving import ServerSettings, ServingContext
 from services.engine.serving_chat import create_chat_completion
 from services.engine.serving_completions import create_completion
+from services.engine.serving_kv import HANDSHAKE_PATH, handshake_response
 from services.engine.serving_tokens import detokenize, list_models, tokenize
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,10 @@ def _ops_routes(ctx: ServingContext) -> APIRouter:
     @router.get("/metrics")
     async def metrics() -> Response:
         return Response(ctx.metrics.render(), media_type=CONTENT_TYPE)
+
+    @router.get(HANDSHAKE_PATH)
+    async def kv_handshake() -> Response:
+        return handshake_response(ctx)
 
     return router
 

@@ -25,7 +25,7 @@ class ServerSettings(BaseModel):
     api_key: str | None = None
     request_timeout: float | None = Field(None, gt=0)
     drain_timeout: float = Field(30.0, ge=0)
-    role: Literal["both"] = "both"
+    role: Literal["both", "prefill", "decode"] = "both"
 
 
 @dataclass

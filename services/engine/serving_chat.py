@@ -23,6 +23,7 @@ from services.engine.generation import Generation, RequestOptions
 from services.engine.lifecycle import SSEResponse, cancel_on_disconnect
 from services.engine.llm_engine import CompletionOutput
 from services.engine.serving import ServingContext, fan_out
+from services.engine.serving_kv import prepare_kv_transfer
 from services.engine.serving_logprobs import chat_logprobs
 
 
@@ -44,7 +45,8 @@ async def create_chat_completion(ctx: ServingContext, body: ChatCompletionReques
     ctx.check_ready()
     ctx.check_model(body.model)
     subs = fan_out(body, [_prompt_ids(ctx, body)], ctx, _top_n(body))
-    gen = Generation(ctx, subs, RequestOptions(request_id, body.cache_salt, body.priority))
+    kv_params = await prepare_kv_transfer(ctx, body.kv_transfer_params, len(subs))
+    gen = Generation(ctx, subs, RequestOptions(request_id, body.cache_salt, body.priority, kv_params))
     stream = StreamContext("chat", ctx.model_name, body.include_usage_in_stream(), id=f"chatcmpl-{request_id}")
     if body.stream:
         return SSEResponse(_events(ctx, body, gen, stream))
@@ -53,7 +55,8 @@ async def create_chat_completion(ctx: ServingContext, body: ChatCompletionReques
         return Response(status_code=499)
     choices = [_choice(ctx, body, sub.index, finals[sub.index].outputs[0]) for sub in subs]
     response = ChatCompletionResponse(id=stream.id, created=stream.created, model=ctx.model_name,
-                                      choices=choices, usage=gen.usage())
+                                      choices=choices, usage=gen.usage(),
+                                      kv_transfer_params=finals[0].kv_transfer_params)
     return JSONResponse(response.model_dump(mode="json"))
 
 

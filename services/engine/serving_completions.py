@@ -22,6 +22,7 @@ from services.engine.generation import Generation, RequestOptions
 from services.engine.lifecycle import SSEResponse, cancel_on_disconnect
 from services.engine.llm_engine import RequestOutput
 from services.engine.serving import ServingContext, SubRequest, fan_out
+from services.engine.serving_kv import prepare_kv_transfer
 from services.engine.serving_logprobs import completion_logprobs
 
 
@@ -49,7 +50,8 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, reques
     ctx.check_model(body.model)
     prompts = _prompts(ctx, body)
     subs = fan_out(body, [p.ids for p in prompts], ctx, body.logprobs)
-    gen = Generation(ctx, subs, RequestOptions(request_id, body.cache_salt, body.priority))
+    kv_params = await prepare_kv_transfer(ctx, body.kv_transfer_params, len(subs))
+    gen = Generation(ctx, subs, RequestOptions(request_id, body.cache_salt, body.priority, kv_params))
     stream = StreamContext("completion", ctx.model_name, body.include_usage_in_stream(), id=f"cmpl-{request_id}")
     if body.stream:
         return SSEResponse(_events(ctx, body, gen, prompts, stream))
@@ -58,7 +60,7 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, reques
         return Response(status_code=499)
     choices = [_choice(ctx, body, sub, prompts[sub.prompt], finals[sub.index]) for sub in subs]
     response = CompletionResponse(id=stream.id, created=stream.created, model=ctx.model_name,
-                                  choices=choices, usage=gen.usage())
+                                  choices=choices, usage=gen.usage(), kv_transfer_params=finals[0].kv_transfer_params)
     return JSONResponse(response.model_dump(mode="json"))
 
 

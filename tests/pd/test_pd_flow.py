@@ -1,0 +1,97 @@
+"""Disaggregated prefill/decode over NIXL between two real `kvferry serve` processes.
+
+The two-step flow is driven by a small test client (the router builds the real orchestrator):
+prefill with `max_tokens=1` and `do_remote_decode`, then decode with the returned params.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.server.helpers import MODEL, ServerProcess, start_server
+
+NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def pd_pair(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, ...]]:
+    logs = tmp_path_factory.mktemp("pd-logs")
+    common = ("--block-size", "16", "--num-kv-blocks", "512", "--max-model-len", "512")
+    servers = [
+        start_server(llama_dir, logs, "--role", "prefill", "--kv-lease", "20", *common),
+        start_server(llama_dir, logs, "--role", "decode", *common),
+        start_server(llama_dir, logs, *common),
+    ]
+    yield tuple(servers)
+    for s in servers:
+        s.stop()
+
+
+def prompts(n: int = 32, seed: int = 3) -> list[list[int]]:
+    rng = random.Random(seed)
+    lengths = [5, 15, 16, 17, 32, 33, 100, 250] + [rng.randint(1, 300) for _ in range(n - 8)]
+    return [[rng.randrange(3, 400) for _ in range(k)] for k in lengths]
+
+
+def complete(server: ServerProcess, prompt: list[int], kv: dict | None = None, max_tokens: int = NEW_TOKENS) -> dict:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    if kv is not None:
+        body["kv_transfer_params"] = kv
+    r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def disaggregated(prefill: ServerProcess, decode: ServerProcess, prompt: list[int]) -> tuple[dict, dict]:
+    first = complete(prefill, prompt, {"do_remote_decode": True}, max_tokens=1)
+    params = first["kv_transfer_params"]
+    assert params is not None and params["do_remote_prefill"] is True
+    assert len(params["remote_block_ids"]) == len(prompt) // 16 == len(params["block_hashes"])
+    return params, complete(decode, prompt, params)
+
+
+def test_disaggregated_equals_aggregated_and_kv_is_transferred(pd_pair) -> None:
+    prefill, decode, aggregated = pd_pair
+    before = decode.metrics().get('kvferry_kv_transfer_blocks_total{direction="received",path="nixl"}', 0)
+    expected_blocks = 0
+    for i, prompt in enumerate(prompts()):
+        params, out = disaggregated(prefill, decode, prompt)
+        ref = complete(aggregated, prompt)
+        assert out["choices"][0]["text"] == ref["choices"][0]["text"], f"prompt {i} (len {len(prompt)}) diverged"
+        n_blocks = len(params["remote_block_ids"])
+        expected_blocks += n_blocks
+        if n_blocks:
+            cached = out["usage"]["prompt_tokens_details"]["cached_tokens"]
+            assert cached >= min(n_blocks * 16, len(prompt) - 1)
+    m = decode.metrics()
+    assert m['kvferry_kv_transfer_blocks_total{direction="received",path="nixl"}'] - before > 0
+    assert not any(k.startswith("kvferry_kv_transfer_failures_total") and v for k, v in m.items())
+    # decode's read notified prefill, which freed the leases: prefill's KV usage goes back to idle
+    prefill.wait_until(lambda mm: mm["kvferry_kv_cache_usage_ratio"] == 0.0, timeout=10)
+    assert expected_blocks > 0
+
+
+def test_prefill_died_decode_recomputes_correctly(llama_dir: Path, tmp_path: Path, pd_pair) -> None:
+    _, decode, aggregated = pd_pair
+    doomed = start_server(llama_dir, tmp_path, "--role", "prefill", "--block-size", "16", "--num-kv-blocks", "128",
+                          "--max-model-len", "512")
+    prompt = prompts(1, seed=9)[0] + list(range(3, 80))
+    params = complete(doomed, prompt, {"do_remote_decode": True}, max_tokens=1)["kv_transfer_params"]
+    doomed.stop()
+    out = complete(decode, prompt, params)
+    assert out["choices"][0]["text"] == complete(aggregated, prompt)["choices"][0]["text"]
+    m = decode.metrics()
+    assert sum(v for k, v in m.items() if k.startswith("kvferry_kv_transfer_failures_total")) >= 1
+    assert "recomputing the prompt locally" in decode.log_text()
+
+
+def test_short_prompt_transfers_nothing(pd_pair) -> None:
+    prefill, decode, aggregated = pd_pair
+    params, out = disaggregated(prefill, decode, [5, 6, 7])
+    assert params["remote_block_ids"] == []
+    assert out["choices"][0]["text"] == complete(aggregated, [5, 6, 7])["choices"][0]["text"]
