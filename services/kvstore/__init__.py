@@ -1,0 +1,1 @@
+"""The kvstore service: host-memory KV block store behind gRPC (`kvferry kvstore`)."""

@@ -1,0 +1,67 @@
+"""``kvferry kvstore``: run the host-memory KV block store until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from types import FrameType
+
+from pydantic import ValidationError
+
+from services.kvstore.server import KVStoreServer, KVStoreSettings
+
+log = logging.getLogger("kvferry.kvstore")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``kvstore`` to the ``kvferry`` parser."""
+    p = subparsers.add_parser("kvstore", help="run the host-memory KV block store")
+    add = p.add_argument
+    add("--host", default="127.0.0.1")
+    add("--port", type=int, default=50051, help="gRPC port (0: any free port, printed at start)")
+    add("--capacity-gb", type=float, default=4.0,
+        help="GB (10^9 bytes, the operator's unit) of KV blocks to hold before LRU eviction")
+    add("--batch-bytes", type=int, default=1 << 20, help="bytes per streamed get message")
+    add("--workers", type=int, default=8, help="gRPC handler threads")
+    add("--slot-bytes", type=int, default=None,
+        help="bytes per KV block of the pool: keep blocks in a NIXL-registered arena engines can READ")
+    add("--no-nixl", dest="nixl", action="store_false", help="with --slot-bytes: do not register with NIXL")
+    add("--redis-url", default=None, help="prefix index to report stored blocks to (accepted; not wired yet)")
+    add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM/SIGINT; exit 0 (2 on bad flags, 1 when the port cannot be bound)."""
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = KVStoreSettings(
+            host=args.host, port=args.port, capacity_bytes=int(args.capacity_gb * 1e9),
+            batch_bytes=args.batch_bytes, workers=args.workers, redis_url=args.redis_url,
+            slot_bytes=args.slot_bytes, nixl=args.nixl,
+        )
+    except ValidationError as exc:
+        print(f"kvferry kvstore: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        server = KVStoreServer(settings)
+    except (OSError, RuntimeError, ValueError) as exc:
+        print(f"kvferry kvstore: error: {exc}", file=sys.stderr)
+        return 1
+    if settings.redis_url:
+        log.warning("--redis-url is accepted but prefix-index reporting is not wired yet")
+    print(f"kvstore listening on {settings.host}:{server.port}", flush=True)
+    stop = threading.Event()
+
+    def _stop(_sig: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _stop)
+    stop.wait()
+    server.stop()
+    return 0

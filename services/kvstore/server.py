@@ -1,0 +1,112 @@
+"""KVStoreServer: the gRPC service in front of a BlockStore (streamed, batched put/get; exists; stats)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.common.kv_transfer import KVCompat, KVTransferError
+from services.common.kvstore_client import DEFAULT_BATCH_BYTES, GRPC_OPTIONS, batched_by_bytes
+from services.common.proto import kvstore_pb2, kvstore_pb2_grpc
+from services.kvstore.block_store import BlockStore
+from services.kvstore.nixl_region import NixlRegion
+from services.kvstore.slab import SlabArena
+
+log = logging.getLogger("kvferry.kvstore")
+
+
+class KVStoreSettings(BaseModel):
+    """How a kvstore process runs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(50051, ge=0, le=65535, description="0 picks a free port")
+    capacity_bytes: int = Field(4 << 30, gt=0)
+    batch_bytes: int = Field(DEFAULT_BATCH_BYTES, gt=0, description="default bytes per streamed get message")
+    workers: int = Field(8, gt=0, description="gRPC handler threads")
+    redis_url: str | None = Field(None, description="prefix index to report stored blocks to (not wired yet)")
+    slot_bytes: int | None = Field(
+        None, gt=0, description="bytes per block of the pool: blocks live in a NIXL-registered arena of such slots"
+    )
+    nixl: bool = Field(True, description="with slot_bytes: register the arena with NIXL")
+
+
+class KVStoreService(kvstore_pb2_grpc.KVStoreServicer):
+    """gRPC handlers; all state lives in the BlockStore."""
+
+    def __init__(self, store: BlockStore, batch_bytes: int = DEFAULT_BATCH_BYTES, nixl: NixlRegion | None = None) -> None:
+        self.store = store
+        self.batch_bytes = batch_bytes
+        self.nixl = nixl
+
+    def Put(self, request_iterator: Iterator[kvstore_pb2.PutBatch], context: grpc.ServicerContext) -> kvstore_pb2.PutReply:
+        counts = {"stored": 0, "present": 0, "rejected": 0}
+        for batch in request_iterator:
+            for block in batch.blocks:
+                counts[self.store.put(block.hash, block.token_ids, block.data)] += 1
+        return kvstore_pb2.PutReply(**counts)
+
+    def Get(self, request: kvstore_pb2.GetRequest, context: grpc.ServicerContext) -> Iterator[kvstore_pb2.GetBatch]:
+        def found() -> Iterator[kvstore_pb2.Block]:
+            for key in request.keys:
+                data = self.store.get(key.hash, key.token_ids)
+                if data is None:
+                    return
+                yield kvstore_pb2.Block(hash=key.hash, data=data)
+
+        for batch in batched_by_bytes(found(), lambda b: len(b.data), request.batch_bytes or self.batch_bytes):
+            yield kvstore_pb2.GetBatch(blocks=batch)
+
+    def Exists(self, request: kvstore_pb2.ExistsRequest, context: grpc.ServicerContext) -> kvstore_pb2.ExistsReply:
+        return kvstore_pb2.ExistsReply(num_prefix_blocks=self.store.exists(request.hashes))
+
+    def Stats(self, request: kvstore_pb2.StatsRequest, context: grpc.ServicerContext) -> kvstore_pb2.StatsReply:
+        return kvstore_pb2.StatsReply(**self.store.stats().model_dump())
+
+    def NixlHandshake(self, request: kvstore_pb2.HandshakeRequest, context: grpc.ServicerContext) -> kvstore_pb2.HandshakeReply:
+        if self.nixl is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this kvstore has no NIXL region (start it with --slot-bytes)")
+        try:
+            handshake = self.nixl.handshake(KVCompat.model_validate_json(request.compat_json))
+        except (ValueError, KVTransferError) as exc:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        return kvstore_pb2.HandshakeReply(handshake_json=handshake.model_dump_json())
+
+    def PinPrefix(self, request: kvstore_pb2.PinRequest, context: grpc.ServicerContext) -> kvstore_pb2.PinReply:
+        if self.store.arena is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this kvstore has no arena (start it with --slot-bytes)")
+        slots = self.store.pin_prefix([(k.hash, k.token_ids) for k in request.keys], request.ttl_s or 10.0)
+        return kvstore_pb2.PinReply(slots=slots)
+
+
+class KVStoreServer:
+    """A started gRPC server; ``port`` is the bound one (useful with port 0)."""
+
+    def __init__(self, settings: KVStoreSettings, store: BlockStore | None = None) -> None:
+        self.settings = settings
+        arena = SlabArena(settings.capacity_bytes, settings.slot_bytes) if settings.slot_bytes else None
+        self.store = store or BlockStore(settings.capacity_bytes, arena=arena)
+        self.nixl = NixlRegion(arena) if arena is not None and settings.nixl else None
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.workers), options=GRPC_OPTIONS)
+        service = KVStoreService(self.store, settings.batch_bytes, self.nixl)
+        kvstore_pb2_grpc.add_KVStoreServicer_to_server(service, self._server)
+        self.port = self._server.add_insecure_port(f"{settings.host}:{settings.port}")
+        if self.port == 0:
+            raise OSError(f"kvstore could not bind {settings.host}:{settings.port}")
+        self._server.start()
+        log.info("kvstore listening on %s:%d (capacity %d bytes)", settings.host, self.port, settings.capacity_bytes)
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until the server stops; True if it did."""
+        return self._server.wait_for_termination(timeout_s)
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        """Stop accepting calls and finish running ones within ``grace_s``."""
+        self._server.stop(grace_s).wait()
+        if self.nixl is not None:
+            self.nixl.close()
