@@ -89,11 +89,10 @@ class AsyncLLM:
     def stats(self) -> EngineStats:
         core = self.engine.core
         kv = core.kv_manager
-        transfer = core.connector.stats if core.connector is not None else None
+        blocks, failures = core.transfer_stats()
         return EngineStats(core.scheduler.num_running, core.scheduler.num_waiting, kv.usage, kv.prefix_queries,
                            kv.prefix_hits, core.scheduler.num_preemptions, core.num_blocks, core.block_size,
-                           self.config.model_name,
-                           dict(transfer.blocks) if transfer else {}, dict(transfer.failures) if transfer else {})
+                           self.config.model_name, blocks, failures)
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
                        cache_salt: str | None = None, priority: int = 0,
@@ -149,6 +148,8 @@ class AsyncLLM:
         self._fail_all(EngineDeadError("the engine is shutting down"))
         if self.publisher is not None:
             self.publisher.close()
+        if engine.core.store is not None:
+            engine.core.store.close()
 
     def _drain(self, timeout: float | None) -> None:
         try:

@@ -32,6 +32,8 @@ class EngineConfig(BaseModel):
     kv_host: str = "127.0.0.1"  # where peers reach this engine's HTTP side channel (NIXL handshake)
     kv_port: int = Field(8000, ge=1, le=65535)
     kv_lease_s: float = Field(30.0, gt=0)
+    kvstore_url: str | None = None  # grpc://host:port of the shared kvstore tier
+    use_nixl: bool = True  # False: prefill/decode move KV through the kvstore only
 
     @field_validator("model")
     @classmethod

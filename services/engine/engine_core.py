@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,6 +19,9 @@ from services.engine.model_runner import ModelRunner, bytes_per_block, kv_cache_
 from services.engine.outputs import EngineCoreOutput
 from services.engine.request import Request, RequestStatus
 from services.engine.scheduler import Scheduler, SchedulerConfig
+
+if TYPE_CHECKING:
+    from services.engine.kvstore_tier import KVStoreTier
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +61,15 @@ class EngineCore:
                                   cfg.eos_token_ids, seed=config.seed)
         self.kv_manager = KVCacheManager(self.num_blocks, self.block_size, config.enable_prefix_caching)
         self.connector = self._connector(kv_cache) if config.role != "both" else None
+        self.store = self._store(kv_cache) if config.kvstore_url else None
         batched = config.max_num_batched_tokens or _DEFAULT_BATCHED_TOKENS
         self.scheduler = Scheduler(
             SchedulerConfig(max_num_seqs=config.max_num_seqs, max_num_batched_tokens=batched,
                             max_model_len=self.max_model_len),
             self.kv_manager,
             self.connector,
+            self.store,
+            store_offloads=config.role != "decode",
         )
         self.last_step_tokens = 0
         log.info("engine ready: %s, %d KV blocks of %d tokens, dtype %s, device %s",
@@ -101,13 +109,37 @@ class EngineCore:
         from services.engine.nixl_transfer import NixlTransfer, nixl_available
 
         transfer = None
-        if nixl_available():
+        if self.config.use_nixl and nixl_available():
             transfer = NixlTransfer(kv_cache, self.kv_compat())
         else:
-            log.warning("NIXL is not available: role %s cannot move KV blocks; decode will recompute prompts",
-                        self.config.role)
+            path = "the kvstore" if self.config.kvstore_url else "nothing: decode will recompute prompts"
+            log.warning("NIXL is %s: role %s moves KV through %s",
+                        "disabled" if not self.config.use_nixl else "not available", self.config.role, path)
         return KVConnector(self.config.role, transfer, self.config.kv_host, self.config.kv_port, self.block_size,
                            self.config.kv_lease_s)
+
+    def _store(self, kv_cache: torch.Tensor) -> KVStoreTier:
+        from services.engine.kvstore_tier import KVStoreTier
+
+        def on_failure(reason: str, what: str, detail: str | None) -> None:
+            log.warning("kvstore %s failed (%s): %s", what, reason, detail)
+            self.store_failures[reason] += 1
+
+        self.store_failures: Counter = Counter()
+        return KVStoreTier(self.config.kvstore_url, kv_cache, on_failure)
+
+    def transfer_stats(self) -> tuple[dict[tuple[str, str], int], dict[str, int]]:
+        """Blocks moved by (direction, path) and failures by reason, over NIXL and the kvstore."""
+        blocks: Counter = Counter()
+        failures: Counter = Counter()
+        if self.connector is not None:
+            blocks.update(self.connector.stats.blocks)
+            failures.update(self.connector.stats.failures)
+        if self.store is not None:
+            blocks["received", "kvstore"] += self.store.blocks_received
+            blocks["sent", "kvstore"] += self.store.blocks_sent
+            failures.update(self.store_failures)
+        return dict(blocks), dict(failures)
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)

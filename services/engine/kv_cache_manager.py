@@ -41,6 +41,16 @@ class KVCacheManager:
         self.prefix_hits += len(hits) * self.block_size
         return hits, len(hits) * self.block_size
 
+    def num_cached_prefix_blocks(self, request: Request) -> int:
+        """Leading prompt blocks in the prefix cache, without counting a query (a cheap look)."""
+        n = 0
+        if self.enable_caching:
+            for block_hash in request.block_hashes[: (request.num_tokens - 1) // self.block_size]:
+                if self.pool.get_cached_block(block_hash) is None:
+                    break
+                n += 1
+        return n
+
     def allocate_slots(
         self,
         request: Request,

@@ -52,7 +52,7 @@ class KVConnector:
     # ------------------------------------------------------------------ prefill side
     def hold(self, request_id: str, block_ids: list[int], block_hashes: list[bytes]) -> KVTransferParams:
         """Lease the prompt's full blocks for a decode engine; returns the response's kv_transfer_params."""
-        if block_ids:
+        if block_ids and self.transfer is not None:
             self._leases[request_id] = (time.monotonic() + self.lease_s, len(block_ids))
         return KVTransferParams.for_remote_decode(
             engine_id=self.engine_id, host=self.host, port=self.port, request_id=request_id, block_ids=block_ids,
@@ -101,15 +101,13 @@ class KVConnector:
 
     def finished_loads(self) -> list[tuple[str, bool]]:
         """(request id, succeeded) for every load that completed since the last call."""
-        from services.engine.nixl_transfer import TransferState
-
         out = []
         for rid, load in list(self._loads.items()):
-            state = self.transfer.poll(load.handle)
-            if state is TransferState.PENDING:
+            state = self.transfer.poll(load.handle).name  # TransferState: DONE | PENDING | ERROR
+            if state == "PENDING":
                 continue
             del self._loads[rid]
-            ok = state is TransferState.DONE
+            ok = state == "DONE"
             if ok:
                 self.stats.blocks["received", "nixl"] += load.num_blocks
             else:
@@ -132,5 +130,5 @@ class KVConnector:
 
     def record_failure(self, reason: str, request_id: str, detail: str | None = None) -> None:
         self.stats.failures[reason] += 1
-        log.warning("KV transfer for %s failed (%s)%s; recomputing the prompt locally", request_id, reason,
-                    f": {detail}" if detail else "")
+        log.warning("KV transfer for %s failed (%s)%s; the prompt is recomputed locally (or fetched from the "
+                    "kvstore when one is configured)", request_id, reason, f": {detail}" if detail else "")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable
+from typing import Any
 
 from services.common.kv_transfer import KVTransferParams
 from services.engine.sampling_params import SamplingParams
@@ -76,6 +77,9 @@ class Request:
         # P/D: do_remote_decode (prefill keeps the KV) or do_remote_prefill (decode pulls it, once)
         self.kv_transfer_params = kv_transfer_params
         self.remote_kv_out: KVTransferParams | None = None  # what prefill answers
+        # kvstore tier: asked once per admission; fetched payloads wait here until installed
+        self.store_checked = False
+        self.fetched: Any = None
         self._hash_fn = hash_fn
         self.block_hashes: list[bytes] = []
         if hash_fn is not None:

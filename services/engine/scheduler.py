@@ -16,8 +16,8 @@ from services.engine.outputs import (
     SchedulerOutput,
 )
 from services.engine.request import Request, RequestStatus
-
-_LEASABLE = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH})
+from services.engine.scheduler_transfers import LEASABLE as _LEASABLE
+from services.engine.scheduler_transfers import TransferScheduling
 
 
 class SchedulerConfig(BaseModel):
@@ -39,13 +39,19 @@ class _StepPlan:
         self.preempted: set[str] = set()
 
 
-class Scheduler:
-    """Running requests first (in order), then waiting ones FCFS; preempts the newest when blocks run out."""
+class Scheduler(TransferScheduling):
+    """Running requests first (in order), then waiting ones FCFS; preempts the newest when blocks run out.
 
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager, connector: Any = None) -> None:
+    Prefill/decode roles and the kvstore tier add admission steps (see TransferScheduling).
+    """
+
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager, connector: Any = None,
+                 store: Any = None, store_offloads: bool = True) -> None:
         self.config = config
         self.kv = kv_cache_manager
         self.connector = connector  # KVConnector for prefill/decode roles (None: aggregated only)
+        self.store = store  # KVStoreTier: the shared kvstore (None: not configured)
+        self.store_offloads = store_offloads  # decode engines do not: prefill already offloaded the prompt
         self.loading: dict[str, Request] = {}  # WAITING_FOR_REMOTE_KV, blocks being received
         self.leased: dict[str, Request] = {}  # finished prefills whose blocks wait for a decode read
         self._aborted_loads: set[str] = set()  # finished while receiving: free once the read ends
@@ -88,6 +94,8 @@ class Scheduler:
 
     def _release(self, request: Request) -> None:
         rid = request.request_id
+        if self.store is not None and request.status in _LEASABLE and self.store_offloads:
+            self._offload(request)
         if rid in self._aborted_loads:
             pass  # blocks are freed when the in-flight read completes
         elif request.keeps_kv_for_decode and self.connector is not None and request.status in _LEASABLE:
@@ -112,85 +120,9 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
-    # ------------------------------------------------------------------ remote KV (P/D roles)
-    def _lease(self, request: Request) -> None:
-        """Prefill finished: keep the prompt's full blocks for decode and say where they are."""
-        n_full = min(request.num_prompt_tokens // self.kv.block_size, len(request.block_hashes))
-        blocks = self.kv.blocks_of(request.request_id)[:n_full]
-        request.remote_kv_out = self.connector.hold(
-            request.request_id, [b.block_id for b in blocks], request.block_hashes[:n_full]
-        )
-        if blocks:
-            self.leased[request.request_id] = request
-        else:  # shorter than one block: nothing to transfer
-            self.kv.free(request)
-
-    def _poll_connector(self) -> None:
-        if self.connector is None:
-            return
-        for rid in self.connector.released_leases():
-            request = self.leased.pop(rid, None)
-            if request is not None:
-                self.kv.free(request)
-        if self.connector.has_pending_loads():
-            for rid, ok in self.connector.finished_loads():
-                self._finish_load(rid, ok)
-
-    def _finish_load(self, rid: str, ok: bool) -> None:
-        request = self.loading.pop(rid, None)
-        if request is None:
-            return
-        if rid in self._aborted_loads:
-            self._aborted_loads.discard(rid)
-            self.kv.free(request)
-            return
-        params = request.kv_transfer_params
-        request.kv_transfer_params = None  # consumed: a preempted request recomputes
-        if ok:
-            loaded = min(len(params.remote_block_ids) * self.kv.block_size, request.num_prompt_tokens - 1)
-            request.num_computed_tokens = loaded
-            self.kv.cache_full_blocks(request, loaded)
-        request.num_cached_tokens = request.num_computed_tokens
-        request.transition(RequestStatus.WAITING)
-        self.waiting.appendleft(request)
-
-    def _start_remote_load(self, request: Request) -> bool:
-        """Decode: local prefix hit, blocks for the rest of prefill's blocks, and a NIXL read into them.
-
-        Returns False only when blocks are short (the request stays at the head of the queue).
-        """
-        params, bs = request.kv_transfer_params, self.kv.block_size
-        computed, n_local = self.kv.get_computed_blocks(request)
-        n_remote = len(params.remote_block_ids)
-        if params.hashes() != request.block_hashes[:n_remote]:
-            self.connector.record_failure("hash_mismatch", request.request_id,
-                                          "prefill's block hashes differ from this prompt's")
-            return self._drop_remote(request)
-        if n_remote * bs <= n_local or n_remote == 0:
-            return self._drop_remote(request)
-        new_blocks = self.kv.allocate_slots(request, n_remote * bs - n_local, computed, n_local, cache=False)
-        if new_blocks is None:
-            return False
-        self.waiting.popleft()
-        request.num_computed_tokens = n_local
-        first = n_local // bs
-        started = self.connector.start_load(request.request_id, params, params.remote_block_ids[first:],
-                                            [b.block_id for b in new_blocks])
-        request.transition(RequestStatus.WAITING_FOR_REMOTE_KV)
-        self.loading[request.request_id] = request
-        if not started:
-            self._finish_load(request.request_id, False)
-        return True
-
-    def _drop_remote(self, request: Request) -> bool:
-        """Serve without prefill's blocks (a local hit covers them, or they cannot be used)."""
-        self.connector.release_remote(request.kv_transfer_params)
-        request.kv_transfer_params = None
-        return True
-
     # ------------------------------------------------------------------ scheduling
     def schedule(self) -> SchedulerOutput:
-        self._poll_connector()
+        self._poll_transfers()
         plan = _StepPlan(self.config.max_num_batched_tokens)
         self._schedule_running(plan)
         if not plan.preempted:
@@ -247,6 +179,13 @@ class Scheduler:
             request = self.waiting[0]
             if request.needs_remote_kv and self.connector is not None:
                 if not self._start_remote_load(request):
+                    break
+                continue
+            if self._should_fetch(request):
+                self._start_fetch(request)
+                continue
+            if request.fetched is not None:
+                if not self._install_fetched(request):
                     break
                 continue
             if request.request_id in self.kv.req_to_blocks:  # holds received KV already

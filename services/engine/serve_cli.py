@@ -54,6 +54,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add("--role", type=_role, default="both",
         help="both (aggregated) | prefill (keeps KV for a decode engine) | decode (pulls KV from prefill)")
     add("--kv-lease", type=float, default=30.0, help="prefill: seconds blocks are kept for a decode read")
+    add("--kvstore-url", default=None, help="shared KV tier (grpc://host:port): offload blocks, fetch misses")
+    add("--no-nixl", dest="use_nixl", action="store_false",
+        help="prefill/decode: move KV through the kvstore instead of NIXL")
     add("--request-timeout", type=float, default=None, help="seconds before a request is aborted")
     add("--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits for running requests")
     add("--redis-url", default=None, help="publish KV cache events to this prefix index (redis://host:port)")
@@ -80,6 +83,7 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len, enable_prefix_caching=args.prefix_caching, device=args.device,
         seed=args.seed, role=args.role, kv_port=args.port, kv_lease_s=args.kv_lease,
+        kvstore_url=args.kvstore_url, use_nixl=args.use_nixl,
         kv_host=advertised_url(args.host, args.port, args.advertise_url).removeprefix("http://").rsplit(":", 1)[0],
     )
     server = ServerSettings(api_key=args.api_key, request_timeout=args.request_timeout,

@@ -27,7 +27,7 @@ def kv_incompatible(exc: KVIncompatibleError) -> OpenAIError:
 async def prepare_kv_transfer(ctx: ServingContext, raw: dict[str, Any] | None, n: int) -> KVTransferParams | None:
     """Parsed params for this engine's role; decode fetches prefill's handshake first (cached per engine)."""
     connector = ctx.llm.engine.core.connector
-    if raw is None or connector is None:
+    if raw is None or connector is None or connector.role == "both":
         return None  # aggregated engines ignore the P/D hand-off
     try:
         params = KVTransferParams.model_validate(raw)

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +12,7 @@ pytest.importorskip("grpc")  # the kvstore extra
 
 from services.common.hashing import BlockHasher  # noqa: E402
 from services.common.kvstore_client import KVStoreClient, KVStoreUnavailable  # noqa: E402
+from tests.kvstore_server import running_kvstore  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCK_SIZE = 16
@@ -23,15 +21,8 @@ BLOCK_BYTES = 64 << 10
 
 @pytest.fixture(scope="module")
 def kvstore() -> Iterator[str]:
-    cmd = [sys.executable, "-m", "services.cli", "kvstore", "--port", "0", "--capacity-gb", "0.01", "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-    try:
-        line = proc.stdout.readline()
-        assert "listening on" in line, line
-        yield line.split()[-1]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
+    with running_kvstore(*(), capacity_gb="0.01") as target:
+        yield target
 
 
 def _prompt(n_blocks: int, offset: int = 0) -> tuple[list[bytes], list[list[int]]]:

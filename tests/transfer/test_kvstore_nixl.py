@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +14,7 @@ pytest.importorskip("grpc")
 from services.common.hashing import BlockHasher  # noqa: E402
 from services.common.kvstore_client import KVStoreClient, KVStoreUnavailable  # noqa: E402
 from services.engine.nixl_transfer import NixlTransfer, TransferState  # noqa: E402
+from tests.kvstore_server import running_kvstore  # noqa: E402
 from tests.transfer.nixl_peer import BLOCK_SIZE, compat, make_cache  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,16 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def kvstore() -> Iterator[str]:
-    cmd = [sys.executable, "-m", "services.cli", "kvstore", "--port", "0", "--capacity-gb", "0.002",
-           "--slot-bytes", str(compat().bytes_per_block), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-    try:
-        line = proc.stdout.readline()
-        assert "listening on" in line, line
-        yield line.split()[-1]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
+    with running_kvstore(*("--slot-bytes", str(compat().bytes_per_block)), capacity_gb="0.002") as target:
+        yield target
 
 
 def test_engine_reads_a_stored_prefix_with_nixl(kvstore: str) -> None:

@@ -1,0 +1,29 @@
+"""A real `kvferry kvstore` subprocess on 127.0.0.1 (free port), for tests that need the shared tier."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@contextmanager
+def running_kvstore(*args: str, capacity_gb: str = "0.01") -> Iterator[str]:
+    """Start the store, yield its ``host:port``, stop it with SIGTERM (it must exit 0)."""
+    cmd = [sys.executable, "-m", "services.cli", "kvstore", "--port", "0", "--capacity-gb", capacity_gb,
+           "--log-level", "warning", *args]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        line = proc.stdout.readline()
+        assert "listening on" in line, line
+        yield line.split()[-1]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0

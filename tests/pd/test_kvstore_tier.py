@@ -1,0 +1,84 @@
+"""The kvstore as the shared prefix tier: engines offload blocks, a cold engine fetches a prefix it lacks,
+P/D falls back to it without NIXL, and a dead store never stops an engine."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from services.common.hashing import BlockHasher
+from services.common.kvstore_client import KVStoreClient
+from tests.kvstore_server import running_kvstore
+from tests.pd.test_pd_flow import complete, prompts
+from tests.server.helpers import MODEL, free_port, start_server
+
+ARGS = ("--block-size", "16", "--num-kv-blocks", "256", "--max-model-len", "512")
+
+
+@pytest.fixture(scope="module")
+def kvstore() -> Iterator[str]:
+    with running_kvstore(capacity_gb="0.2") as target:
+        yield f"grpc://{target}"
+
+
+def _wait_stored(store: str, prompt: list[int], n_blocks: int) -> None:
+    hashes = BlockHasher(MODEL, 16).hash_tokens(prompt)[:n_blocks]
+    deadline = time.monotonic() + 10
+    with KVStoreClient(store) as client:
+        while client.exists(hashes) < n_blocks:
+            assert time.monotonic() < deadline, "blocks never reached the kvstore"
+            time.sleep(0.05)
+
+
+def _blocks(server, direction: str, path: str) -> float:
+    return server.metrics().get(f'kvferry_kv_transfer_blocks_total{{direction="{direction}",path="{path}"}}', 0)
+
+
+def test_second_engine_gets_the_prefix_from_the_store(llama_dir: Path, tmp_path: Path, kvstore: str) -> None:
+    a = start_server(llama_dir, tmp_path, "--kvstore-url", kvstore, *ARGS)
+    b = start_server(llama_dir, tmp_path, "--kvstore-url", kvstore, *ARGS)
+    try:
+        prompt = prompts(1, seed=21)[0] + list(range(3, 120))
+        first = complete(a, prompt)
+        _wait_stored(kvstore, prompt, (len(prompt) - 1) // 16)
+        second = complete(b, prompt)
+        assert second["choices"][0]["text"] == first["choices"][0]["text"]
+        assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == (len(prompt) - 1) // 16 * 16
+        assert _blocks(b, "received", "kvstore") == (len(prompt) - 1) // 16
+        assert _blocks(a, "sent", "kvstore") >= (len(prompt) - 1) // 16
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_pd_without_nixl_moves_kv_through_the_store(llama_dir: Path, tmp_path: Path, kvstore: str) -> None:
+    prefill = start_server(llama_dir, tmp_path, "--role", "prefill", "--no-nixl", "--kvstore-url", kvstore, *ARGS)
+    decode = start_server(llama_dir, tmp_path, "--role", "decode", "--no-nixl", "--kvstore-url", kvstore, *ARGS)
+    aggregated = start_server(llama_dir, tmp_path, *ARGS)
+    try:
+        for prompt in prompts(6, seed=22):
+            params = complete(prefill, prompt, {"do_remote_decode": True}, max_tokens=1)["kv_transfer_params"]
+            _wait_stored(kvstore, prompt, len(params["remote_block_ids"]))
+            out = complete(decode, prompt, params)
+            assert out["choices"][0]["text"] == complete(aggregated, prompt)["choices"][0]["text"]
+        assert _blocks(decode, "received", "kvstore") > 0
+        assert prefill.metrics()["kvferry_kv_cache_usage_ratio"] == 0.0  # no NIXL lease held
+    finally:
+        for s in (prefill, decode, aggregated):
+            s.stop()
+
+
+def test_engine_keeps_serving_when_the_store_is_down(llama_dir: Path, tmp_path: Path) -> None:
+    dead = f"grpc://127.0.0.1:{free_port()}"
+    server = start_server(llama_dir, tmp_path, "--kvstore-url", dead, *ARGS)
+    try:
+        for prompt in prompts(3, seed=23):
+            assert complete(server, prompt)["choices"][0]["finish_reason"] == "length"
+        m = server.metrics()
+        assert m.get('kvferry_kv_transfer_failures_total{reason="kvstore_unavailable"}', 0) >= 1
+        assert "Traceback" not in server.log_text()
+    finally:
+        server.stop()
