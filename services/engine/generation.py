@@ -49,7 +49,7 @@ class Generation:
         try:
             async with aclosing(gen):
                 async for out in gen:
-                    timer.on_output(len(out.delta_token_ids))
+                    timer.on_output(len(out.delta_token_ids), out.queue_time_s)
                     if out.finished:
                         timer.finish(out.outputs[0].finish_reason or "stop")
                     self._queue.put_nowait((sub.index, out))

@@ -43,6 +43,7 @@ class RequestOutput:
     delta_token_ids: list[int] = field(default_factory=list)
     error: str | None = None
     kv_transfer_params: dict | None = None
+    queue_time_s: float | None = None  # arrival in the engine to first scheduled
 
 
 class _Tracked:
@@ -141,4 +142,5 @@ class LLMEngine:
             request_id=o.req_id, prompt=tr.prompt, prompt_token_ids=tr.req.prompt_token_ids, outputs=[out],
             finished=finish is not None, num_cached_tokens=o.num_cached_tokens, delta_text=delta,
             delta_token_ids=list(o.new_token_ids), error=o.error, kv_transfer_params=o.kv_transfer_params,
+            queue_time_s=o.queue_time_s,
         )

@@ -100,14 +100,15 @@ class RequestTimer:
         self._last: float | None = None
         self.finished = False
 
-    def on_output(self, num_new_tokens: int) -> None:
-        """Record an engine output carrying ``num_new_tokens`` tokens."""
+    def on_output(self, num_new_tokens: int, queue_time_s: float | None = None) -> None:
+        """Record an engine output carrying ``num_new_tokens`` tokens (and, on the first, the queue time)."""
         if not num_new_tokens:
             return
         now = time.monotonic()
         if self._last is None:
             self._m.ttft.observe(now - self._arrival)
-            self._m.queue_time.observe(now - self._arrival)
+            if queue_time_s is not None:
+                self._m.queue_time.observe(queue_time_s)
         else:
             self._m.itl.observe(now - self._last)
         self._last = now

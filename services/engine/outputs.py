@@ -76,6 +76,7 @@ class EngineCoreOutput:
     num_cached_tokens: int = 0
     error: str | None = None
     kv_transfer_params: dict | None = None  # prefill: where the prompt's blocks are (for a decode engine)
+    queue_time_s: float | None = None  # arrival in the engine to first scheduled
 
     @property
     def finished(self) -> bool:

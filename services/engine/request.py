@@ -73,6 +73,7 @@ class Request:
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prompt tokens served from the prefix cache, set when first scheduled
         self.num_preemptions = 0
+        self.queue_time_s: float | None = None  # arrival to first scheduled, set once
         self.stop_reason: int | str | None = None
         # P/D: do_remote_decode (prefill keeps the KV) or do_remote_prefill (decode pulls it, once)
         self.kv_transfer_params = kv_transfer_params

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Any
 
@@ -199,6 +200,8 @@ class Scheduler(TransferScheduling):
             self.waiting.popleft()
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_computed
+            if request.queue_time_s is None:
+                request.queue_time_s = time.monotonic() - request.arrival_time
             request.num_computed_tokens = num_computed
             request.transition(RequestStatus.RUNNING)
             self.running.append(request)
@@ -251,6 +254,7 @@ class Scheduler(TransferScheduling):
                         stop_reason=request.stop_reason,
                         num_cached_tokens=max(request.num_cached_tokens, 0),
                         kv_transfer_params=kv_out,
+                        queue_time_s=request.queue_time_s,
                     )
                 )
         return outputs

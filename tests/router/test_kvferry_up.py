@@ -1,0 +1,78 @@
+"""``kvferry up`` with the tiny model: starts Redis, an engine and a router, serves, stops cleanly on SIGINT."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.server.helpers import REPO
+
+
+def _pids_alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+            alive.append(pid)
+        except ProcessLookupError:
+            pass
+    return alive
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def test_up_serves_and_stops_cleanly(llama_dir: Path, tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "services.cli", "up", str(llama_dir), "--engines", "1", "--port", "0",
+           "--serve-args", "--num-kv-blocks 64", "--log-dir", str(tmp_path)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        deadline = time.monotonic() + 120
+        url = None
+        while not lines or "Press Ctrl-C" not in lines[-1]:
+            line = proc.stdout.readline()
+            assert line and time.monotonic() < deadline, "".join(lines)
+            lines.append(line)
+            if m := re.search(r"OpenAI API at (http://\S+)/v1", line):
+                url = m.group(1)
+        children = _children(proc.pid)
+        assert len(children) == 3  # redis, engine, router
+        chat = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        assert chat.status_code == 200 and chat.json()["object"] == "chat.completion"
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    except BaseException:
+        proc.kill()
+        raise
+    assert proc.returncode == 0, "".join(lines) + rest
+    assert "router     stopped" in rest and "redis      stopped" in rest
+    assert f"curl {url}/v1/chat/completions" in "".join(lines)
+    deadline = time.monotonic() + 5
+    while _pids_alive(children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _pids_alive(children)
+
+
+def test_up_rejects_half_a_pd_pool(llama_dir: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "services.cli", "up", str(llama_dir), "--prefill", "1"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--prefill and --decode go together" in out.stderr
+
+
+@pytest.mark.parametrize("flag", ["--discovery"])
+def test_router_kubernetes_discovery_says_not_available(flag: str, llama_dir: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "services.cli", "router", flag, "kubernetes", "--tokenizer",
+                          str(llama_dir)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "not available in this build" in out.stderr
