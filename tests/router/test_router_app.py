@@ -133,6 +133,21 @@ def test_models_tokenize_health_metrics(routers: list[RouterProcess]) -> None:
     assert m['kvferry_router_requests_total{decision="aggregated"}'] >= 1
 
 
+def test_client_disconnect_aborts_the_engine_request(routers: list[RouterProcess],
+                                                     engines: list[ServerProcess]) -> None:
+    def aborted() -> float:
+        return sum(e.metrics().get('kvferry_request_success_total{finish_reason="abort"}', 0) for e in engines)
+
+    before = aborted()
+    body = {"prompt": prefixes(1, seed=4)[0], "max_tokens": 800, "ignore_eos": True, "stream": True}
+    with routers[0].http() as http, http.stream("POST", "/v1/completions", json=body) as response:
+        assert next(line for line in response.iter_lines() if line.startswith("data: "))
+    deadline = time.monotonic() + 10
+    while aborted() == before:
+        assert time.monotonic() < deadline, "the engine kept generating for a client that left"
+        time.sleep(0.1)
+
+
 def test_mismatched_block_size_fails_the_self_check(llama_dir: Path, log_dir: Path,
                                                     engines: list[ServerProcess]) -> None:
     router = start_router(llama_dir, log_dir, [engines[0].url], "--block-size", "32", healthy=False)

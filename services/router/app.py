@@ -1,0 +1,200 @@
+"""The router's HTTP app: the engine's OpenAI routes, served by routing each request into the pool."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from services.common.errors import (
+    OpenAIError,
+    bad_request,
+    model_not_found,
+    not_ready,
+    server_error,
+    validation_error_response,
+)
+from services.common.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from services.common.sse import SSE_CONTENT_TYPE, SSE_DONE, sse_event
+from services.common.tokenizer import ChatTemplateError
+from services.router.chat_adapter import ChatAdapter
+from services.router.engine_client import EngineUnavailable
+from services.router.metrics import CONTENT_TYPE
+from services.router.middleware import RequestIdMiddleware
+from services.router.pd_flow import Dispatched
+from services.router.prompt import PreparedRequest
+from services.router.router_state import RouterState
+from services.router.settings import RouterSettings
+
+log = logging.getLogger(__name__)
+
+
+def _headers(d: Dispatched) -> dict[str, str]:
+    """Where the request went and what routing cost (for clients, tests and the benchmark)."""
+    out = {"X-Kvferry-Endpoint": d.decision.decode.url, "X-Kvferry-Route-Ms": f"{d.overhead_s * 1000:.3f}"}
+    if d.decision.prefill is not None:
+        out["X-Kvferry-Prefill"] = d.decision.prefill.url
+    return out
+
+
+async def _relay(state: RouterState, d: Dispatched, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Yield ``chunks``; an engine failure after the first token ends the stream with an error event."""
+    assert d.stream is not None
+    try:
+        async with aclosing(chunks) as items:
+            async for chunk in items:
+                yield chunk
+    except EngineUnavailable as exc:
+        state.metrics.stream_errors.inc()
+        log.warning("stream from %s broke after the first token: %s", d.stream.url, exc.reason)
+        error = OpenAIError(502, f"The engine failed while streaming: {exc.reason}", "server_error", None,
+                            "engine_failed")
+        yield sse_event(error.body())
+        yield SSE_DONE
+    finally:
+        await d.stream.aclose()
+
+
+async def _passthrough(d: Dispatched) -> AsyncIterator[bytes]:
+    assert d.stream is not None
+    async with aclosing(d.stream.events()) as events:
+        async for event in events:
+            yield sse_event(event.data)
+
+
+async def _serve(state: RouterState, req: PreparedRequest, request_id: str,
+                 adapter: ChatAdapter | None) -> Response:
+    ctx = await state.context(req)
+    d = await state.flow.run(req, ctx, request_id)
+    if d.stream is not None:
+        chunks = adapter.stream(d.stream.events()) if adapter else _passthrough(d)
+        return StreamingResponse(_relay(state, d, chunks), media_type=SSE_CONTENT_TYPE, headers=_headers(d))
+    assert d.body is not None
+    answer = adapter.response(d.body) if adapter else d.body
+    return JSONResponse(answer, headers=_headers(d))
+
+
+def _openai_routes(state: RouterState) -> APIRouter:
+    router = APIRouter()
+    name = state.settings.model_name
+
+    def check_model(model: str | None) -> None:
+        if model is not None and model != name:
+            raise model_not_found(model)
+
+    @router.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        check_model(body.model)
+        rid = body.request_id or request.state.request_id
+        return await _serve(state, state.preparer.completion(body), rid, None)
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        check_model(body.model)
+        rid = body.request_id or request.state.request_id
+        req = state.preparer.chat(body)
+        adapter = ChatAdapter(name, rid, req.chat_top_logprobs, body.n, req.include_usage)
+        return await _serve(state, req, rid, adapter)
+
+    @router.get("/v1/models")
+    async def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=name, root=str(state.settings.tokenizer))])
+
+    @router.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
+        check_model(body.model)
+        tok = state.tokenizer
+        try:
+            ids = tok.encode_chat([{"role": m.role, "content": m.text()} for m in body.messages],
+                                  body.add_generation_prompt) if body.messages is not None \
+                else tok.encode(body.prompt or "", add_special_tokens=body.add_special_tokens)
+        except ChatTemplateError as exc:
+            raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
+        strs = [tok.id_to_token(t) or "" for t in ids] if body.return_token_strs else None
+        return TokenizeResponse(count=len(ids), max_model_len=0, tokens=ids, token_strs=strs)
+
+    @router.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
+        check_model(body.model)
+        if any(t >= state.tokenizer.vocab_size for t in body.tokens):
+            raise bad_request(f"token ids must be in [0, {state.tokenizer.vocab_size})", "tokens")
+        return DetokenizeResponse(prompt=state.tokenizer.decode(body.tokens))
+
+    return router
+
+
+def _ops_routes(state: RouterState) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health() -> Response:
+        problems = state.self_check.problems()
+        if problems:
+            error = not_ready("Router not ready: " + "; ".join(problems))
+            return JSONResponse(error.body(), status_code=error.status)
+        return JSONResponse({"status": "ok"})
+
+    @router.get("/metrics")
+    async def metrics() -> Response:
+        state.metrics.healthy_endpoints.set(sum(e.healthy for e in state.poller.endpoints()))
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+    return router
+
+
+def _error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(OpenAIError)
+    async def openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        status, body = validation_error_response(exc.errors())
+        return JSONResponse(body, status_code=status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return JSONResponse(OpenAIError(exc.status_code, str(exc.detail), kind).body(),
+                            status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled router error: %r", exc)
+        error = server_error()
+        return JSONResponse(error.body(), status_code=error.status)
+
+
+def build_app(settings: RouterSettings, state: RouterState | None = None) -> FastAPI:
+    """The router app; its lifespan starts the poller and the self-check and closes every client."""
+    state = state or RouterState.build(settings)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await state.start()
+        try:
+            yield
+        finally:
+            await state.stop()
+
+    app = FastAPI(title="kvferry router", lifespan=lifespan)
+    app.state.router = state
+    app.add_middleware(RequestIdMiddleware, api_key=settings.api_key)
+    _error_handlers(app)
+    app.include_router(_openai_routes(state))
+    app.include_router(_ops_routes(state))
+    return app

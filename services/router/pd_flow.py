@@ -1,0 +1,133 @@
+"""PDFlow: pick -> (prefill, max_tokens=1, do_remote_decode) -> decode with the returned params.
+
+One request's path through the pool, top to bottom:
+
+1. the scheduler picks a decode endpoint, and a prefill endpoint when the uncached part of the prompt
+   is at least ``--pd-threshold`` tokens (P/D pools only);
+2. prefill computes the prompt and answers ``kv_transfer_params`` naming its blocks; if it fails for
+   any reason the request is served decode-only (decode recomputes the prompt) and the fallback is
+   counted;
+3. decode gets the original request plus those params; a failure before its first token (connection
+   refused, 5xx, a stream that ends or errors before any token) is retried once on another endpoint;
+4. the caller streams decode's answer back (after the first token an error ends the stream cleanly).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from services.common.errors import OpenAIError
+from services.common.kv_transfer import KVTransferParams
+from services.router.engine_client import EngineClient, EngineStream, EngineUnavailable
+from services.router.metrics import RouterMetrics
+from services.router.prompt import PreparedRequest
+from services.router.scheduling import Endpoint, RequestContext, RouteDecision, Scheduler
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 2  # the first try and one retry elsewhere
+_PREFILL_DROPPED = ("stream_options", "logprobs", "echo", "min_tokens", "n")
+
+
+def no_endpoint(reason: str) -> OpenAIError:
+    """503 when no engine can take the request."""
+    return OpenAIError(503, f"No engine could serve this request: {reason}", "server_error", None,
+                       "service_unavailable")
+
+
+@dataclass
+class Dispatched:
+    """Decode's answer: a JSON body, or an open stream whose first event arrived."""
+
+    decision: RouteDecision
+    overhead_s: float
+    body: dict[str, Any] | None = None
+    stream: EngineStream | None = None
+
+
+class PDFlow:
+    """Routes one PreparedRequest through prefill (when worth it) and decode, with one retry."""
+
+    def __init__(self, scheduler: Scheduler, endpoints: Callable[[], Sequence[Endpoint]], client: EngineClient,
+                 metrics: RouterMetrics, prefill_timeout_s: float = 60.0) -> None:
+        self.scheduler = scheduler
+        self.endpoints = endpoints
+        self.client = client
+        self.metrics = metrics
+        self.prefill_timeout_s = prefill_timeout_s
+
+    async def run(self, req: PreparedRequest, ctx: RequestContext, request_id: str) -> Dispatched:
+        """Pick, prefill, decode; raises OpenAIError (4xx from an engine, or 503 when none could serve)."""
+        tried: list[str] = []
+        failure: EngineUnavailable | None = None
+        overhead = 0.0
+        for attempt in range(MAX_ATTEMPTS):
+            decision = self.scheduler.schedule(self.endpoints(), ctx, exclude=tried)
+            if decision is None:
+                break
+            if attempt == 0:
+                overhead = self._record(decision, req, ctx)
+            else:
+                self.metrics.retries.inc()
+                log.warning("request %s: retrying on %s after %s", request_id, decision.decode.url, failure)
+            headers = {"X-Request-Id": f"{request_id}-{attempt}" if attempt else request_id}
+            params = await self._prefill(decision, req, headers) if decision.prefill else None
+            try:
+                return await self._decode(decision, req, params, headers, overhead)
+            except EngineUnavailable as exc:
+                failure = exc
+                tried.append(decision.decode.url)
+        if failure is None:
+            self.metrics.requests.labels(decision="no_endpoint").inc()
+            raise no_endpoint("no healthy engine")
+        raise no_endpoint(f"the engines failed ({failure.reason})")
+
+    def _record(self, decision: RouteDecision, req: PreparedRequest, ctx: RequestContext) -> float:
+        m = self.metrics
+        if decision.disaggregated:
+            label = "disaggregated"
+        else:
+            label = "aggregated" if decision.decode.role == "both" else "decode_only"
+        m.requests.labels(decision=label).inc()
+        if ctx.block_size:
+            m.prompt_blocks.inc(ctx.prompt_blocks)
+            m.prefix_hit_blocks.inc(decision.cached_tokens // ctx.block_size)
+        overhead = time.perf_counter() - req.arrival
+        m.overhead.observe(overhead)
+        return overhead
+
+    async def _prefill(self, decision: RouteDecision, req: PreparedRequest,
+                       headers: dict[str, str]) -> dict[str, Any] | None:
+        """Prefill's ``kv_transfer_params``; ``None`` (decode-only, counted) when anything goes wrong."""
+        assert decision.prefill is not None
+        if len(req.prompts) > 1:
+            return None  # one KV hand-off per request: batches of prompts are served decode-only
+        body = {k: v for k, v in req.engine_body.items() if k not in _PREFILL_DROPPED}
+        body.update(prompt=req.prompts[0], max_tokens=1, stream=False, kv_transfer_params={"do_remote_decode": True})
+        url = decision.prefill.url
+        try:
+            answer = await self.client.complete(url, body, headers, timeout_s=self.prefill_timeout_s)
+            params = KVTransferParams.model_validate(answer.get("kv_transfer_params") or {})
+            if not params.do_remote_prefill:
+                raise ValueError("the answer carries no do_remote_prefill kv_transfer_params")
+        except (EngineUnavailable, OpenAIError, ValidationError, ValueError) as exc:
+            self.metrics.fallbacks.labels(kind="prefill").inc()
+            log.warning("prefill on %s failed (%s); serving decode-only", url, exc)
+            return None
+        return answer["kv_transfer_params"]
+
+    async def _decode(self, decision: RouteDecision, req: PreparedRequest, params: dict[str, Any] | None,
+                      headers: dict[str, str], overhead: float) -> Dispatched:
+        body = dict(req.engine_body)
+        if params is not None:
+            body["kv_transfer_params"] = params
+        url = decision.decode.url
+        if req.stream:
+            return Dispatched(decision, overhead, stream=await self.client.stream(url, body, headers))
+        return Dispatched(decision, overhead, body=await self.client.complete(url, body, headers))

@@ -1,0 +1,91 @@
+"""PromptPreparer: validate once, apply the chat template, tokenize, hash blocks, build the engine body.
+
+Engines always receive token ids on ``/v1/completions``: the ids the router hashed and looked up are
+exactly the ids the engine caches (and, in P/D mode, the ids prefill and decode both see), so the
+router's prefix view and the engines' caches can never drift apart through a template or tokenizer
+difference. Chat requests are answered in chat shape by ``ChatAdapter``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from services.common.errors import bad_request
+from services.common.hashing import BlockHasher, BlockHashExtras
+from services.common.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from services.common.tokenizer import ChatTemplateError, Tokenizer
+
+Kind = Literal["completion", "chat"]
+
+# Chat-only fields the engine's completions endpoint does not take (they are translated instead).
+_CHAT_ONLY = ("messages", "add_generation_prompt", "max_completion_tokens", "logprobs", "top_logprobs")
+# Fields the router owns: the engine fills in its model name, P/D params come from the flow.
+_ROUTER_OWNED = ("model", "kv_transfer_params", "request_id")
+
+
+@dataclass
+class PreparedRequest:
+    """One validated request, ready to route: its prompts' ids, the first prompt's block hashes, the
+    engine body (``/v1/completions`` with token ids) and what the response must look like."""
+
+    kind: Kind
+    prompts: list[list[int]]
+    block_hashes: list[bytes]
+    engine_body: dict[str, Any]
+    stream: bool
+    n: int = 1
+    include_usage: bool = False
+    chat_top_logprobs: int | None = None
+    arrival: float = field(default_factory=time.perf_counter)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompts[0])
+
+
+class PromptPreparer:
+    """Turns an OpenAI request into a PreparedRequest with the pool's tokenizer and block hasher."""
+
+    def __init__(self, tokenizer: Tokenizer, hasher: BlockHasher) -> None:
+        self.tokenizer = tokenizer
+        self.hasher = hasher
+
+    def completion(self, body: CompletionRequest) -> PreparedRequest:
+        """Strings are encoded as the engine would (special tokens added); ids pass as they are."""
+        prompts = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in body.prompts()]
+        engine = _base_body(body)
+        engine["prompt"] = prompts[0] if len(prompts) == 1 else prompts
+        return self._prepared("completion", body, prompts, engine)
+
+    def chat(self, body: ChatCompletionRequest) -> PreparedRequest:
+        """Chat template, then the same completions body; logprobs asked as completions logprobs."""
+        try:
+            ids = self.tokenizer.encode_chat(body.conversation(), body.add_generation_prompt)
+        except ChatTemplateError as exc:
+            raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
+        engine = _base_body(body)
+        for key in _CHAT_ONLY:
+            engine.pop(key, None)
+        engine["prompt"] = ids
+        engine["max_tokens"] = body.max_output_tokens()  # None: up to the context (chat's default)
+        top_n = (body.top_logprobs or 0) if body.logprobs else None
+        if top_n is not None:
+            engine["logprobs"] = top_n
+        prepared = self._prepared("chat", body, [ids], engine)
+        prepared.chat_top_logprobs = top_n
+        return prepared
+
+    def _prepared(self, kind: Kind, body: SamplingRequest, prompts: list[list[int]],
+                  engine: dict[str, Any]) -> PreparedRequest:
+        extras = BlockHashExtras(cache_salt=body.cache_salt)
+        hashes = self.hasher.hash_tokens(prompts[0], extras)
+        return PreparedRequest(kind, prompts, hashes, engine, body.stream, body.n, body.include_usage_in_stream())
+
+
+def _base_body(body: SamplingRequest) -> dict[str, Any]:
+    data = body.model_dump(mode="json", exclude_unset=True)
+    for key in _ROUTER_OWNED:
+        data.pop(key, None)
+    return data

@@ -1,0 +1,86 @@
+"""RouterState: the parts of one router replica (poller, index, scheduler, flow, self-check) and their life."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from dataclasses import dataclass, field
+
+from services.common.hashing import HASH_VERSION, BlockHasher
+from services.common.prefix_index import AsyncPrefixIndex
+from services.common.tokenizer import Tokenizer
+from services.router.endpoints import EndpointPoller
+from services.router.engine_client import EngineClient
+from services.router.metrics import RouterMetrics
+from services.router.pd_flow import PDFlow
+from services.router.prompt import PreparedRequest, PromptPreparer
+from services.router.scheduling import RequestContext, Scheduler
+from services.router.self_check import PROBE_TEXT, SelfCheck, probe_ids
+from services.router.settings import RouterSettings
+
+
+@dataclass
+class RouterState:
+    """Built once per app; ``start``/``stop`` run in the app's lifespan."""
+
+    settings: RouterSettings
+    tokenizer: Tokenizer
+    metrics: RouterMetrics
+    preparer: PromptPreparer
+    poller: EndpointPoller
+    client: EngineClient
+    index: AsyncPrefixIndex | None
+    flow: PDFlow
+    self_check: SelfCheck
+    tasks: list[asyncio.Task] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, settings: RouterSettings, rng: random.Random | None = None) -> RouterState:
+        tokenizer = Tokenizer(settings.tokenizer)
+        hasher = BlockHasher(settings.model_name, settings.block_size, HASH_VERSION)
+        metrics = RouterMetrics()
+        poller = EndpointPoller(settings.endpoints, settings.poller)
+        client = EngineClient(settings.connect_timeout_s, settings.request_timeout_s)
+        index = AsyncPrefixIndex.from_url(settings.redis_url, budget_s=settings.index_budget_s) \
+            if settings.redis_url else None
+        flow = PDFlow(Scheduler(settings.scheduling, rng), poller.endpoints, client, metrics,
+                      settings.prefill_timeout_s)
+        probe = probe_ids(tokenizer.encode(PROBE_TEXT * 4, add_special_tokens=False), settings.block_size)
+        check = SelfCheck(poller, client, index, hasher, probe, metrics, settings.self_check_interval_s,
+                          settings.probe_timeout_s)
+        return cls(settings, tokenizer, metrics, PromptPreparer(tokenizer, hasher), poller, client, index, flow,
+                   check)
+
+    async def start(self) -> None:
+        """First poll, index script loaded, then the poller and self-check loops as tasks."""
+        await self.poller.poll_once()
+        if self.index is not None:
+            await self.index.prepare()
+        self.poller.start()
+        self.tasks.append(asyncio.create_task(self.self_check.run_forever(), name="router-self-check"))
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.poller.stop()
+        await self.client.aclose()
+        if self.index is not None:
+            await self.index.aclose()
+
+    async def context(self, req: PreparedRequest) -> RequestContext:
+        """The index's view of the prompt (``None`` matches: Redis down or slow, route by load, counted)."""
+        bs = self.settings.block_size
+        if self.index is None:
+            return RequestContext(req.prompt_tokens, bs, None)
+        if not req.block_hashes:
+            return RequestContext(req.prompt_tokens, bs, {})
+        t0 = time.perf_counter()
+        matches = await self.index.lookup(req.block_hashes)
+        self.metrics.lookup_latency.observe(time.perf_counter() - t0)
+        if matches is None:
+            self.metrics.fallbacks.labels(kind="index").inc()
+        return RequestContext.from_lookup(req.prompt_tokens, bs, matches)

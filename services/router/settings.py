@@ -1,0 +1,44 @@
+"""RouterSettings: everything one router replica is configured with (flags, validated)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from services.router.endpoints import EndpointSpec, PollerSettings
+from services.router.scheduling import SchedulingConfig
+
+
+class RouterSettings(BaseModel):
+    """One router replica. ``model_name`` and ``block_size`` must equal the engines' (self-checked)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    endpoints: list[EndpointSpec] = Field(min_length=1)
+    tokenizer: Path
+    model_name: str = Field(min_length=1)
+    block_size: int = Field(16, gt=0)
+    redis_url: str | None = None
+    api_key: str | None = None
+    scheduling: SchedulingConfig = SchedulingConfig()
+    poller: PollerSettings = PollerSettings()
+    index_budget_s: float = Field(0.02, gt=0, description="Longest a prefix-index lookup may take.")
+    self_check_interval_s: float = Field(60.0, gt=0)
+    probe_timeout_s: float = Field(10.0, gt=0, description="How long a probe's blocks may take to show up.")
+    connect_timeout_s: float = Field(2.0, gt=0)
+    request_timeout_s: float | None = Field(None, gt=0, description="Read timeout of engine calls (None: none).")
+    prefill_timeout_s: float = Field(60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check_roles(self) -> RouterSettings:
+        roles = {spec.role for spec in self.endpoints}
+        if roles & {"prefill", "decode"} and "both" in roles:
+            raise ValueError("use either --engine or --prefill/--decode, not both")
+        if "prefill" in roles and "decode" not in roles:
+            raise ValueError("--prefill needs at least one --decode")
+        return self
+
+    @property
+    def disaggregated(self) -> bool:
+        return any(spec.role == "prefill" for spec in self.endpoints)
