@@ -1,4 +1,4 @@
-"""``kvferry up``: a whole local pool (Redis, engines, router) as child processes on 127.0.0.1."""
+"""``kvferry up``: a whole local pool (Redis, kvstore, engines, router) as child processes on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ class UpSettings(BaseModel):
     decode: int = Field(0, ge=0)
     port: int = Field(8000, ge=0, le=65535)
     redis_url: str | None = None
+    kvstore: bool = True
+    kvstore_capacity_gb: float = Field(1.0, gt=0)
     block_size: int = Field(16, gt=0)
     strategy: str = "prefix-aware"
     serve_args: list[str] = Field(default_factory=list)
@@ -165,6 +167,23 @@ def start_redis(stack: LocalStack) -> str:
             time.sleep(0.05)
 
 
+def start_kvstore(stack: LocalStack, redis_url: str) -> str:
+    """The shared KV tier; returns its grpc:// URL once it answers."""
+    from services.common.kvstore_client import KVStoreClient, KVStoreUnavailable
+
+    port = free_port()
+    stack.spawn("kvstore", _kvferry("kvstore", "--host", HOST, "--port", str(port), "--capacity-gb",
+                                    str(stack.settings.kvstore_capacity_gb), "--redis-url", redis_url))
+    url = f"grpc://{HOST}:{port}"
+    with KVStoreClient(url) as client:
+        try:
+            client.wait_ready(timeout_s=60)
+        except KVStoreUnavailable:
+            raise RuntimeError(f"the kvstore did not start; see {stack.log_dir / 'kvstore.log'}") from None
+    print(f"  {'kvstore':<10} ready   {url}", flush=True)
+    return url
+
+
 def engine_plan(s: UpSettings) -> list[tuple[str, str]]:
     """(child name, role) of every engine to start."""
     if s.prefill:
@@ -173,16 +192,17 @@ def engine_plan(s: UpSettings) -> list[tuple[str, str]]:
     return [(f"engine-{i}", "both") for i in range(s.engines)]
 
 
-def start_pool(stack: LocalStack, redis_url: str) -> str:
+def start_pool(stack: LocalStack, redis_url: str, kvstore_url: str | None) -> str:
     """Engines (concurrently), then the router once they are healthy; returns the router's URL."""
     s = stack.settings
+    tier = ["--kvstore-url", kvstore_url] if kvstore_url else []
     engines, children = [], []
     for name, role in engine_plan(s):
         port = free_port()
         url = f"http://{HOST}:{port}"
         cmd = _kvferry("serve", str(s.model), "--host", HOST, "--port", str(port), "--redis-url", redis_url,
                        "--engine-id", name, "--served-model-name", s.name, "--block-size", str(s.block_size),
-                       *(["--role", role] if role != "both" else []), *s.serve_args)
+                       *(["--role", role] if role != "both" else []), *tier, *s.serve_args)
         children.append(stack.spawn(name, cmd, f"{url}/health"))
         engines.append((url, role))
     print(f"  loading {s.name} in {len(children)} engine(s) ...", flush=True)
@@ -221,7 +241,8 @@ def run_stack(s: UpSettings) -> int:
     try:
         print(f"kvferry up: {s.name} - logs in {log_dir}", flush=True)
         redis_url = s.redis_url or start_redis(stack)
-        print(_banner(s, start_pool(stack, redis_url)), flush=True)
+        kvstore_url = start_kvstore(stack, redis_url) if s.kvstore else None
+        print(_banner(s, start_pool(stack, redis_url, kvstore_url)), flush=True)
         while not stack.stopping:
             dead = stack.first_exited()
             if dead is not None:
@@ -242,7 +263,7 @@ def run_stack(s: UpSettings) -> int:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``up`` to the ``kvferry`` parser."""
-    p = subparsers.add_parser("up", help="start a local stack (Redis, engines, router)")
+    p = subparsers.add_parser("up", help="start a local stack (Redis, kvstore, engines, router)")
     add = p.add_argument
     add("model", nargs="?", default=None, help="HF checkpoint folder (default: SmolLM2-135M-Instruct)")
     add("--engines", type=int, default=1, help="aggregated engines (default 1)")
@@ -250,6 +271,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add("--decode", type=int, default=0, help="decode engines (with --prefill)")
     add("--port", type=int, default=8000, help="the router's port (0: a free one)")
     add("--redis-url", default=None, help="use this Redis instead of starting one")
+    add("--no-kvstore", dest="kvstore", action="store_false", help="do not start the shared kvstore tier")
+    add("--kvstore-capacity-gb", type=float, default=1.0, help="host memory of the kvstore (GB)")
     add("--block-size", type=int, default=16)
     add("--strategy", default="prefix-aware", choices=["prefix-aware", "least-load", "round-robin"])
     add("--serve-args", default="", help="extra flags for every `kvferry serve`, e.g. '--num-kv-blocks 512'")
@@ -269,7 +292,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         model = Path(args.model) if args.model else default_model()
         s = UpSettings(model=model.resolve(), engines=args.engines, prefill=args.prefill, decode=args.decode,
-                       port=args.port, redis_url=args.redis_url, block_size=args.block_size, strategy=args.strategy,
+                       port=args.port, redis_url=args.redis_url, kvstore=args.kvstore,
+                       kvstore_capacity_gb=args.kvstore_capacity_gb, block_size=args.block_size, strategy=args.strategy,
                        serve_args=shlex.split(args.serve_args), log_dir=args.log_dir)
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
         print(f"kvferry up: error: {exc}", file=sys.stderr)

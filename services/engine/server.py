@@ -9,11 +9,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
-from services.common.errors import OpenAIError, not_ready, server_error, validation_error_response
+from services.common.errors import not_ready
+from services.common.http_middleware import RequestContextMiddleware, install_error_handlers
 from services.common.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -26,7 +25,6 @@ from services.common.protocol import (
 from services.engine.async_engine import AsyncLLM
 from services.engine.lifecycle import ServerState, warm_up
 from services.engine.metrics import CONTENT_TYPE, ServerMetrics
-from services.engine.middleware import RequestContextMiddleware
 from services.engine.serving import ServerSettings, ServingContext
 from services.engine.serving_chat import create_chat_completion
 from services.engine.serving_completions import create_completion
@@ -95,29 +93,6 @@ def _ops_routes(ctx: ServingContext) -> APIRouter:
     return router
 
 
-def _error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(OpenAIError)
-    async def openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
-        status, body = validation_error_response(exc.errors())
-        return JSONResponse(body, status_code=status)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
-        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        body = OpenAIError(exc.status_code, str(exc.detail), kind).body()
-        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
-
-    @app.exception_handler(Exception)
-    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.error("unhandled server error: %r", exc)
-        error = server_error()
-        return JSONResponse(error.body(), status_code=error.status)
-
-
 def build_app(llm: AsyncLLM, settings: ServerSettings) -> FastAPI:
     """The app serving ``llm``; it owns the engine: warm-up on start-up, shutdown at the end."""
     name = llm.config.model_name
@@ -139,7 +114,7 @@ def build_app(llm: AsyncLLM, settings: ServerSettings) -> FastAPI:
     app = FastAPI(title="kvferry engine", version=version(), lifespan=lifespan)
     app.state.ctx = ctx
     app.add_middleware(RequestContextMiddleware, api_key=settings.api_key)
-    _error_handlers(app)
+    install_error_handlers(app, log)
     app.include_router(_openai_routes(ctx))
     app.include_router(_ops_routes(ctx))
     return app

@@ -7,8 +7,6 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from services.common.errors import (
@@ -16,9 +14,8 @@ from services.common.errors import (
     bad_request,
     model_not_found,
     not_ready,
-    server_error,
-    validation_error_response,
 )
+from services.common.http_middleware import RequestContextMiddleware, install_error_handlers
 from services.common.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -34,7 +31,6 @@ from services.common.tokenizer import ChatTemplateError
 from services.router.chat_adapter import ChatAdapter
 from services.router.engine_client import EngineUnavailable
 from services.router.metrics import CONTENT_TYPE
-from services.router.middleware import RequestIdMiddleware
 from services.router.pd_flow import Dispatched
 from services.router.prompt import PreparedRequest
 from services.router.router_state import RouterState
@@ -156,29 +152,6 @@ def _ops_routes(state: RouterState) -> APIRouter:
     return router
 
 
-def _error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(OpenAIError)
-    async def openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
-        status, body = validation_error_response(exc.errors())
-        return JSONResponse(body, status_code=status)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
-        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return JSONResponse(OpenAIError(exc.status_code, str(exc.detail), kind).body(),
-                            status_code=exc.status_code, headers=exc.headers)
-
-    @app.exception_handler(Exception)
-    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled router error: %r", exc)
-        error = server_error()
-        return JSONResponse(error.body(), status_code=error.status)
-
-
 def build_app(settings: RouterSettings, state: RouterState | None = None) -> FastAPI:
     """The router app; its lifespan starts the poller and the self-check and closes every client."""
     state = state or RouterState.build(settings)
@@ -193,8 +166,8 @@ def build_app(settings: RouterSettings, state: RouterState | None = None) -> Fas
 
     app = FastAPI(title="kvferry router", lifespan=lifespan)
     app.state.router = state
-    app.add_middleware(RequestIdMiddleware, api_key=settings.api_key)
-    _error_handlers(app)
+    app.add_middleware(RequestContextMiddleware, api_key=settings.api_key)
+    install_error_handlers(app, log)
     app.include_router(_openai_routes(state))
     app.include_router(_ops_routes(state))
     return app

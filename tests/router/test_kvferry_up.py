@@ -47,7 +47,7 @@ def test_up_serves_and_stops_cleanly(llama_dir: Path, tmp_path: Path) -> None:
             if m := re.search(r"OpenAI API at (http://\S+)/v1", line):
                 url = m.group(1)
         children = _children(proc.pid)
-        assert len(children) == 3  # redis, engine, router
+        assert len(children) == 4  # redis, kvstore, engine, router
         chat = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
             "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
         assert chat.status_code == 200 and chat.json()["object"] == "chat.completion"
@@ -57,7 +57,7 @@ def test_up_serves_and_stops_cleanly(llama_dir: Path, tmp_path: Path) -> None:
         proc.kill()
         raise
     assert proc.returncode == 0, "".join(lines) + rest
-    assert "router     stopped" in rest and "redis      stopped" in rest
+    assert "router     stopped" in rest and "redis      stopped" in rest and "kvstore    stopped" in rest
     assert f"curl {url}/v1/chat/completions" in "".join(lines)
     deadline = time.monotonic() + 5
     while _pids_alive(children) and time.monotonic() < deadline:

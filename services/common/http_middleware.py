@@ -1,15 +1,19 @@
-"""ASGI middleware: echo (or mint) ``X-Request-Id`` and check the API key on ``/v1`` routes."""
+"""HTTP plumbing shared by the engine server and the router: request ids, API key, OpenAI error bodies."""
 
 from __future__ import annotations
 
+import logging
 import secrets
 import uuid
 
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from starlette.datastructures import Headers, MutableHeaders
+from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.common.errors import unauthorized
+from services.common.errors import OpenAIError, server_error, unauthorized, validation_error_response
 
 _MAX_ID_LEN = 128
 
@@ -47,3 +51,28 @@ class RequestContextMiddleware:
             await JSONResponse(error.body(), status_code=error.status)(scope, receive, send_with_id)
             return
         await self.app(scope, receive, send_with_id)
+
+
+def install_error_handlers(app: FastAPI, log: logging.Logger) -> None:
+    """Every error leaves as OpenAI error JSON: ours, FastAPI's validation (400), HTTP errors, and the rest (500)."""
+
+    @app.exception_handler(OpenAIError)
+    async def openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        status, body = validation_error_response(exc.errors())
+        return JSONResponse(body, status_code=status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        body = OpenAIError(exc.status_code, str(exc.detail), kind).body()
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.error("unhandled error: %r", exc, exc_info=exc)
+        error = server_error()
+        return JSONResponse(error.body(), status_code=error.status)
