@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import redis
 import redis.asyncio as aioredis
@@ -54,8 +55,9 @@ class PrefixMatch:
     cpu: int = 0
     kvstore: int = 0
     longest: int = 0
+    routed: int = 0  # leading blocks a router just sent there (a hint until the engine's events land)
 
-    def blocks(self, tier: Tier) -> int:
+    def blocks(self, tier: Tier | Literal["routed"]) -> int:
         return getattr(self, tier)
 
 
@@ -103,10 +105,10 @@ def snapshot_events(blocks: Mapping[Tier, Iterable[bytes]]) -> list[KVEvent]:
 def decode_lookup(rows: Sequence[Sequence[bytes | int]]) -> dict[str, PrefixMatch]:
     """LOOKUP_LUA's rows -> PrefixMatch by engine id."""
     out = {}
-    for eid, url, gpu, cpu, kvstore, longest in rows:
+    for eid, url, gpu, cpu, kvstore, longest, routed in rows:
         engine_id = eid.decode() if isinstance(eid, bytes) else str(eid)
         out[engine_id] = PrefixMatch(engine_id, url.decode() if isinstance(url, bytes) else str(url),
-                                     int(gpu), int(cpu), int(kvstore), int(longest))
+                                     int(gpu), int(cpu), int(kvstore), int(longest), int(routed))
     return out
 
 
@@ -205,6 +207,19 @@ class AsyncPrefixIndex:
             return None
         self.outage.ok()
         return decode_lookup(rows)
+
+    async def note_routed(self, engine_id: str, block_hashes: Sequence[bytes], ttl_ms: int = 30_000) -> None:
+        """Record that a prompt was just sent to ``engine_id`` (one pipelined round trip; never raises)."""
+        if not block_hashes:
+            return
+        key = self.keys.routed(engine_id)
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.sadd(key, *block_hashes)
+                pipe.pexpire(key, ttl_ms)
+                await asyncio.wait_for(pipe.execute(), self.budget_s * 10)
+        except (redis.RedisError, OSError, TimeoutError) as exc:
+            self.outage.failed(exc)
 
     async def aclose(self) -> None:
         await self.client.aclose()

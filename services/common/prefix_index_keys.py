@@ -12,6 +12,9 @@ Redis Cluster hash tag: all keys of one pool live in one slot, so the scripts ma
     {ns}:blk:{engine_id}:{tier}  SET  raw 32-byte block hashes (services.common.hashing) the engine holds
                                      in tier gpu|cpu|kvstore. PX ``reap_ms``: a dead engine is reaped by
                                      Redis itself, every write or heartbeat pushes the expiry back.
+    {ns}:rt:{engine_id}        SET  block hashes of prompts a router just sent to the engine, before
+                                     its own KV events can say so (a hint, PX ``routed_ttl_ms``, written
+                                     by routers): every router replica then sends the same prefix there.
 
 Writes (APPLY_LUA) come from one publisher per engine as numbered batches; batch ``seq`` must be the
 last applied seq + 1 (a heartbeat carries no events and the last seq). A new instance id, a gap, a
@@ -52,6 +55,9 @@ class IndexKeys:
 
     def blocks(self, engine_id: str, tier: str) -> str:
         return f"{self.prefix}blk:{engine_id}:{tier}"
+
+    def routed(self, engine_id: str) -> str:
+        return f"{self.prefix}rt:{engine_id}"
 
     def engine_keys(self, engine_id: str) -> list[str]:
         """KEYS of APPLY_LUA / DEREGISTER_LUA: registry, heartbeat, meta, then one block set per tier."""
@@ -113,42 +119,44 @@ return 1
 """
 
 # KEYS: registry. ARGV: key prefix, then the prompt's block hashes in order.
-# Returns one row per live engine: {engine_id, url, gpu, cpu, kvstore, any} where each number is the
-# length of the longest run of leading hashes held in that tier ("any": held in at least one tier).
+# Returns one row per live engine: {engine_id, url, gpu, cpu, kvstore, any, routed} where each number
+# is the length of the longest run of leading hashes held in that tier ("any": held in at least one of
+# gpu/cpu/kvstore; "routed": the routers' hint set rt:{engine_id}).
 # Membership is tested in chunks that double from 8 (a miss costs little, a long hit few calls).
 LOOKUP_LUA = """
 local prefix, n = ARGV[1], #ARGV - 1
-local tiers = {'gpu', 'cpu', 'kvstore'}
+local sets = {'blk:%s:gpu', 'blk:%s:cpu', 'blk:%s:kvstore', 'rt:%s'}
 local out = {}
 for _, eid in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   if redis.call('EXISTS', prefix .. 'hb:' .. eid) == 1 then
-    local keys, has, run, len = {}, {}, {}, {0, 0, 0, 0}
-    for t = 1, 3 do
-      keys[t] = prefix .. 'blk:' .. eid .. ':' .. tiers[t]
+    local keys, has, run, len = {}, {}, {}, {0, 0, 0, 0, 0}
+    for t = 1, 4 do
+      keys[t] = prefix .. string.format(sets[t], eid)
       has[t] = redis.call('EXISTS', keys[t]) == 1
       run[t] = has[t]
     end
-    run[4] = has[1] or has[2] or has[3]
+    run[5] = has[1] or has[2] or has[3]
     local s, chunk = 2, 8
-    while run[4] and s <= n + 1 do
+    while (run[4] or run[5]) and s <= n + 1 do
       local e = math.min(s + chunk - 1, n + 1)
       chunk = math.min(chunk * 2, 1024)
       local hits = {}
-      for t = 1, 3 do
+      for t = 1, 4 do
         if has[t] then hits[t] = redis.call('SMISMEMBER', keys[t], unpack(ARGV, s, e)) else hits[t] = {} end
       end
       for j = 1, e - s + 1 do
         local any = false
-        for t = 1, 3 do
+        for t = 1, 4 do
           local hit = hits[t][j] == 1
-          if hit then any = true end
+          if hit and t < 4 then any = true end
           if run[t] and hit then len[t] = len[t] + 1 else run[t] = false end
         end
-        if run[4] and any then len[4] = len[4] + 1 else run[4] = false end
+        if run[5] and any then len[5] = len[5] + 1 else run[5] = false end
       end
       s = e + 1
     end
-    out[#out + 1] = {eid, redis.call('HGET', prefix .. 'eng:' .. eid, 'url') or '', len[1], len[2], len[3], len[4]}
+    out[#out + 1] = {eid, redis.call('HGET', prefix .. 'eng:' .. eid, 'url') or '', len[1], len[2], len[3], len[5],
+                     len[4]}
   end
 end
 return out

@@ -55,7 +55,9 @@ class PDFlow:
     """Routes one PreparedRequest through prefill (when worth it) and decode, with one retry."""
 
     def __init__(self, scheduler: Scheduler, endpoints: Callable[[], Sequence[Endpoint]], client: EngineClient,
-                 metrics: RouterMetrics, prefill_timeout_s: float = 60.0) -> None:
+                 metrics: RouterMetrics, prefill_timeout_s: float = 60.0,
+                 on_route: Callable[[RouteDecision, PreparedRequest, RequestContext], None] | None = None) -> None:
+        self.on_route = on_route  # e.g. tell the shared index where this prefix went (other replicas follow)
         self.scheduler = scheduler
         self.endpoints = endpoints
         self.client = client
@@ -76,6 +78,8 @@ class PDFlow:
             else:
                 self.metrics.retries.inc()
                 log.warning("request %s: retrying on %s after %s", request_id, decision.decode.url, failure)
+            if self.on_route is not None:
+                self.on_route(decision, req, ctx)
             headers = {"X-Request-Id": f"{request_id}-{attempt}" if attempt else request_id}
             params = await self._prefill(decision, req, headers) if decision.prefill else None
             try:

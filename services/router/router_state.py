@@ -16,7 +16,7 @@ from services.router.engine_client import EngineClient
 from services.router.metrics import RouterMetrics
 from services.router.pd_flow import PDFlow
 from services.router.prompt import PreparedRequest, PromptPreparer
-from services.router.scheduling import RequestContext, Scheduler
+from services.router.scheduling import RequestContext, RouteDecision, Scheduler
 from services.router.self_check import PROBE_TEXT, SelfCheck, probe_ids
 from services.router.settings import RouterSettings
 
@@ -35,6 +35,7 @@ class RouterState:
     flow: PDFlow
     self_check: SelfCheck
     tasks: list[asyncio.Task] = field(default_factory=list)
+    background: set[asyncio.Task] = field(default_factory=set)
 
     @classmethod
     def build(cls, settings: RouterSettings, rng: random.Random | None = None) -> RouterState:
@@ -50,8 +51,21 @@ class RouterState:
         probe = probe_ids(tokenizer.encode(PROBE_TEXT * 4, add_special_tokens=False), settings.block_size)
         check = SelfCheck(poller, client, index, hasher, probe, metrics, settings.self_check_interval_s,
                           settings.probe_timeout_s)
-        return cls(settings, tokenizer, metrics, PromptPreparer(tokenizer, hasher), poller, client, index, flow,
-                   check)
+        state = cls(settings, tokenizer, metrics, PromptPreparer(tokenizer, hasher), poller, client, index, flow,
+                    check)
+        flow.on_route = state.note_route
+        return state
+
+    def note_route(self, decision: RouteDecision, req: PreparedRequest, ctx: RequestContext) -> None:
+        """Write the routed hint for the chosen engines in the background (off the request's path)."""
+        if self.index is None or not req.block_hashes:
+            return
+        for endpoint in (decision.decode, decision.prefill):
+            match = ctx.match(endpoint) if endpoint is not None else None
+            if match is not None:
+                task = asyncio.create_task(self.index.note_routed(match.engine_id, req.block_hashes))
+                self.background.add(task)
+                task.add_done_callback(self.background.discard)
 
     async def start(self) -> None:
         """First poll, index script loaded, then the poller and self-check loops as tasks."""

@@ -187,3 +187,28 @@ def test_bad_tier_is_rejected(index: PrefixIndex) -> None:
     register(index, E1)
     with pytest.raises(redis.ResponseError):
         index.apply(E1, 1, [stored(PROMPT, "disk")])
+
+
+def test_routed_hint_is_shared_and_expires(redis_server: RedisServer) -> None:
+    """A router's note that it sent a prefix to an engine is seen by every replica, then expires."""
+    sync = PrefixIndex.from_url(redis_server.url)
+    register(sync, E1)
+    register(sync, E2)
+
+    async def scenario() -> tuple[object, object, object]:
+        router_a = AsyncPrefixIndex.from_url(redis_server.url, budget_s=0.5)
+        router_b = AsyncPrefixIndex.from_url(redis_server.url, budget_s=0.5)
+        await router_a.note_routed("e2", PROMPT[:5], ttl_ms=300)
+        seen_by_b = await router_b.lookup(PROMPT)
+        await asyncio.sleep(0.4)
+        expired = await router_b.lookup(PROMPT)
+        dead = await router_a.note_routed("nobody", [])  # nothing to write: no call, no error
+        await router_a.aclose()
+        await router_b.aclose()
+        return seen_by_b, expired, dead
+
+    seen_by_b, expired, dead = asyncio.run(scenario())
+    assert seen_by_b["e2"] == PrefixMatch("e2", E2.url, routed=5)  # a hint, not a held block: longest stays 0
+    assert seen_by_b["e1"].routed == 0
+    assert expired["e2"].routed == 0 and dead is None
+    sync.close()

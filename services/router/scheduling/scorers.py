@@ -8,7 +8,8 @@ from typing import Protocol
 from services.router.scheduling.context import RequestContext
 from services.router.scheduling.endpoint import Endpoint
 
-DEFAULT_TIER_WEIGHTS: Mapping[str, float] = {"gpu": 1.0, "cpu": 0.8, "kvstore": 0.5}
+# "routed": a prompt another request just took there (the engine's events have not landed yet)
+DEFAULT_TIER_WEIGHTS: Mapping[str, float] = {"gpu": 1.0, "routed": 0.9, "cpu": 0.8, "kvstore": 0.5}
 
 
 class Scorer(Protocol):
