@@ -20,6 +20,21 @@ class TorchBackend:
     name = "torch"
     description = "paged attention and ops in plain PyTorch"
 
+    def __init__(self) -> None:
+        # Gather buffers reused across layers and steps: fresh multi-MB tensors per layer cost page faults.
+        self._scratch: dict[tuple[str, int, torch.dtype], torch.Tensor] = {}
+
+    def _gather(self, rows: torch.Tensor, index: torch.Tensor, slot: str) -> torch.Tensor:
+        """rows[index] into a reused buffer (valid until the next gather into the same slot)."""
+        n = index.numel()
+        key = (slot, rows.shape[1], rows.dtype)
+        buf = self._scratch.get(key)
+        if buf is None or buf.shape[0] < n:
+            buf = self._scratch[key] = torch.empty((max(n, 64), rows.shape[1]), dtype=rows.dtype, device=rows.device)
+        out = buf[:n]
+        torch.index_select(rows, 0, index, out=out)
+        return out
+
     @staticmethod
     def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
                  residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,16 +69,16 @@ class TorchBackend:
         if meta.decode_token_idx.numel():
             base = (meta.decode_block_tables.flatten() * n_layers + layer) * 2
             bd, nb = meta.decode_block_tables.shape
-            keys = block_rows.index_select(0, base).view(bd, nb * bs, hkv, d)
-            values = block_rows.index_select(0, base + 1).view(bd, nb * bs, hkv, d)
+            keys = self._gather(block_rows, base, "k").view(bd, nb * bs, hkv, d)
+            values = self._gather(block_rows, base + 1, "v").view(bd, nb * bs, hkv, d)
             qd = q.index_select(0, meta.decode_token_idx)[:, :, None, :]  # [Bd, Hq, 1, D]
             o = F.scaled_dot_product_attention(qd, keys.transpose(1, 2), values.transpose(1, 2),
                                                attn_mask=meta.decode_bias, scale=scale, enable_gqa=True)
             out.index_copy_(0, meta.decode_token_idx, o[:, :, 0, :])
         for seq in meta.prefills:
             base = (seq.block_ids * n_layers + layer) * 2
-            keys = block_rows.index_select(0, base).view(-1, hkv, d)[: seq.seq_len]
-            values = block_rows.index_select(0, base + 1).view(-1, hkv, d)[: seq.seq_len]
+            keys = self._gather(block_rows, base, "k").view(-1, hkv, d)[: seq.seq_len]
+            values = self._gather(block_rows, base + 1, "v").view(-1, hkv, d)[: seq.seq_len]
             qs = q[seq.token_start : seq.token_end].transpose(0, 1)
             o = F.scaled_dot_product_attention(qs, keys.transpose(0, 1), values.transpose(0, 1),
                                                attn_mask=seq.mask, scale=scale, enable_gqa=True)
