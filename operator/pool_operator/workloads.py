@@ -21,7 +21,7 @@ MODEL_MOUNT = "/models"
 API_KEY_MOUNT = "/etc/kvferry/api-key"
 RUN_AS = 10001
 REDIS_UID = 999  # the redis user of the official image
-STRATEGY_FLAG = {"PrefixAware": "prefix", "LeastLoad": "least-load", "RoundRobin": "round-robin"}
+STRATEGY_FLAG = {"PrefixAware": "prefix-aware", "LeastLoad": "least-load", "RoundRobin": "round-robin"}
 KVSTORE_OVERHEAD_BYTES = 512 * 2**20
 
 Manifest = dict[str, Any]

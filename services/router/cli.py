@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from services.router.discovery import DiscoverySettings, in_cluster_url
 from services.router.endpoints import EndpointSpec, PollerSettings
 from services.router.scheduling import SchedulingConfig, ScorerWeights
 from services.router.settings import RouterSettings
@@ -42,13 +44,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add("--engine", action="append", default=[], metavar="URL", help="an aggregated engine (repeatable)")
     add("--prefill", action="append", default=[], metavar="URL", help="a prefill engine (repeatable)")
     add("--decode", action="append", default=[], metavar="URL", help="a decode engine (repeatable)")
-    add("--discovery", choices=["static", "kubernetes"], default="static")
-    add("--selector", default=None, help="label selector of engine pods (with --discovery kubernetes)")
+    add("--discovery", choices=["static", "kubernetes"], default="static",
+        help="static: the --engine/--prefill/--decode URLs; kubernetes: the pods matching --selector")
+    add("--selector", default=None, help="label selector of the pool's pods (with --discovery kubernetes)")
+    add("--kube-api", default=None, help="API server URL (default: in-cluster)")
+    add("--kube-namespace", default=None, help="namespace of the pods (default: the service account's)")
+    add("--kube-token-file", type=Path, default=None, help="bearer token file (default: the service account's)")
+    add("--engine-port", type=int, default=8000, help="the engines' HTTP port (with --discovery kubernetes)")
     add("--redis-url", default=None, help="the pool's prefix index (without it: route by load only)")
     add("--tokenizer", required=True, metavar="MODEL_PATH", help="folder with tokenizer.json (the engines' model)")
-    add("--model-name", default=None, help="served model name (default: the tokenizer folder's name)")
-    add("--block-size", type=int, default=16, help="the engines' KV block size")
+    add("--model-name", default=os.environ.get("KVFERRY_MODEL_ID"),
+        help="served model name (default: $KVFERRY_MODEL_ID, else the tokenizer folder's name)")
+    add("--block-size", type=int, default=int(os.environ.get("KVFERRY_BLOCK_SIZE", "16")),
+        help="the engines' KV block size (default: $KVFERRY_BLOCK_SIZE, else 16)")
     add("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
+    add("--api-key-file", type=Path, default=None, help="read the API key from this file (e.g. a mounted Secret)")
     add("--strategy", choices=["prefix-aware", "least-load", "round-robin"], default="prefix-aware")
     add("--weights", type=parse_weights, default=ScorerWeights(), help="scorer weights, e.g. prefix=2,queue=1,kv=1")
     add("--pd-threshold", type=int, default=256, help="disaggregate when this many prompt tokens are uncached")
@@ -65,26 +75,42 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
     specs = [EndpointSpec(url=u, role="both") for u in args.engine]
     specs += [EndpointSpec(url=u, role="prefill") for u in args.prefill]
     specs += [EndpointSpec(url=u, role="decode") for u in args.decode]
-    if not specs:
-        raise ValueError("give the pool: --engine URL... or --prefill URL... --decode URL...")
+    discovery = None
+    if args.discovery == "kubernetes":
+        if specs:
+            raise ValueError("--discovery kubernetes finds the engines itself: drop --engine/--prefill/--decode")
+        if not args.selector:
+            raise ValueError("--discovery kubernetes needs --selector (e.g. kvferry.dev/pool=NAME)")
+        discovery = DiscoverySettings(selector=args.selector, api_url=args.kube_api or in_cluster_url(),
+                                      namespace=args.kube_namespace,
+                                      token_file=args.kube_token_file, port=args.engine_port,
+                                      interval_s=args.poll_interval)
     tokenizer = Path(args.tokenizer)
     return RouterSettings(
-        endpoints=specs, tokenizer=tokenizer, model_name=args.model_name or tokenizer.name,
-        block_size=args.block_size, redis_url=args.redis_url, api_key=args.api_key,
+        endpoints=specs, discovery=discovery, tokenizer=tokenizer, model_name=args.model_name or tokenizer.name,
+        block_size=args.block_size, redis_url=args.redis_url, api_key=_api_key(args),
         scheduling=SchedulingConfig(strategy=args.strategy, weights=args.weights, pd_threshold=args.pd_threshold),
         poller=PollerSettings(interval_s=args.poll_interval), index_budget_s=args.index_budget_ms / 1000,
         self_check_interval_s=args.self_check_interval,
     )
 
 
+def _api_key(args: argparse.Namespace) -> str | None:
+    if args.api_key_file is None:
+        return args.api_key
+    try:
+        key = next((line.strip() for line in args.api_key_file.read_text().splitlines() if line.strip()), "")
+    except OSError as exc:
+        raise ValueError(f"--api-key-file: cannot read {args.api_key_file}: {exc.strerror}") from None
+    if not key:
+        raise ValueError(f"--api-key-file: {args.api_key_file} is empty")
+    return key
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT (uvicorn finishes open requests first); 2 on bad flags."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll and request is noise
-    if args.discovery == "kubernetes":
-        print("kvferry router: error: --discovery kubernetes is not available in this build; "
-              "list the engines with --engine or --prefill/--decode", file=sys.stderr)
-        return 2
     try:
         settings = settings_from_args(args)
     except ValidationError as exc:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -26,6 +27,7 @@ class EndpointSpec(BaseModel):
 
     url: str
     role: Role = "both"
+    draining: bool = False  # e.g. annotated by the operator for scale-down: finish, but take nothing new
 
 
 class PollerSettings(BaseModel):
@@ -63,16 +65,20 @@ class EndpointPoller:
         self._client = client or httpx.AsyncClient(timeout=self.settings.timeout_s)
         self._owns_client = client is None
         self._endpoints: dict[str, Endpoint] = {}
+        self._draining: set[str] = set()
         self._task: asyncio.Task[None] | None = None
         self.set_specs(specs)
 
     def set_specs(self, specs: Sequence[EndpointSpec]) -> None:
         """Replace the set of engines (discovery); known ones keep their state, new ones start out."""
         fresh = {}
+        self._draining = {normalize_url(s.url) for s in specs if s.draining}
         for spec in specs:
             url = normalize_url(spec.url)
             old = self._endpoints.get(url)
             fresh[url] = Endpoint(url, spec.role, healthy=False) if old is None or old.role != spec.role else old
+            if spec.draining and fresh[url].healthy:
+                fresh[url] = replace(fresh[url], draining=True)
         self._endpoints = fresh
 
     def endpoints(self) -> list[Endpoint]:
@@ -103,6 +109,7 @@ class EndpointPoller:
             return down
         if _is_draining(health):
             return Endpoint(endpoint.url, endpoint.role, True, True, endpoint.load, endpoint.cache_config)
+        drained = endpoint.url in self._draining
         if health.status_code != 200 or metrics.status_code != 200:
             return down
         try:
@@ -110,7 +117,7 @@ class EndpointPoller:
         except ValueError:
             log.warning("endpoint %s: unreadable /metrics", endpoint.url)
             return down
-        return Endpoint(endpoint.url, endpoint.role, True, False, load, config or endpoint.cache_config)
+        return Endpoint(endpoint.url, endpoint.role, True, drained, load, config or endpoint.cache_config)
 
     async def run(self) -> None:
         """Poll forever, every ``interval_s``; a failing round never stops the loop."""

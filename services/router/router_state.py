@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from services.common.hashing import HASH_VERSION, BlockHasher
 from services.common.prefix_index import AsyncPrefixIndex
 from services.common.tokenizer import Tokenizer
+from services.router.discovery import KubernetesDiscovery
 from services.router.endpoints import EndpointPoller
 from services.router.engine_client import EngineClient
 from services.router.metrics import RouterMetrics
@@ -36,6 +37,7 @@ class RouterState:
     self_check: SelfCheck
     tasks: list[asyncio.Task] = field(default_factory=list)
     background: set[asyncio.Task] = field(default_factory=set)
+    discovery: KubernetesDiscovery | None = None
 
     @classmethod
     def build(cls, settings: RouterSettings, rng: random.Random | None = None) -> RouterState:
@@ -68,7 +70,11 @@ class RouterState:
                 task.add_done_callback(self.background.discard)
 
     async def start(self) -> None:
-        """First poll, index script loaded, then the poller and self-check loops as tasks."""
+        """Discovery (if any) and a first poll, index script loaded, then the background loops as tasks."""
+        if self.settings.discovery is not None:
+            self.discovery = KubernetesDiscovery(self.settings.discovery, self.poller.set_specs)
+            await self.discovery.refresh()
+            self.tasks.append(asyncio.create_task(self.discovery.run(), name="router-discovery"))
         await self.poller.poll_once()
         if self.index is not None:
             await self.index.prepare()
@@ -81,6 +87,8 @@ class RouterState:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.poller.stop()
+        if self.discovery is not None:
+            await self.discovery.aclose()
         await self.client.aclose()
         if self.index is not None:
             await self.index.aclose()

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from services.router.discovery import DiscoverySettings
 from services.router.endpoints import EndpointSpec, PollerSettings
 from services.router.scheduling import SchedulingConfig
 
@@ -15,7 +16,8 @@ class RouterSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    endpoints: list[EndpointSpec] = Field(min_length=1)
+    endpoints: list[EndpointSpec] = Field(default_factory=list)
+    discovery: DiscoverySettings | None = None  # Kubernetes: endpoints come from the pool's pods
     tokenizer: Path
     model_name: str = Field(min_length=1)
     block_size: int = Field(16, gt=0)
@@ -32,6 +34,9 @@ class RouterSettings(BaseModel):
 
     @model_validator(mode="after")
     def _check_roles(self) -> RouterSettings:
+        if not self.endpoints and self.discovery is None:
+            raise ValueError("give the pool: --engine URL... or --prefill URL... --decode URL..., "
+                             "or --discovery kubernetes --selector LABELS")
         roles = {spec.role for spec in self.endpoints}
         if roles & {"prefill", "decode"} and "both" in roles:
             raise ValueError("use either --engine or --prefill/--decode, not both")

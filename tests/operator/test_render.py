@@ -99,11 +99,27 @@ def test_engine_and_router_command_lines_follow_the_cli_contract():
     assert router["args"] == [
         "router", "--host", "0.0.0.0", "--port", "8000", "--redis-url", "$(KVFERRY_REDIS_URL)",
         "--discovery", "kubernetes", "--selector", "kvferry.dev/pool=llama-pd",
-        "--tokenizer", "/models/llama-3.1-8b-instruct", "--strategy", "prefix", "--pd-threshold", "512",
+        "--tokenizer", "/models/llama-3.1-8b-instruct", "--strategy", "prefix-aware", "--pd-threshold", "512",
         "--weights", "prefix=2,queue=1,kv=1", "--api-key-file", "/etc/kvferry/api-key/keys.txt"]
     kvstore = by_name(manifests, "Deployment", "llama-pd-kvstore")["spec"]["template"]["spec"]["containers"][0]
     assert kvstore["args"][:8] == ["kvstore", "--host", "0.0.0.0", "--port", "50051", "--capacity-gb",
                                    "68.7195", "--redis-url"]
+
+
+@pytest.mark.parametrize("pool", ["disaggregated-pool.yaml", "aggregated-pool.yaml"])
+def test_every_rendered_command_line_parses_with_the_real_kvferry_cli(pool: str) -> None:
+    """The operator and the binaries agree: each container's args parse with `kvferry`'s own parsers."""
+    from services.cli import build_parser
+
+    for manifest in render(pool):
+        if manifest["kind"] != "Deployment":
+            continue
+        for container in manifest["spec"]["template"]["spec"]["containers"]:
+            if container.get("command") != ["kvferry"]:
+                continue
+            args = container["args"]
+            parsed = build_parser(args).parse_args(args)
+            assert parsed.command == args[0] and callable(parsed.func), args
 
 
 def test_aggregated_pool_runs_engines_in_role_both_with_managed_redis():

@@ -71,8 +71,14 @@ def test_up_rejects_half_a_pd_pool(llama_dir: Path) -> None:
     assert out.returncode == 2 and "--prefill and --decode go together" in out.stderr
 
 
-@pytest.mark.parametrize("flag", ["--discovery"])
-def test_router_kubernetes_discovery_says_not_available(flag: str, llama_dir: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "services.cli", "router", flag, "kubernetes", "--tokenizer",
-                          str(llama_dir)], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "not available in this build" in out.stderr
+@pytest.mark.parametrize(("extra", "message"), [
+    ([], "--discovery kubernetes needs --selector"),
+    (["--selector", "a=b", "--engine", "http://127.0.0.1:1"], "drop --engine"),
+    (["--selector", "a=b"], "--kube-api"),  # not in a cluster: no $KUBERNETES_SERVICE_HOST
+])
+def test_router_kubernetes_discovery_flags_are_checked(extra: list[str], message: str, llama_dir: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "services.cli", "router", "--discovery", "kubernetes",
+                          "--tokenizer", str(llama_dir), *extra], cwd=REPO, capture_output=True, text=True,
+                         timeout=60, env={k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"})
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
