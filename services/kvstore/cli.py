@@ -29,7 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add("--slot-bytes", type=int, default=None,
         help="bytes per KV block of the pool: keep blocks in a NIXL-registered arena engines can READ")
     add("--no-nixl", dest="nixl", action="store_false", help="with --slot-bytes: do not register with NIXL")
-    add("--redis-url", default=None, help="prefix index to report stored blocks to (accepted; not wired yet)")
+    add("--redis-url", default=None, help="prefix index to report stored blocks to (tier kvstore)")
     add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
     return p
@@ -52,8 +52,6 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, RuntimeError, ValueError) as exc:
         print(f"kvferry kvstore: error: {exc}", file=sys.stderr)
         return 1
-    if settings.redis_url:
-        log.warning("--redis-url is accepted but prefix-index reporting is not wired yet")
     print(f"kvstore listening on {settings.host}:{server.port}", flush=True)
     stop = threading.Event()
 

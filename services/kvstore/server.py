@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import os
+import socket
+from collections.abc import Callable, Iterator
 from concurrent import futures
 
 import grpc
 from pydantic import BaseModel, ConfigDict, Field
 
+from services.common.kv_event_publisher import KVEventPublisher
+from services.common.kv_events import BlockRemoved, BlockStored
 from services.common.kv_transfer import KVCompat, KVTransferError
 from services.common.kvstore_client import DEFAULT_BATCH_BYTES, GRPC_OPTIONS, batched_by_bytes
 from services.common.proto import kvstore_pb2, kvstore_pb2_grpc
@@ -29,7 +33,7 @@ class KVStoreSettings(BaseModel):
     capacity_bytes: int = Field(4 << 30, gt=0)
     batch_bytes: int = Field(DEFAULT_BATCH_BYTES, gt=0, description="default bytes per streamed get message")
     workers: int = Field(8, gt=0, description="gRPC handler threads")
-    redis_url: str | None = Field(None, description="prefix index to report stored blocks to (not wired yet)")
+    redis_url: str | None = Field(None, description="prefix index the store reports its blocks to (tier kvstore)")
     slot_bytes: int | None = Field(
         None, gt=0, description="bytes per block of the pool: blocks live in a NIXL-registered arena of such slots"
     )
@@ -39,16 +43,24 @@ class KVStoreSettings(BaseModel):
 class KVStoreService(kvstore_pb2_grpc.KVStoreServicer):
     """gRPC handlers; all state lives in the BlockStore."""
 
-    def __init__(self, store: BlockStore, batch_bytes: int = DEFAULT_BATCH_BYTES, nixl: NixlRegion | None = None) -> None:
+    def __init__(self, store: BlockStore, batch_bytes: int = DEFAULT_BATCH_BYTES, nixl: NixlRegion | None = None,
+                 on_stored: Callable[[list[bytes]], None] | None = None) -> None:
         self.store = store
         self.batch_bytes = batch_bytes
         self.nixl = nixl
+        self.on_stored = on_stored  # e.g. report new blocks to the prefix index
 
     def Put(self, request_iterator: Iterator[kvstore_pb2.PutBatch], context: grpc.ServicerContext) -> kvstore_pb2.PutReply:
         counts = {"stored": 0, "present": 0, "rejected": 0}
         for batch in request_iterator:
+            stored = []
             for block in batch.blocks:
-                counts[self.store.put(block.hash, block.token_ids, block.data)] += 1
+                result = self.store.put(block.hash, block.token_ids, block.data)
+                counts[result] += 1
+                if result == "stored":
+                    stored.append(block.hash)
+            if stored and self.on_stored is not None:
+                self.on_stored(stored)
         return kvstore_pb2.PutReply(**counts)
 
     def Get(self, request: kvstore_pb2.GetRequest, context: grpc.ServicerContext) -> Iterator[kvstore_pb2.GetBatch]:
@@ -90,16 +102,34 @@ class KVStoreServer:
     def __init__(self, settings: KVStoreSettings, store: BlockStore | None = None) -> None:
         self.settings = settings
         arena = SlabArena(settings.capacity_bytes, settings.slot_bytes) if settings.slot_bytes else None
-        self.store = store or BlockStore(settings.capacity_bytes, arena=arena)
-        self.nixl = NixlRegion(arena) if arena is not None and settings.nixl else None
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.workers), options=GRPC_OPTIONS)
-        service = KVStoreService(self.store, settings.batch_bytes, self.nixl)
-        kvstore_pb2_grpc.add_KVStoreServicer_to_server(service, self._server)
         self.port = self._server.add_insecure_port(f"{settings.host}:{settings.port}")
         if self.port == 0:
             raise OSError(f"kvstore could not bind {settings.host}:{settings.port}")
+        self.publisher = self._publisher() if settings.redis_url else None
+        self.store = store or BlockStore(settings.capacity_bytes, on_evict=self._evicted, arena=arena)
+        self.nixl = NixlRegion(arena) if arena is not None and settings.nixl else None
+        service = KVStoreService(self.store, settings.batch_bytes, self.nixl, on_stored=self._stored)
+        kvstore_pb2_grpc.add_KVStoreServicer_to_server(service, self._server)
         self._server.start()
         log.info("kvstore listening on %s:%d (capacity %d bytes)", settings.host, self.port, settings.capacity_bytes)
+
+    def _publisher(self) -> KVEventPublisher:
+        """Report blocks as tier 'kvstore' under this store's gRPC address (routers credit every engine)."""
+        host = self.settings.host
+        if host in ("0.0.0.0", "::", ""):
+            host = os.environ.get("POD_IP") or socket.gethostname()
+        address = f"{host}:{self.port}"
+        engine_id = os.environ.get("POD_NAME") or f"kvstore-{address}"
+        return KVEventPublisher(self.settings.redis_url, engine_id, f"grpc://{address}", tier="kvstore")
+
+    def _stored(self, hashes: list[bytes]) -> None:
+        if self.publisher is not None:
+            self.publisher.publish([BlockStored(tuple(hashes), None, (), 0, "kvstore")])
+
+    def _evicted(self, hashes: list[bytes]) -> None:
+        if self.publisher is not None:
+            self.publisher.publish([BlockRemoved(tuple(hashes), "kvstore")])
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until the server stops; True if it did."""
@@ -110,3 +140,5 @@ class KVStoreServer:
         self._server.stop(grace_s).wait()
         if self.nixl is not None:
             self.nixl.close()
+        if self.publisher is not None:
+            self.publisher.close()

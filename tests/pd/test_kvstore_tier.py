@@ -13,6 +13,7 @@ from services.common.hashing import BlockHasher
 from services.common.kvstore_client import KVStoreClient
 from tests.kvstore_server import running_kvstore
 from tests.pd.test_pd_flow import complete, prompts
+from tests.redis_server import redis_server  # noqa: F401 - fixture
 from tests.server.helpers import MODEL, free_port, start_server
 
 ARGS = ("--block-size", "16", "--num-kv-blocks", "256", "--max-model-len", "512")
@@ -82,3 +83,32 @@ def test_engine_keeps_serving_when_the_store_is_down(llama_dir: Path, tmp_path: 
         assert "Traceback" not in server.log_text()
     finally:
         server.stop()
+
+
+def test_kvstore_reports_its_blocks_to_the_prefix_index(llama_dir: Path, tmp_path: Path, redis_server) -> None:  # noqa: F811
+    from services.common.prefix_index import PrefixIndex
+    from services.router.scheduling.context import RequestContext
+    from services.router.scheduling.endpoint import Endpoint
+
+    with running_kvstore("--redis-url", redis_server.url, capacity_gb="0.05") as target:
+        engine = start_server(llama_dir, tmp_path, "--kvstore-url", f"grpc://{target}", *ARGS)
+        try:
+            prompt = prompts(1, seed=31)[0] + list(range(3, 100))
+            complete(engine, prompt)
+            n = (len(prompt) - 1) // 16
+            _wait_stored(f"grpc://{target}", prompt, n)
+            hashes = BlockHasher(MODEL, 16).hash_tokens(prompt)
+            index = PrefixIndex.from_url(redis_server.url)
+            deadline = time.monotonic() + 10
+            while not any(m.kvstore == n for m in (index.lookup(hashes) or {}).values()):
+                assert time.monotonic() < deadline, index.lookup(hashes)
+                time.sleep(0.05)
+            store_row = next(m for m in index.lookup(hashes).values() if m.url.startswith("grpc://"))
+            assert store_row.url == f"grpc://{target}" and store_row.gpu == 0
+            # a router credits that prefix to every engine of the pool (each can fetch it)
+            ctx = RequestContext.from_lookup(len(prompt), 16, index.lookup(hashes))
+            other = Endpoint("http://10.9.9.9:8000", "both", healthy=True)
+            assert ctx.match(other).kvstore == n and ctx.cached_tokens(other) == n * 16
+            index.close()
+        finally:
+            engine.stop()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from services.common.prefix_index import PrefixMatch
 from services.router.scheduling.endpoint import Endpoint, normalize_url
@@ -16,21 +16,35 @@ class RequestContext:
     prompt_tokens: int
     block_size: int
     matches: Mapping[str, PrefixMatch] | None = field(default_factory=dict)
+    store_blocks: int = 0  # leading blocks the pool's kvstore holds: any engine can fetch them
 
     @classmethod
     def from_lookup(cls, prompt_tokens: int, block_size: int,
                     lookup: Mapping[str, PrefixMatch] | None) -> RequestContext:
-        """Re-key the index's answer (by engine id) by the url each engine registered."""
+        """Re-key the index's answer (by engine id) by the url each engine registered.
+
+        A kvstore reports its blocks under its grpc:// address: every engine of the pool shares it, so
+        its run counts as each engine's kvstore tier.
+        """
         if lookup is None:
             return cls(prompt_tokens, block_size, None)
-        return cls(prompt_tokens, block_size, {normalize_url(m.url): m for m in lookup.values()})
+        stores = [m for m in lookup.values() if m.url.startswith("grpc://")]
+        engines = {normalize_url(m.url): m for m in lookup.values() if not m.url.startswith("grpc://")}
+        return cls(prompt_tokens, block_size, engines, max((m.kvstore for m in stores), default=0))
 
     @property
     def prompt_blocks(self) -> int:
         return self.prompt_tokens // self.block_size if self.block_size > 0 else 0
 
     def match(self, endpoint: Endpoint) -> PrefixMatch | None:
-        return None if self.matches is None else self.matches.get(endpoint.url)
+        if self.matches is None:
+            return None
+        own = self.matches.get(endpoint.url)
+        if self.store_blocks == 0 or (own is not None and own.kvstore >= self.store_blocks):
+            return own
+        if own is None:
+            return PrefixMatch("", endpoint.url, kvstore=self.store_blocks, longest=self.store_blocks)
+        return replace(own, kvstore=self.store_blocks, longest=max(own.longest, self.store_blocks))
 
     def cached_tokens(self, endpoint: Endpoint) -> int:
         """Prompt tokens the endpoint holds in any of its tiers (leading blocks only)."""
