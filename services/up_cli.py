@@ -21,6 +21,8 @@ from types import FrameType
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from services.common.errors import config_problem
+
 HOST = "127.0.0.1"
 _PR_SET_PDEATHSIG = 1
 
@@ -296,6 +298,6 @@ def run(args: argparse.Namespace) -> int:
                        kvstore_capacity_gb=args.kvstore_capacity_gb, block_size=args.block_size, strategy=args.strategy,
                        serve_args=shlex.split(args.serve_args), log_dir=args.log_dir)
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
-        print(f"kvferry up: error: {exc}", file=sys.stderr)
+        print(f"kvferry up: error: {config_problem(exc)}", file=sys.stderr)
         return 2
     return run_stack(s)

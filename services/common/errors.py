@@ -135,3 +135,11 @@ def parse_body(model: type[Model], raw: bytes | str | Mapping[str, Any]) -> Mode
     except ValidationError as exc:
         status, body = validation_error_response(exc)
         raise OpenAIError(status, **body["error"]) from exc
+
+
+def config_problem(exc: ValueError) -> str:
+    """One line naming each bad field of a config/flags error (pydantic's ValidationError or a ValueError)."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in errors(include_url=False))
+    return str(exc)

@@ -13,7 +13,8 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 import uvicorn
-from pydantic import ValidationError
+
+from services.common.errors import config_problem
 
 if TYPE_CHECKING:
     from services.common.kv_event_publisher import KVEventPublisher
@@ -134,12 +135,8 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         engine_config, settings = _configs(args)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False))
-        print(f"kvferry serve: error: {problems}", file=sys.stderr)
-        return 2
-    except ValueError as exc:
-        print(f"kvferry serve: error: {exc}", file=sys.stderr)
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        print(f"kvferry serve: error: {config_problem(exc)}", file=sys.stderr)
         return 2
     from services.engine.async_engine import AsyncLLM
     from services.engine.server import build_app

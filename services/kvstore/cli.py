@@ -9,8 +9,7 @@ import sys
 import threading
 from types import FrameType
 
-from pydantic import ValidationError
-
+from services.common.errors import config_problem
 from services.kvstore.server import KVStoreServer, KVStoreSettings
 
 log = logging.getLogger("kvferry.kvstore")
@@ -44,8 +43,8 @@ def run(args: argparse.Namespace) -> int:
             batch_bytes=args.batch_bytes, workers=args.workers, redis_url=args.redis_url,
             slot_bytes=args.slot_bytes, nixl=args.nixl,
         )
-    except ValidationError as exc:
-        print(f"kvferry kvstore: error: {exc}", file=sys.stderr)
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        print(f"kvferry kvstore: error: {config_problem(exc)}", file=sys.stderr)
         return 2
     try:
         server = KVStoreServer(settings)

@@ -8,8 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from pydantic import ValidationError
-
+from services.common.errors import config_problem
 from services.router.discovery import DiscoverySettings, in_cluster_url
 from services.router.endpoints import EndpointSpec, PollerSettings
 from services.router.scheduling import SchedulingConfig, ScorerWeights
@@ -31,7 +30,7 @@ def parse_weights(text: str) -> ScorerWeights:
             raise argparse.ArgumentTypeError(f"{key}: not a number: {value!r}") from exc
     try:
         return ScorerWeights(**values)
-    except (ValidationError, TypeError) as exc:
+    except (ValueError, TypeError) as exc:  # pydantic ValidationError is a ValueError
         raise argparse.ArgumentTypeError(f"invalid weights {text!r}: {exc}") from exc
 
 
@@ -113,12 +112,8 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll and request is noise
     try:
         settings = settings_from_args(args)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False))
-        print(f"kvferry router: error: {problems}", file=sys.stderr)
-        return 2
-    except ValueError as exc:
-        print(f"kvferry router: error: {exc}", file=sys.stderr)
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        print(f"kvferry router: error: {config_problem(exc)}", file=sys.stderr)
         return 2
     import uvicorn
 
