@@ -16,19 +16,8 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class PrefillSeq:
-    """One multi-token query run inside the flattened batch."""
-
-    token_start: int
-    token_end: int
-    seq_len: int
-    block_ids: torch.Tensor  # [num_blocks] int64
-    mask: torch.Tensor  # [q_len, seq_len] bool, True = attend
-
-
-@dataclass
 class AttentionMetadata:
-    """Everything a backend needs for one step, built once and shared by all layers."""
+    """What every backend needs for one step, built once and shared by all layers."""
 
     slot_mapping: torch.Tensor  # [T] int64
     query_start_loc: torch.Tensor  # [B+1] int32
@@ -37,11 +26,9 @@ class AttentionMetadata:
     block_size: int
     max_query_len: int
     max_seq_len: int
-    # torch backend helpers
-    decode_token_idx: torch.Tensor  # [Bd] token rows of single-token queries
-    decode_block_tables: torch.Tensor  # [Bd, max_blocks] int64
-    decode_bias: torch.Tensor  # [Bd, 1, 1, max_blocks*block_size] float: 0 = attend, -inf = padding
-    prefills: list[PrefillSeq]
+    q_lens_host: list[int]  # the same lengths on the host, for backends that plan per sequence
+    seq_lens_host: list[int]
+    block_tables_host: torch.Tensor  # [B, max_blocks] int32 on the CPU
 
     @property
     def num_tokens(self) -> int:
@@ -60,20 +47,6 @@ def build_metadata(
     starts = [0]
     for n in q_lens:
         starts.append(starts[-1] + n)
-    decode_rows = [i for i, n in enumerate(q_lens) if n == 1]
-    lens_t = torch.tensor(seq_lens, dtype=torch.int64)
-    positions = torch.arange(max_blocks * block_size)
-    pad = positions[None, :] >= lens_t[decode_rows][:, None]
-    bias = torch.zeros(pad.shape).masked_fill_(pad, float("-inf"))[:, None, None, :]
-    prefills = []
-    for i, n in enumerate(q_lens):
-        if n == 1:
-            continue
-        L = seq_lens[i]
-        q_pos = torch.arange(L - n, L)[:, None]
-        mask = torch.arange(L)[None, :] <= q_pos
-        nb = -(-L // block_size)
-        prefills.append(PrefillSeq(starts[i], starts[i + 1], L, table[i, :nb].long().to(device), mask.to(device)))
     return AttentionMetadata(
         slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
         query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
@@ -82,10 +55,9 @@ def build_metadata(
         block_size=block_size,
         max_query_len=max(q_lens, default=0),
         max_seq_len=max(seq_lens, default=0),
-        decode_token_idx=torch.tensor([starts[i] for i in decode_rows], dtype=torch.int64, device=device),
-        decode_block_tables=table[decode_rows].long().to(device),
-        decode_bias=bias.to(device),
-        prefills=prefills,
+        q_lens_host=q_lens,
+        seq_lens_host=seq_lens,
+        block_tables_host=table,
     )
 
 

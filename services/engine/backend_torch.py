@@ -7,11 +7,59 @@ one ``index_copy_`` and reads gather whole block rows with ``index_select``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
-from services.engine.attention import AttentionMetadata
+from services.engine.attention import AttentionMetadata, build_metadata
 from services.engine.rotary import apply_rotary, rope_rows
+
+
+@dataclass
+class PrefillSeq:
+    """One multi-token query run inside the flattened batch."""
+
+    token_start: int
+    token_end: int
+    seq_len: int
+    block_ids: torch.Tensor  # [num_blocks] int64
+    mask: torch.Tensor  # [q_len, seq_len] bool, True = attend
+
+
+@dataclass
+class TorchAttentionMetadata(AttentionMetadata):
+    """The generic metadata plus this backend's per-step plan (built once, used by every layer)."""
+
+    decode_token_idx: torch.Tensor | None = None  # [Bd] token rows of single-token queries
+    decode_block_tables: torch.Tensor | None = None  # [Bd, max_blocks] int64
+    decode_bias: torch.Tensor | None = None  # [Bd, 1, 1, max_blocks*block_size]: 0 attend, -inf padding
+    prefills: list[PrefillSeq] | None = None
+
+
+def _torch_plan(meta: AttentionMetadata) -> TorchAttentionMetadata:
+    """Decode rows batched under one additive mask; each multi-token query with its causal mask."""
+    q_lens, seq_lens, table, bs = meta.q_lens_host, meta.seq_lens_host, meta.block_tables_host, meta.block_size
+    device = meta.slot_mapping.device
+    starts = [0]
+    for n in q_lens:
+        starts.append(starts[-1] + n)
+    decode_rows = [i for i, n in enumerate(q_lens) if n == 1]
+    lens = torch.tensor(seq_lens, dtype=torch.int64)[decode_rows]
+    pad = torch.arange(table.shape[1] * bs)[None, :] >= lens[:, None]
+    bias = torch.zeros(pad.shape).masked_fill_(pad, float("-inf"))[:, None, None, :]
+    prefills = []
+    for i, n in enumerate(q_lens):
+        if n > 1:
+            L = seq_lens[i]
+            mask = torch.arange(L)[None, :] <= torch.arange(L - n, L)[:, None]
+            block_ids = table[i, : -(-L // bs)].long().to(device)
+            prefills.append(PrefillSeq(starts[i], starts[i + 1], L, block_ids, mask.to(device)))
+    return TorchAttentionMetadata(
+        **{f: getattr(meta, f) for f in AttentionMetadata.__dataclass_fields__},
+        decode_token_idx=torch.tensor([starts[i] for i in decode_rows], dtype=torch.int64, device=device),
+        decode_block_tables=table[decode_rows].long().to(device), decode_bias=bias.to(device), prefills=prefills,
+    )
 
 
 class TorchBackend:
@@ -19,6 +67,12 @@ class TorchBackend:
 
     name = "torch"
     description = "paged attention and ops in plain PyTorch"
+
+    @staticmethod
+    def build_metadata(q_lens: list[int], seq_lens: list[int], block_tables: list[list[int]], slots: list[int],
+                       block_size: int, device: torch.device) -> TorchAttentionMetadata:
+        """The step's metadata with this backend's plan (see ``_torch_plan``)."""
+        return _torch_plan(build_metadata(q_lens, seq_lens, block_tables, slots, block_size, device))
 
     def __init__(self) -> None:
         # Gather buffers reused across layers and steps: fresh multi-MB tensors per layer cost page faults.
@@ -60,7 +114,7 @@ class TorchBackend:
         return F.silu(gate) * up
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, layer: int,
-                  meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                  meta: TorchAttentionMetadata, scale: float) -> torch.Tensor:
         """q [T,Hq,D], k/v [T,Hkv,D] of this step. Returns [T,Hq,D]."""
         n_blocks, n_layers, _, bs, hkv, d = kv_cache.shape
         self._write(k, v, kv_cache, layer, meta)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from services.engine.attention import AttentionMetadata
+from services.engine.attention import AttentionMetadata, build_metadata
 
 
 class TritonBackend:
@@ -12,6 +12,8 @@ class TritonBackend:
 
     name = "triton"
     description = "Triton kernels: paged decode (split-K) and prefill attention, fused RMSNorm, rotary"
+
+    build_metadata = staticmethod(build_metadata)  # the kernels read the generic metadata directly
 
     def __init__(self) -> None:
         from kernels.activation import silu_and_mul

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from services.engine.attention import AttentionMetadata, build_metadata
+from services.engine.attention import AttentionMetadata
 from services.engine.model_config import ModelConfig
 from services.engine.outputs import ModelRunnerOutput, SchedulerOutput
 from services.engine.sampler import Sampler, SamplingRow
@@ -89,7 +89,7 @@ class ModelRunner:
             if end == len(st.token_ids):
                 sample_rows.append(row)
                 logits_idx.append(len(ids) - 1)
-        meta = build_metadata(q_lens, seq_lens, tables, slots, bs, self.device)
+        meta = self.backend.build_metadata(q_lens, seq_lens, tables, slots, bs, self.device)
         return StepInputs(
             input_ids=torch.tensor(ids, dtype=torch.long, device=self.device),
             positions=torch.tensor(pos, dtype=torch.long, device=self.device),
