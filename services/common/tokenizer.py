@@ -40,9 +40,6 @@ class Tokenizer:
         self.bos_token_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
         self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-        self._special_ids = frozenset(
-            i for i, t in self._tok.get_added_tokens_decoder().items() if t.special
-        )
         self._template: jinja2.Template | None = None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -53,9 +50,6 @@ class Tokenizer:
 
     def id_to_token(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
-
-    def is_special(self, token_id: int) -> bool:
-        return token_id in self._special_ids
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             **kwargs: Any) -> str:

@@ -82,10 +82,6 @@ class AsyncLLM:
     def is_alive(self) -> bool:
         return self._thread.is_alive() and not self._stop.is_set()
 
-    @property
-    def num_unfinished(self) -> int:
-        return len(self._sinks)
-
     def stats(self) -> EngineStats:
         core = self.engine.core
         kv = core.kv_manager

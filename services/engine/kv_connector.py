@@ -34,7 +34,6 @@ class TransferStats:
 
     blocks: Counter = field(default_factory=Counter)
     failures: Counter = field(default_factory=Counter)
-    leases_expired: int = 0
 
 
 class KVConnector:
@@ -74,15 +73,11 @@ class KVConnector:
         for rid, (expiry, _) in list(self._leases.items()):
             if now >= expiry:
                 del self._leases[rid]
-                self.stats.leases_expired += 1
+                self.stats.failures["lease_unread"] += 1  # prefill side: decode never read the blocks
                 log.warning("KV lease of %s expired after %.0fs without a decode read; freeing its blocks", rid,
                             self.lease_s)
                 done.append(rid)
         return done
-
-    @property
-    def num_leases(self) -> int:
-        return len(self._leases)
 
     # ------------------------------------------------------------------ decode side
     def start_load(self, request_id: str, params: KVTransferParams, remote_ids: list[int],

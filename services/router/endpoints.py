@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 import httpx
@@ -84,9 +84,6 @@ class EndpointPoller:
     def endpoints(self) -> list[Endpoint]:
         """The current snapshot of every endpoint (healthy or not)."""
         return list(self._endpoints.values())
-
-    def by_url(self) -> Mapping[str, Endpoint]:
-        return dict(self._endpoints)
 
     async def poll_once(self) -> list[Endpoint]:
         """Poll every endpoint concurrently and publish the new snapshots."""

@@ -27,6 +27,7 @@ def test_unread_lease_expires_and_frees_blocks_then_decode_recomputes(llama_dir:
         assert params["remote_block_ids"] and prefill.metrics()["kvferry_kv_cache_usage_ratio"] > 0
         prefill.wait_until(lambda m: m["kvferry_kv_cache_usage_ratio"] == 0.0, timeout=10)
         assert "lease" in prefill.log_text() and "expired" in prefill.log_text()
+        assert _failures(prefill, "lease_unread") == 1
         before = _failures(decode, "lease_expired")
         out = complete(decode, prompt, params)  # too late: decode must not read freed blocks
         assert out["choices"][0]["text"] == complete(aggregated, prompt)["choices"][0]["text"]
