@@ -10,7 +10,7 @@ KVFERRY_HOME ?= $(HOME)/.cache/kvferry
 export KVFERRY_HOME
 STAMP := $(VENV)/.setup-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
-.PHONY: setup test test-all lint run bench crds proto images helm clean
+.PHONY: setup test test-all test-gpu lint run bench bench-kernels crds proto images helm clean
 
 setup: $(STAMP) redis model helm
 
@@ -37,11 +37,17 @@ test: setup lint
 test-all: setup
 	$(PY) -m pytest -q -m "" 
 
+test-gpu: setup
+	$(PY) -m pytest -q -m gpu
+
 run: setup
 	$(VENV)/bin/kvferry up
 
 bench: setup
 	$(PY) benchmarks/engine_throughput.py
+
+bench-kernels: setup
+	$(PY) benchmarks/kernels.py
 
 # The CRD (and the chart's copy) is generated from operator/pool_operator/models.py.
 crds: $(STAMP)
