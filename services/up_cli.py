@@ -173,16 +173,16 @@ def start_kvstore(stack: LocalStack, redis_url: str) -> str:
     """The shared KV tier; returns its grpc:// URL once it answers."""
     from services.common.kvstore_client import KVStoreClient, KVStoreUnavailable
 
-    port = free_port()
-    stack.spawn("kvstore", _kvferry("kvstore", "--host", HOST, "--port", str(port), "--capacity-gb",
-                                    str(stack.settings.kvstore_capacity_gb), "--redis-url", redis_url))
+    port, metrics_port = free_port(), free_port()
+    stack.spawn("kvstore", _kvferry("kvstore", "--host", HOST, "--port", str(port), "--metrics-port", str(metrics_port),
+                                    "--capacity-gb", str(stack.settings.kvstore_capacity_gb), "--redis-url", redis_url))
     url = f"grpc://{HOST}:{port}"
     with KVStoreClient(url) as client:
         try:
             client.wait_ready(timeout_s=60)
         except KVStoreUnavailable:
             raise RuntimeError(f"the kvstore did not start; see {stack.log_dir / 'kvstore.log'}") from None
-    print(f"  {'kvstore':<10} ready   {url}", flush=True)
+    print(f"  {'kvstore':<10} ready   {url} (metrics http://{HOST}:{metrics_port}/metrics)", flush=True)
     return url
 
 

@@ -8,14 +8,23 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
 
+@dataclass(frozen=True)
+class KVStoreProcess:
+    """A started store: its gRPC ``host:port`` and ``http://host:port`` of /metrics and /health (None when off)."""
+
+    target: str
+    metrics_url: str | None
+
+
 @contextmanager
-def running_kvstore(*args: str, capacity_gb: str = "0.01") -> Iterator[str]:
-    """Start the store, yield its ``host:port``, stop it with SIGTERM (it must exit 0)."""
+def kvstore_process(*args: str, capacity_gb: str = "0.01") -> Iterator[KVStoreProcess]:
+    """Start the store (``args`` may override ``--port 0``), yield it, stop it with SIGTERM (it must exit 0)."""
     cmd = [sys.executable, "-m", "services.cli", "kvstore", "--port", "0", "--capacity-gb", capacity_gb,
            "--log-level", "warning", *args]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True,
@@ -23,7 +32,17 @@ def running_kvstore(*args: str, capacity_gb: str = "0.01") -> Iterator[str]:
     try:
         line = proc.stdout.readline()
         assert "listening on" in line, line
-        yield line.split()[-1]
+        metrics_line = proc.stdout.readline()
+        assert "metrics" in metrics_line, metrics_line
+        metrics_url = metrics_line.split()[-1].removesuffix("/metrics") if " on " in metrics_line else None
+        yield KVStoreProcess(line.split()[-1], metrics_url)
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
+
+
+@contextmanager
+def running_kvstore(*args: str, capacity_gb: str = "0.01") -> Iterator[str]:
+    """Start the store, yield its ``host:port``, stop it with SIGTERM (it must exit 0)."""
+    with kvstore_process(*args, capacity_gb=capacity_gb) as store:
+        yield store.target

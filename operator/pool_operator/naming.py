@@ -17,6 +17,7 @@ ENGINE_ROLES = ("prefill", "decode", "engine")
 CLI_ROLE = {"prefill": "prefill", "decode": "decode", "engine": "both"}
 HTTP_PORT = 8000
 KVSTORE_PORT = 50051
+KVSTORE_METRICS_PORT = 50052  # the kvstore's GET /metrics and /health
 REDIS_PORT = 6379
 
 

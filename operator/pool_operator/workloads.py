@@ -11,6 +11,7 @@ from pool_operator.naming import (
     CLI_ROLE,
     CONFIG_HASH_ANNOTATION,
     HTTP_PORT,
+    KVSTORE_METRICS_PORT,
     KVSTORE_PORT,
     REDIS_PORT,
     PoolNames,
@@ -152,9 +153,9 @@ class WorkloadBuilder:
                 pod["affinity"] = dict(role.affinity)
         return pod
 
-    def _annotations(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+    def _annotations(self, extra: dict[str, str] | None = None, port: int = HTTP_PORT) -> dict[str, str]:
         annotations = {CONFIG_HASH_ANNOTATION: self.config_hash, "prometheus.io/scrape": "true",
-                       "prometheus.io/port": str(HTTP_PORT), "prometheus.io/path": "/metrics"}
+                       "prometheus.io/port": str(port), "prometheus.io/path": "/metrics"}
         return {**annotations, **(extra or {})}
 
     # -- engines ------------------------------------------------------------------------------
@@ -234,19 +235,20 @@ class WorkloadBuilder:
         kvstore = self.spec.kvstore
         capacity_gb = quantity_to_gb(kvstore.capacity)
         memory_mib = math.ceil((parse_quantity(kvstore.capacity) + KVSTORE_OVERHEAD_BYTES) / 2**20)
-        args = ["kvstore", "--host", "0.0.0.0", "--port", str(KVSTORE_PORT),
-                "--capacity-gb", f"{capacity_gb:g}", "--redis-url", self.redis_url()]
+        args = ["kvstore", "--host", "0.0.0.0", "--port", str(KVSTORE_PORT), "--metrics-port",
+                str(KVSTORE_METRICS_PORT), "--capacity-gb", f"{capacity_gb:g}", "--redis-url", self.redis_url()]
         container = {
             "name": "kvstore", "image": kvstore.image or self.images.image("kvstore"),
             "command": ["kvferry"], "args": args, "env": self._pool_env("kvstore"),
-            "ports": [{"name": "grpc", "containerPort": KVSTORE_PORT, "protocol": "TCP"}],
+            "ports": [{"name": "grpc", "containerPort": KVSTORE_PORT, "protocol": "TCP"},
+                      {"name": "metrics", "containerPort": KVSTORE_METRICS_PORT, "protocol": "TCP"}],
             "readinessProbe": _tcp_probe("grpc", 5), "livenessProbe": _tcp_probe("grpc", 10),
             "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
             "resources": {"requests": {"memory": f"{memory_mib}Mi"}, "limits": {"memory": f"{memory_mib}Mi"}},
             "securityContext": _container_security(RUN_AS),
         }
         return self._deployment("kvstore", self._pod(container, [], "engine"), kvstore.replicas,
-                                {CONFIG_HASH_ANNOTATION: self.config_hash})
+                                self._annotations(port=KVSTORE_METRICS_PORT))
 
     def redis(self) -> Manifest:
         container = {

@@ -70,22 +70,28 @@ class BlockStore:
         return "stored"
 
     def _make_room(self, nbytes: int) -> list[bytes] | None:
-        """Evict unpinned blocks, oldest first, until ``nbytes`` (and a slot) fit; None if they cannot."""
+        """Evict unpinned blocks, oldest first, until ``nbytes`` (and a slot) fit; if they cannot, evict none: None."""
         now = time.monotonic()
-        evicted = []
-        victims = iter(list(self._entries))
-        while self._used + nbytes > self.capacity_bytes or (self.arena and not self.arena.num_free):
-            victim = next((h for h in victims if self._pins.get(h, 0.0) <= now), None)
-            if victim is None:
-                return None
+        victims = []
+        freed = 0
+        free_slots = self.arena.num_free if self.arena else 1
+        for block_hash, entry in self._entries.items():
+            if self._used - freed + nbytes <= self.capacity_bytes and free_slots:
+                break
+            if self._pins.get(block_hash, 0.0) <= now:
+                victims.append(block_hash)
+                freed += entry.nbytes
+                free_slots += 1
+        if self._used - freed + nbytes > self.capacity_bytes or not free_slots:
+            return None
+        for victim in victims:
             old = self._entries.pop(victim)
             self._pins.pop(victim, None)
             self._used -= old.nbytes
             if old.slot is not None:
                 self.arena.release(old.slot)
-            evicted.append(victim)
-        self._counters["evictions"] += len(evicted)
-        return evicted
+        self._counters["evictions"] += len(victims)
+        return victims
 
     def _lookup(self, block_hash: bytes, token_ids: Sequence[int]) -> _Entry | None:
         """The entry if stored and holding ``token_ids`` (refreshed in the LRU); the caller holds the lock."""

@@ -21,6 +21,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add = p.add_argument
     add("--host", default="127.0.0.1")
     add("--port", type=int, default=50051, help="gRPC port (0: any free port, printed at start)")
+    add("--metrics-port", type=int, default=None,
+        help="HTTP port of GET /metrics (Prometheus) and GET /health on --host "
+             "(default: --port + 1, any free port when --port is 0; 0: off)")
     add("--capacity-gb", type=float, default=4.0,
         help="GB (10^9 bytes, the operator's unit) of KV blocks to hold before LRU eviction")
     add("--batch-bytes", type=int, default=1 << 20, help="bytes per streamed get message")
@@ -41,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         settings = KVStoreSettings(
             host=args.host, port=args.port, capacity_bytes=int(args.capacity_gb * 1e9),
             batch_bytes=args.batch_bytes, workers=args.workers, redis_url=args.redis_url,
-            slot_bytes=args.slot_bytes, nixl=args.nixl,
+            slot_bytes=args.slot_bytes, nixl=args.nixl, metrics_port=args.metrics_port,
         )
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
         print(f"kvferry kvstore: error: {config_problem(exc)}", file=sys.stderr)
@@ -52,6 +55,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvferry kvstore: error: {exc}", file=sys.stderr)
         return 1
     print(f"kvstore listening on {settings.host}:{server.port}", flush=True)
+    if server.metrics_port is None:
+        print("kvstore metrics off (--metrics-port 0)", flush=True)
+    else:
+        host = f"[{settings.host}]" if ":" in settings.host else settings.host
+        print(f"kvstore metrics on http://{host}:{server.metrics_port}/metrics", flush=True)
     stop = threading.Event()
 
     def _stop(_sig: int, _frame: FrameType | None) -> None:

@@ -1,4 +1,4 @@
-"""KVStoreServer: the gRPC service in front of a BlockStore (streamed, batched put/get; exists; stats)."""
+"""KVStoreServer: the gRPC service in front of a BlockStore (streamed, batched put/get; exists; stats; metrics)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import os
 import socket
 from collections.abc import Callable, Iterator
 from concurrent import futures
+from typing import Self
 
 import grpc
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.common.kv_event_publisher import KVEventPublisher
 from services.common.kv_events import BlockRemoved, BlockStored
@@ -17,6 +18,8 @@ from services.common.kv_transfer import KVCompat, KVTransferError
 from services.common.kvstore_client import DEFAULT_BATCH_BYTES, GRPC_OPTIONS, batched_by_bytes
 from services.common.proto import kvstore_pb2, kvstore_pb2_grpc
 from services.kvstore.block_store import BlockStore
+from services.kvstore.metrics import KvstoreMetrics
+from services.kvstore.metrics_http import MetricsHttpServer
 from services.kvstore.nixl_region import NixlRegion
 from services.kvstore.slab import SlabArena
 
@@ -38,14 +41,31 @@ class KVStoreSettings(BaseModel):
         None, gt=0, description="bytes per block of the pool: blocks live in a NIXL-registered arena of such slots"
     )
     nixl: bool = Field(True, description="with slot_bytes: register the arena with NIXL")
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535,
+        description="HTTP port of GET /metrics and /health: None is port + 1 (any free port when port is 0), 0 is off",
+    )
+
+    @model_validator(mode="after")
+    def _metrics_port_fits(self) -> Self:
+        if self.metrics_port is None and self.port == 65535:
+            raise ValueError("the default metrics port (port + 1) would be 65536: set metrics_port (--metrics-port)")
+        return self
+
+    def resolved_metrics_port(self) -> int | None:
+        """The port to bind the metrics server on (0: any free one), or None when metrics are off."""
+        if self.metrics_port is not None:
+            return self.metrics_port or None
+        return self.port + 1 if self.port else 0
 
 
 class KVStoreService(kvstore_pb2_grpc.KVStoreServicer):
     """gRPC handlers; all state lives in the BlockStore."""
 
     def __init__(self, store: BlockStore, batch_bytes: int = DEFAULT_BATCH_BYTES, nixl: NixlRegion | None = None,
-                 on_stored: Callable[[list[bytes]], None] | None = None) -> None:
+                 on_stored: Callable[[list[bytes]], None] | None = None, metrics: KvstoreMetrics | None = None) -> None:
         self.store = store
+        self.metrics = metrics or KvstoreMetrics(store.stats)
         self.batch_bytes = batch_bytes
         self.nixl = nixl
         self.on_stored = on_stored  # e.g. report new blocks to the prefix index
@@ -59,20 +79,28 @@ class KVStoreService(kvstore_pb2_grpc.KVStoreServicer):
                 counts[result] += 1
                 if result == "stored":
                     stored.append(block.hash)
+                    self.metrics.stored(len(block.data))
             if stored and self.on_stored is not None:
                 self.on_stored(stored)
         return kvstore_pb2.PutReply(**counts)
 
     def Get(self, request: kvstore_pb2.GetRequest, context: grpc.ServicerContext) -> Iterator[kvstore_pb2.GetBatch]:
+        looked_up = 0
+
         def found() -> Iterator[kvstore_pb2.Block]:
+            nonlocal looked_up
             for key in request.keys:
+                looked_up += 1
                 data = self.store.get(key.hash, key.token_ids)
                 if data is None:
                     return
                 yield kvstore_pb2.Block(hash=key.hash, data=data)
 
-        for batch in batched_by_bytes(found(), lambda b: len(b.data), request.batch_bytes or self.batch_bytes):
-            yield kvstore_pb2.GetBatch(blocks=batch)
+        try:
+            for batch in batched_by_bytes(found(), lambda b: len(b.data), request.batch_bytes or self.batch_bytes):
+                yield kvstore_pb2.GetBatch(blocks=batch)
+        finally:  # the store counted the blocks it looked up; the rest of the prefix was requested too
+            self.metrics.skipped(len(request.keys) - looked_up)
 
     def Exists(self, request: kvstore_pb2.ExistsRequest, context: grpc.ServicerContext) -> kvstore_pb2.ExistsReply:
         return kvstore_pb2.ExistsReply(num_prefix_blocks=self.store.exists(request.hashes))
@@ -93,26 +121,52 @@ class KVStoreService(kvstore_pb2_grpc.KVStoreServicer):
         if self.store.arena is None:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this kvstore has no arena (start it with --slot-bytes)")
         slots = self.store.pin_prefix([(k.hash, k.token_ids) for k in request.keys], request.ttl_s or 10.0)
+        self.metrics.skipped(len(request.keys) - len(slots) - 1)  # the store counted the blocks it looked up
         return kvstore_pb2.PinReply(slots=slots)
 
 
 class KVStoreServer:
-    """A started gRPC server; ``port`` is the bound one (useful with port 0)."""
+    """A started gRPC server (and metrics HTTP server); ``port`` and ``metrics_port`` are the bound ones.
+
+    ``metrics_port`` is None when metrics are off (``KVStoreSettings.metrics_port`` 0).
+    """
 
     def __init__(self, settings: KVStoreSettings, store: BlockStore | None = None) -> None:
         self.settings = settings
+        metrics_port = settings.resolved_metrics_port()
         arena = SlabArena(settings.capacity_bytes, settings.slot_bytes) if settings.slot_bytes else None
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.workers), options=GRPC_OPTIONS)
+        self.publisher: KVEventPublisher | None = None
+        self.store = store or BlockStore(settings.capacity_bytes, on_evict=self._evicted, arena=arena)
+        self.metrics = KvstoreMetrics(self.store.stats)
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.workers), options=GRPC_OPTIONS,
+                                   interceptors=[self.metrics.interceptor()])
         self.port = self._server.add_insecure_port(f"{settings.host}:{settings.port}")
         if self.port == 0:
             raise OSError(f"kvstore could not bind {settings.host}:{settings.port}")
         self.publisher = self._publisher() if settings.redis_url else None
-        self.store = store or BlockStore(settings.capacity_bytes, on_evict=self._evicted, arena=arena)
-        self.nixl = NixlRegion(arena) if arena is not None and settings.nixl else None
-        service = KVStoreService(self.store, settings.batch_bytes, self.nixl, on_stored=self._stored)
+        self.nixl = NixlRegion(self.store.arena) if self.store.arena is not None and settings.nixl else None
+        self._metrics_http: MetricsHttpServer | None = None
+        try:
+            self._metrics_http = self._serve_metrics(metrics_port)
+        except OSError:
+            self.stop(grace_s=0)
+            raise
+        self.metrics_port = self._metrics_http.port if self._metrics_http else None
+        service = KVStoreService(self.store, settings.batch_bytes, self.nixl, on_stored=self._stored,
+                                 metrics=self.metrics)
         kvstore_pb2_grpc.add_KVStoreServicer_to_server(service, self._server)
         self._server.start()
-        log.info("kvstore listening on %s:%d (capacity %d bytes)", settings.host, self.port, settings.capacity_bytes)
+        log.info("kvstore listening on %s:%d (capacity %d bytes, metrics %s)", settings.host, self.port,
+                 settings.capacity_bytes, f"on port {self.metrics_port}" if self.metrics_port else "off")
+
+    def _serve_metrics(self, port: int | None) -> MetricsHttpServer | None:
+        """Start GET /metrics and /health on the gRPC host (None when ``port`` is None: metrics off)."""
+        if port is None:
+            return None
+        try:
+            return MetricsHttpServer(self.metrics.registry, self.settings.host, port)
+        except OSError as exc:
+            raise OSError(f"kvstore could not bind metrics port {self.settings.host}:{port}: {exc}") from exc
 
     def _publisher(self) -> KVEventPublisher:
         """Report blocks as tier 'kvstore' under this store's gRPC address (routers credit every engine)."""
@@ -138,6 +192,8 @@ class KVStoreServer:
     def stop(self, grace_s: float = 1.0) -> None:
         """Stop accepting calls and finish running ones within ``grace_s``."""
         self._server.stop(grace_s).wait()
+        if self._metrics_http is not None:
+            self._metrics_http.close()
         if self.nixl is not None:
             self.nixl.close()
         if self.publisher is not None:

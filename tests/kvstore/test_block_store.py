@@ -117,3 +117,17 @@ def test_expired_pins_allow_eviction() -> None:
 def test_pinning_needs_an_arena() -> None:
     with pytest.raises(ValueError, match="arena"):
         BlockStore(1000).pin_prefix([(h(0), TOKENS)], ttl_s=1)
+
+
+def test_a_put_that_cannot_fit_evicts_nothing() -> None:
+    evicted: list[bytes] = []
+    store = BlockStore(3 * ACCOUNTED, on_evict=evicted.extend, arena=SlabArena(3 * len(BLOCK), len(BLOCK)))
+    for i in range(3):
+        store.put(h(i), TOKENS, BLOCK)
+    store.pin_prefix([(h(0), TOKENS)], ttl_s=60)
+    store.pin_prefix([(h(2), TOKENS)], ttl_s=60)
+    # 64 token ids need more bytes than evicting the one unpinned block (1) frees: rejected, 1 kept
+    assert store.put(h(3), list(range(64)), BLOCK) == "rejected"
+    assert h(1) in store and evicted == [] and store.stats().evictions == 0
+    assert store.put(h(4), TOKENS, BLOCK) == "stored"  # the same size fits after evicting 1, and says so
+    assert evicted == [h(1)] and store.stats().evictions == 1

@@ -102,8 +102,9 @@ def test_engine_and_router_command_lines_follow_the_cli_contract():
         "--tokenizer", "/models/llama-3.1-8b-instruct", "--strategy", "prefix-aware", "--pd-threshold", "512",
         "--weights", "prefix=2,queue=1,kv=1", "--api-key-file", "/etc/kvferry/api-key/keys.txt"]
     kvstore = by_name(manifests, "Deployment", "llama-pd-kvstore")["spec"]["template"]["spec"]["containers"][0]
-    assert kvstore["args"][:8] == ["kvstore", "--host", "0.0.0.0", "--port", "50051", "--capacity-gb",
-                                   "68.7195", "--redis-url"]
+    assert kvstore["args"][:10] == ["kvstore", "--host", "0.0.0.0", "--port", "50051", "--metrics-port", "50052",
+                                    "--capacity-gb", "68.7195", "--redis-url"]
+    assert {"name": "metrics", "containerPort": 50052, "protocol": "TCP"} in kvstore["ports"]
 
 
 @pytest.mark.parametrize("pool", ["disaggregated-pool.yaml", "aggregated-pool.yaml"])
