@@ -29,6 +29,7 @@ from services.common.protocol import (
 from services.common.sse import SSE_CONTENT_TYPE, SSE_DONE, sse_event
 from services.common.tokenizer import ChatTemplateError
 from services.router.chat_adapter import ChatAdapter
+from services.router.context_limit import check_prompt_fits
 from services.router.engine_client import EngineUnavailable
 from services.router.metrics import CONTENT_TYPE
 from services.router.pd_flow import Dispatched
@@ -74,6 +75,7 @@ async def _passthrough(d: Dispatched) -> AsyncIterator[bytes]:
 
 async def _serve(state: RouterState, req: PreparedRequest, request_id: str,
                  adapter: ChatAdapter | None) -> Response:
+    check_prompt_fits(req, state.max_model_len())
     ctx = await state.context(req)
     d = await state.flow.run(req, ctx, request_id)
     if d.stream is not None:
@@ -108,10 +110,12 @@ def _openai_routes(state: RouterState) -> APIRouter:
 
     @router.get("/v1/models")
     async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=name, root=str(state.settings.tokenizer))])
+        card = ModelCard(id=name, root=str(state.settings.tokenizer), max_model_len=state.max_model_len())
+        return ModelList(data=[card])
 
     @router.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
+        """Answered by the router's tokenizer; ``max_model_len`` is the pool's (0 before any engine answered)."""
         check_model(body.model)
         tok = state.tokenizer
         try:
@@ -121,7 +125,8 @@ def _openai_routes(state: RouterState) -> APIRouter:
         except ChatTemplateError as exc:
             raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
         strs = [tok.id_to_token(t) or "" for t in ids] if body.return_token_strs else None
-        return TokenizeResponse(count=len(ids), max_model_len=0, tokens=ids, token_strs=strs)
+        return TokenizeResponse(count=len(ids), max_model_len=state.max_model_len() or 0, tokens=ids,
+                                token_strs=strs)
 
     @router.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:

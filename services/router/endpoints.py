@@ -30,6 +30,16 @@ class EndpointSpec(BaseModel):
     draining: bool = False  # e.g. annotated by the operator for scale-down: finish, but take nothing new
 
 
+class _ModelCard(BaseModel):
+    """The field of an engine's /v1/models card the router reads (the others are ignored)."""
+
+    max_model_len: int | None = Field(None, ge=1)
+
+
+class _ModelList(BaseModel):
+    data: list[_ModelCard] = Field(default_factory=list)
+
+
 class PollerSettings(BaseModel):
     interval_s: float = Field(2.0, gt=0)
     timeout_s: float = Field(1.0, gt=0)
@@ -56,8 +66,9 @@ def _is_draining(response: httpx.Response) -> bool:
 
 
 class EndpointPoller:
-    """Engines start out unhealthy; a poll where /health answers 200 and /metrics parses puts one in,
-    any failure takes it out (its last load is kept), a 503 that says "draining" marks it draining."""
+    """Engines start out unhealthy; a poll where /health answers 200 and /metrics parses puts one in
+    (its /v1/models card is read then, for max_model_len), any failure takes it out (its last load is
+    kept), a 503 that says "draining" marks it draining."""
 
     def __init__(self, specs: Sequence[EndpointSpec], settings: PollerSettings | None = None,
                  client: httpx.AsyncClient | None = None) -> None:
@@ -98,14 +109,14 @@ class EndpointPoller:
         return self.endpoints()
 
     async def _poll(self, endpoint: Endpoint) -> Endpoint:
-        down = Endpoint(endpoint.url, endpoint.role, False, False, endpoint.load, endpoint.cache_config)
+        down = replace(endpoint, healthy=False, draining=False)  # last load, config and context length kept
         try:
             health, metrics = await asyncio.gather(self._client.get(f"{endpoint.url}/health"),
                                                    self._client.get(f"{endpoint.url}/metrics"))
         except httpx.HTTPError:
             return down
         if _is_draining(health):
-            return Endpoint(endpoint.url, endpoint.role, True, True, endpoint.load, endpoint.cache_config)
+            return replace(endpoint, healthy=True, draining=True)
         drained = endpoint.url in self._draining
         if health.status_code != 200 or metrics.status_code != 200:
             return down
@@ -114,7 +125,23 @@ class EndpointPoller:
         except ValueError:
             log.warning("endpoint %s: unreadable /metrics", endpoint.url)
             return down
-        return Endpoint(endpoint.url, endpoint.role, True, drained, load, config or endpoint.cache_config)
+        # The card is read when an engine (re)joins: a restarted engine may have a new context length.
+        known = endpoint.max_model_len if endpoint.healthy else None
+        return replace(endpoint, healthy=True, draining=drained, load=load,
+                       cache_config=config or endpoint.cache_config,
+                       max_model_len=known or await self._max_model_len(endpoint.url))
+
+    async def _max_model_len(self, url: str) -> int | None:
+        """The context length on the engine's /v1/models card (None: no answer, or no such field)."""
+        try:
+            reply = await self._client.get(f"{url}/v1/models")
+            reply.raise_for_status()
+            cards = _ModelList.model_validate_json(reply.content).data
+        except (httpx.HTTPError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+            log.debug("endpoint %s: no max_model_len from /v1/models (%s)", url, exc)
+            return None
+        lengths = [c.max_model_len for c in cards if c.max_model_len]
+        return min(lengths) if lengths else None
 
     async def run(self) -> None:
         """Poll forever, every ``interval_s``; a failing round never stops the loop."""

@@ -1,5 +1,6 @@
 """SelfCheck: engines agree with the router on model, block size and hash version, and the index sees
-a probe prompt's blocks once it is served. Any problem makes /health an error and is logged loudly."""
+a probe prompt's blocks once it is served. Any problem makes /health an error and is logged loudly
+(engines that differ only in max_model_len are logged as a warning: the router uses the smallest)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Sequence
 
 from services.common.hashing import HASH_VERSION, BlockHasher
 from services.common.prefix_index import AsyncPrefixIndex
+from services.router.context_limit import disagreement
 from services.router.endpoints import EndpointPoller
 from services.router.engine_client import EngineClient
 from services.router.metrics import RouterMetrics
@@ -48,6 +50,7 @@ class SelfCheck:
         self.probe_timeout_s = probe_timeout_s
         self.probe_problems: list[str] = []
         self.done = False
+        self._length_warning: str | None = None
 
     def problems(self) -> list[str]:
         """What is wrong now: config disagreement (live), failed probes (last run), no engine, not run."""
@@ -63,6 +66,7 @@ class SelfCheck:
         """Probe every healthy engine that serves whole requests; return (and keep) the problems found."""
         endpoints = [e for e in self.poller.endpoints() if e.healthy and not e.draining and e.role != "prefill"]
         problems = config_problems(self.poller.endpoints(), self.hasher.model_id, self.hasher.block_size)
+        self._warn_lengths()
         probed: list[str | None] = []
         if self.index is not None and not problems:
             probed = await asyncio.gather(*(self._probe(e) for e in endpoints))
@@ -73,6 +77,13 @@ class SelfCheck:
         for p in problems:
             log.error("SELF-CHECK FAILED: %s (prefix-aware routing cannot work until this is fixed)", p)
         return problems
+
+    def _warn_lengths(self) -> None:
+        """Log engines that disagree on max_model_len, once per distinct disagreement."""
+        warning = disagreement(self.poller.endpoints())
+        if warning is not None and warning != self._length_warning:
+            log.warning("self-check: %s", warning)
+        self._length_warning = warning
 
     async def _probe(self, endpoint: Endpoint) -> str | None:
         body = {"prompt": self.probe_ids, "max_tokens": 1, "temperature": 0.0}

@@ -116,6 +116,10 @@ class Cluster:
     def merge(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
         return self.call("PATCH", path, patch, "application/merge-patch+json")
 
+    def expire_watches(self) -> None:
+        """Compact the API's history: open watches end with 410 Expired (see FaithfulKubernetes)."""
+        asyncio.run_coroutine_threadsafe(self.emulator.expire_watches(), self.loop).result(timeout=10)
+
     def requests_to(self, method: str, path_part: str) -> list[kmock.Request]:
         """Requests the emulator received (method, and a path ending)."""
         return [r for r in list(self.emulator)

@@ -75,6 +75,13 @@ def selector_matches(selector: str | None, labels: dict[str, str]) -> bool:
     return True
 
 
+def _expired(since: int, compacted: int) -> bytes:
+    """The watch event the API server sends when the requested resourceVersion was compacted away."""
+    status = {"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure", "code": 410,
+              "reason": "Expired", "message": f"too old resource version: {since} ({compacted})"}
+    return json.dumps({"type": "ERROR", "object": status}).encode() + b"\n"
+
+
 def _essence(obj: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
 
@@ -87,6 +94,8 @@ class FaithfulKubernetes(kmock.KubernetesEmulator):
     _log: list[tuple[int, Any, dict[str, Any]]] = attrs.field(factory=list, init=False)
     _changed: asyncio.Condition = attrs.field(factory=asyncio.Condition, init=False)
     _managers: dict[tuple[Any, str | None, str], FieldManagers] = attrs.field(factory=dict, init=False)
+    _compacted: int = attrs.field(default=0, init=False)  # watches from an older resourceVersion get 410
+    _expiries: int = attrs.field(default=0, init=False)
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         resource = request.resource
@@ -178,12 +187,19 @@ class FaithfulKubernetes(kmock.KubernetesEmulator):
                 await response.write(json.dumps({"type": "ADDED", "object": item}).encode() + b"\n")
         else:
             cursor = int(since)
+            if cursor < self._compacted:
+                await response.write(_expired(cursor, self._compacted))
+                return response
         timeout = float(request.params.get("timeoutSeconds") or 0) or None
+        epoch = self._expiries
         try:
             async with asyncio.timeout(timeout):
                 while True:
                     async with self._changed:
-                        await self._changed.wait_for(lambda seen=cursor: self._rv > seen)
+                        await self._changed.wait_for(lambda seen=cursor: self._rv > seen or self._expiries != epoch)
+                    if self._expiries != epoch:
+                        await response.write(_expired(cursor, self._compacted))
+                        break
                     events = [(rv, e) for rv, res, e in self._log if rv > cursor and res == request.resource]
                     cursor = self._rv
                     for _, event in events:
@@ -192,6 +208,14 @@ class FaithfulKubernetes(kmock.KubernetesEmulator):
         except TimeoutError:
             pass
         return response
+
+    async def expire_watches(self) -> None:
+        """Compact the history up to now, as etcd does: open watches end with an ERROR event (410
+        Expired), and so does any later watch from an older resourceVersion (clients must list again)."""
+        async with self._changed:
+            self._compacted = self._rv
+            self._expiries += 1
+            self._changed.notify_all()
 
     # -- writes -----------------------------------------------------------------------------
     async def _create(self, request: kmock.Request) -> dict[str, Any]:

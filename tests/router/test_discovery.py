@@ -120,8 +120,7 @@ def test_router_discovers_engines_and_stops_sending_to_a_draining_pod(cluster: C
         _wait(lambda: _ok(f"{url}/health"))
         _wait(lambda: len({_post(url, body) for _ in range(6)}) == 2)  # both engines get traffic
         cluster.merge(f"/api/v1/namespaces/{ns}/pods/e-0", {"metadata": {"annotations": {"kvferry.dev/draining": "true"}}})
-        time.sleep(1.5)  # a discovery round and a poll
-        assert {_post(url, body) for _ in range(8)} == {engines[1].url}
+        _wait(lambda: {_post(url, body) for _ in range(8)} == {engines[1].url}, timeout=10)  # the watch saw it
     finally:
         router.terminate()
         router.wait(15)

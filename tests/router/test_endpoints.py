@@ -1,4 +1,5 @@
-"""EndpointPoller against real HTTP servers on 127.0.0.1 that expose an engine's /health and /metrics."""
+"""EndpointPoller against real HTTP servers on 127.0.0.1 that expose an engine's /health, /metrics and
+/v1/models; the pool's context length that follows from them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Gauge, Info, generate_latest
 
+from services.router.context_limit import disagreement, pool_max_model_len
 from services.router.endpoints import EndpointPoller, EndpointSpec, PollerSettings, parse_metrics
 from services.router.scheduling import CacheConfig, EndpointLoad
 
@@ -16,7 +18,7 @@ from services.router.scheduling import CacheConfig, EndpointLoad
 class FakeEngine:
     """/health and /metrics of an engine (a real prometheus_client registry), on a real socket."""
 
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, max_model_len: int | None = 2048) -> None:
         self.registry = CollectorRegistry()
         self.waiting = Gauge("kvferry_num_requests_waiting", "w", registry=self.registry)
         self.running = Gauge("kvferry_num_requests_running", "r", registry=self.registry)
@@ -24,12 +26,16 @@ class FakeEngine:
         Info("kvferry_cache_config", "c", registry=self.registry).info(
             {"model": "tiny", "block_size": "16", "num_blocks": "512", "hash_version": "1"})
         self.health = (200, {"status": "ok"})
+        self.max_model_len = max_model_len
         engine = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 if self.path == "/health":
                     status, body = engine.health[0], json.dumps(engine.health[1]).encode()
+                elif self.path == "/v1/models":
+                    card = {"id": "tiny", "object": "model", "max_model_len": engine.max_model_len, "extra": 1}
+                    status, body = 200, json.dumps({"object": "list", "data": [card]}).encode()
                 else:
                     status, body = 200, generate_latest(engine.registry)
                 self.send_response(status)
@@ -117,3 +123,32 @@ def test_unready_engine_and_discovery_updates() -> None:
 
     asyncio.run(scenario())
     engine.stop()
+
+
+def test_context_length_is_the_smallest_an_engine_reports() -> None:
+    big, small, silent = FakeEngine(max_model_len=4096), FakeEngine(max_model_len=1024), FakeEngine(max_model_len=None)
+
+    async def scenario() -> None:
+        poller = EndpointPoller([EndpointSpec(url=e.url) for e in (big, small, silent)],
+                                PollerSettings(timeout_s=0.5))
+        assert pool_max_model_len(poller.endpoints()) is None  # no engine answered yet
+        eps = await poller.poll_once()
+        assert [e.max_model_len for e in eps] == [4096, 1024, None]
+        assert pool_max_model_len(eps) == 1024
+        listed = ", ".join(sorted([f"{big.url}=4096", f"{small.url}=1024"]))
+        assert disagreement(eps) == (f"engines disagree on max_model_len ({listed}); "
+                                     "the router reports and enforces the smallest")
+        small.max_model_len = 8192  # the card is read again only when an engine rejoins
+        assert (await poller.poll_once())[1].max_model_len == 1024
+        small.health = (503, {"error": {"message": "The engine is not ready."}})
+        eps = await poller.poll_once()
+        assert pool_max_model_len(eps) == 4096  # the smallest of the engines taking requests
+        small.health = big.health = (503, {"error": {"message": "The engine is not ready."}})
+        assert pool_max_model_len(await poller.poll_once()) == 1024  # none up: the smallest ever known
+        small.health = (200, {"status": "ok"})
+        assert (await poller.poll_once())[1].max_model_len == 8192  # rejoined: read again
+        await poller.stop()
+
+    asyncio.run(scenario())
+    for engine in (big, small, silent):
+        engine.stop()

@@ -1,4 +1,4 @@
-"""What the router knows about one engine endpoint: role, health, load and cache settings."""
+"""What the router knows about one engine endpoint: role, health, load, cache settings and context length."""
 
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ class Endpoint:
     draining: bool = False
     load: EndpointLoad = field(default_factory=EndpointLoad)
     cache_config: CacheConfig | None = None
+    max_model_len: int | None = None  # from the engine's /v1/models card; None until it answered
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "url", normalize_url(self.url))
