@@ -10,6 +10,7 @@ from services.common.protocol_common import (
     MAX_LOGPROBS,
     FinishReason,
     PositiveInt,
+    PromptLogprobsCarrier,
     RequestModel,
     ResponseModel,
     SamplingRequest,
@@ -108,7 +109,7 @@ class ChatChoice(ResponseModel):
     stop_reason: int | str | None = None
 
 
-class ChatCompletionResponse(ResponseModel):
+class ChatCompletionResponse(PromptLogprobsCarrier):
     """A ``chat.completion`` object, with vLLM's top-level ``kv_transfer_params``."""
 
     id: str = Field(default_factory=lambda: random_id("chatcmpl"))

@@ -88,11 +88,17 @@ class SamplingRequest(RequestModel):
     kv_transfer_params: dict[str, Any] | None = None
     priority: int = 0
     request_id: str | None = None
+    prompt_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
 
     @model_validator(mode="after")
     def _check_sampling(self) -> SamplingRequest:
         if self.stream_options is not None and not self.stream:
             raise field_error("stream_options", "only allowed when stream is true")
+        if self.prompt_logprobs is not None and self.stream:
+            raise field_error("prompt_logprobs", "is not supported with stream=true")
+        if self.prompt_logprobs is not None and self.kv_transfer_params is not None:
+            raise field_error("prompt_logprobs", "cannot be combined with kv_transfer_params (a decode engine "
+                              "does not compute the prompt)")
         limit = self.max_output_tokens()
         if limit is not None and self.min_tokens > limit:
             raise field_error("min_tokens", f"must be <= max_tokens ({limit}), got {self.min_tokens}")
@@ -111,6 +117,31 @@ class SamplingRequest(RequestModel):
     def include_usage_in_stream(self) -> bool:
         """Whether a streamed response ends with a usage chunk."""
         return self.stream_options is not None and self.stream_options.include_usage
+
+
+class PromptLogprob(ResponseModel):
+    """One entry of vLLM's ``prompt_logprobs``: a candidate token's logprob, rank and text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str
+
+
+# vLLM's ``prompt_logprobs``: per prompt token (the first is None) the token and its top alternatives by id
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+
+
+class PromptLogprobsCarrier(ResponseModel):
+    """A response part that may carry vLLM's ``prompt_logprobs``: the key is sent only when it is set."""
+
+    prompt_logprobs: PromptLogprobs | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_prompt_logprobs(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("prompt_logprobs") is None:
+            data.pop("prompt_logprobs", None)
+        return data
 
 
 class PromptTokensDetails(ResponseModel):

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PlainValidator
+from pydantic import Field, PlainValidator, model_validator
 from pydantic_core import PydanticCustomError
 
 from services.common.protocol_common import (
     MAX_LOGPROBS,
     FinishReason,
     PositiveInt,
+    PromptLogprobsCarrier,
     ResponseModel,
     SamplingRequest,
     StreamChunkModel,
     Usage,
+    field_error,
     now,
     random_id,
 )
@@ -63,6 +65,18 @@ class CompletionRequest(SamplingRequest):
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     echo: bool = False
 
+    @model_validator(mode="after")
+    def _check_echo(self) -> CompletionRequest:
+        if self.echo and self.logprobs is not None and self.kv_transfer_params is not None:
+            raise field_error("echo", "echo with logprobs cannot be combined with kv_transfer_params (a decode "
+                              "engine does not compute the prompt)")
+        return self
+
+    def engine_prompt_logprobs(self) -> int | None:
+        """Prompt logprobs the engine must compute: for ``prompt_logprobs`` and for echoed ``logprobs``."""
+        wanted = [n for n in (self.prompt_logprobs, self.logprobs if self.echo else None) if n is not None]
+        return max(wanted) if wanted else None
+
     def prompts(self) -> list[str] | list[list[int]]:
         """The prompt as a batch: a list of strings or a list of token-id lists (one per prompt)."""
         prompt = self.prompt
@@ -82,7 +96,7 @@ class CompletionLogprobs(ResponseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
-class CompletionChoice(ResponseModel):
+class CompletionChoice(PromptLogprobsCarrier):
     """One choice of a completion (also the shape of a streamed choice)."""
 
     index: int

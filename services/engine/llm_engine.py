@@ -44,6 +44,7 @@ class RequestOutput:
     error: str | None = None
     kv_transfer_params: dict | None = None
     queue_time_s: float | None = None  # arrival in the engine to first scheduled
+    prompt_logprobs: list[Logprobs | None] | None = None  # per prompt token (the first is None), once known
 
 
 class _Tracked:
@@ -52,6 +53,7 @@ class _Tracked:
     def __init__(self, req: Request, prompt: str | None, detok: IncrementalDetokenizer, index: int) -> None:
         self.req, self.prompt, self.detok = req, prompt, detok
         self.out = CompletionOutput(index=index, logprobs=[] if req.sampling_params.logprobs is not None else None)
+        self.prompt_logprobs: list[Logprobs | None] | None = None
 
 
 class LLMEngine:
@@ -79,11 +81,15 @@ class LLMEngine:
             return prompt, self.tokenizer.encode(prompt)
         return None, list(prompt)
 
-    def validate_prompt(self, token_ids: list[int], params: SamplingParams) -> None:
+    def validate_prompt(self, token_ids: list[int], params: SamplingParams,
+                        kv_transfer_params: KVTransferParams | None = None) -> None:
         """Raise ValueError naming the field when the prompt cannot be served."""
         if not token_ids:
             raise ValueError("prompt: must not be empty")
         vocab = self.core.model_config.vocab_size
+        if params.prompt_logprobs is not None and kv_transfer_params is not None:
+            raise ValueError("prompt_logprobs: cannot be combined with kv_transfer_params (disaggregated "
+                             "prefill/decode does not compute prompt logprobs on the decode engine)")
         if any(not 0 <= t < vocab for t in token_ids):
             raise ValueError(f"prompt: token ids must be in [0, {vocab})")
         if len(token_ids) >= self.max_model_len:
@@ -95,7 +101,7 @@ class LLMEngine:
                     index: int = 0, kv_transfer_params: KVTransferParams | None = None) -> str:
         """Queue one sequence (n is expanded by the caller); returns its request id."""
         text, token_ids = self.tokenize_prompt(prompt)
-        self.validate_prompt(token_ids, params)
+        self.validate_prompt(token_ids, params, kv_transfer_params)
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._tracked:
             raise ValueError(f"request_id: {request_id!r} is already in use")
@@ -126,6 +132,8 @@ class LLMEngine:
             return None
         out = tr.out
         out.token_ids.extend(o.new_token_ids)
+        if o.prompt_logprobs is not None:
+            tr.prompt_logprobs = list(o.prompt_logprobs)
         if out.logprobs is not None:
             out.logprobs.extend(o.new_logprobs)
         finish, stop_reason = o.finish_reason, o.stop_reason
@@ -142,5 +150,5 @@ class LLMEngine:
             request_id=o.req_id, prompt=tr.prompt, prompt_token_ids=tr.req.prompt_token_ids, outputs=[out],
             finished=finish is not None, num_cached_tokens=o.num_cached_tokens, delta_text=delta,
             delta_token_ids=list(o.new_token_ids), error=o.error, kv_transfer_params=o.kv_transfer_params,
-            queue_time_s=o.queue_time_s,
+            queue_time_s=o.queue_time_s, prompt_logprobs=tr.prompt_logprobs,
         )

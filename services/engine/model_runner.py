@@ -10,11 +10,12 @@ import torch
 
 from services.engine.attention import AttentionMetadata
 from services.engine.model_config import ModelConfig
-from services.engine.outputs import ModelRunnerOutput, SchedulerOutput
-from services.engine.sampler import Sampler, SamplingRow
+from services.engine.outputs import Logprobs, ModelRunnerOutput, SchedulerOutput
+from services.engine.sampler import Sampler, SamplingRow, batch_logprobs
 from services.engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
+_PROMPT_LOGITS_SLICE = 512  # prompt rows per logits matrix when scoring prompt tokens
 
 
 @dataclass
@@ -39,6 +40,18 @@ class StepInputs:
     meta: AttentionMetadata
     sample_rows: list[int]  # index into the scheduled requests of those that sample
     logits_idx: torch.Tensor  # token rows whose hidden state feeds the sampler
+    prompt_rows: list[PromptLogprobRows] = field(default_factory=list)
+
+
+@dataclass
+class PromptLogprobRows:
+    """Token rows of one request's prompt chunk whose logits score the next prompt token."""
+
+    req_id: str
+    first: int  # index in the prompt of the first token scored
+    hidden_idx: list[int]
+    targets: list[int]
+    top_n: int
 
 
 class ModelRunner:
@@ -75,6 +88,7 @@ class ModelRunner:
         pos: list[int] = []
         slots: list[int] = []
         q_lens, seq_lens, tables, sample_rows, logits_idx = [], [], [], [], []
+        prompt_rows: list[PromptLogprobRows] = []
         for row, (req_id, n) in enumerate(sched.num_scheduled_tokens):
             st = self.states[req_id]
             start, end = st.num_computed, st.num_computed + n
@@ -83,6 +97,8 @@ class ModelRunner:
             pos.extend(positions)
             blocks = st.block_ids
             slots.extend(blocks[p // bs] * bs + p % bs for p in positions)
+            if st.params.prompt_logprobs is not None and start < len(st.prompt_ids) - 1:
+                prompt_rows.append(_prompt_rows(req_id, st, start, end, len(ids) - n))
             q_lens.append(n)
             seq_lens.append(end)
             tables.append(blocks)
@@ -95,6 +111,7 @@ class ModelRunner:
             positions=torch.tensor(pos, dtype=torch.long, device=self.device),
             meta=meta, sample_rows=sample_rows,
             logits_idx=torch.tensor(logits_idx, dtype=torch.long, device=self.device),
+            prompt_rows=prompt_rows,
         )
 
     @torch.inference_mode()
@@ -107,6 +124,7 @@ class ModelRunner:
         try:
             inputs = self._prepare(sched)
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta, self.backend)
+            prompt_lps = tuple(self._prompt_logprobs(hidden, rows) for rows in inputs.prompt_rows)
             sampled: list[tuple[int, ...]] = [()] * len(req_ids)
             lps: list = [None] * len(req_ids)
             if inputs.sample_rows:
@@ -126,11 +144,27 @@ class ModelRunner:
                                      failed_req_ids=frozenset(req_ids), error=f"{type(exc).__name__}: {exc}")
         for req_id, n in sched.num_scheduled_tokens:
             self.states[req_id].num_computed += n
-        return ModelRunnerOutput(req_ids, tuple(sampled), tuple(lps))
+        return ModelRunnerOutput(req_ids, tuple(sampled), tuple(lps), prompt_logprobs=prompt_lps)
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, rows: PromptLogprobRows) -> tuple[str, int, tuple[Logprobs, ...]]:
+        """Raw-logit logprobs of the next prompt tokens, in slices so the logits stay small."""
+        entries: list[Logprobs] = []
+        for s in range(0, len(rows.hidden_idx), _PROMPT_LOGITS_SLICE):
+            idx = torch.tensor(rows.hidden_idx[s : s + _PROMPT_LOGITS_SLICE], dtype=torch.long, device=self.device)
+            logits = self.model.compute_logits(hidden[idx])
+            entries.extend(batch_logprobs(logits, rows.targets[s : s + _PROMPT_LOGITS_SLICE], rows.top_n))
+        return rows.req_id, rows.first, tuple(entries)
 
     def _row(self, req_id: str) -> SamplingRow:
         st = self.states[req_id]
         return SamplingRow(st.params, st.prompt_ids, st.output_ids, st.stop_ids)
+
+
+def _prompt_rows(req_id: str, st: CachedRequestState, start: int, end: int, base: int) -> PromptLogprobRows:
+    """Positions start..end of the prompt that have a next prompt token (the last one has none)."""
+    last = min(end, len(st.prompt_ids) - 1)
+    return PromptLogprobRows(req_id, start + 1, [base + p - start for p in range(start, last)],
+                             st.prompt_ids[start + 1 : last + 1], st.params.prompt_logprobs or 0)
 
 
 def kv_cache_shape(cfg: ModelConfig, num_blocks: int, block_size: int) -> tuple[int, ...]:

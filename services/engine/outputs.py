@@ -62,6 +62,8 @@ class ModelRunnerOutput:
     logprobs: tuple[Logprobs | None, ...]
     failed_req_ids: frozenset[str] = frozenset()
     error: str | None = None
+    # (req_id, index of the first prompt token covered, logprobs of those prompt tokens) per prompt chunk
+    prompt_logprobs: tuple[tuple[str, int, tuple[Logprobs, ...]], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +79,7 @@ class EngineCoreOutput:
     error: str | None = None
     kv_transfer_params: dict | None = None  # prefill: where the prompt's blocks are (for a decode engine)
     queue_time_s: float | None = None  # arrival in the engine to first scheduled
+    prompt_logprobs: tuple[Logprobs | None, ...] | None = None  # with the first token; None for prompt token 0
 
     @property
     def finished(self) -> bool:

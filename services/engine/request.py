@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from services.common.kv_transfer import KVTransferParams
+from services.engine.outputs import Logprobs
 from services.engine.sampling_params import SamplingParams
 
 
@@ -81,6 +82,10 @@ class Request:
         # kvstore tier: asked once per admission; fetched payloads wait here until installed
         self.store_checked = False
         self.fetched: Any = None
+        # prompt logprobs: the first prompt token has none; filled chunk by chunk, sent with the first token
+        self.prompt_logprobs: list[Logprobs | None] | None = (
+            [None] if sampling_params.prompt_logprobs is not None else None)
+        self.prompt_logprobs_sent = False
         self._hash_fn = hash_fn
         self.block_hashes: list[bytes] = []
         if hash_fn is not None:
@@ -111,6 +116,24 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.finished
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Every prompt token must be computed here: no prefix-cache, kvstore or remote KV reuse."""
+        return self.sampling_params.prompt_logprobs is not None
+
+    def add_prompt_logprobs(self, first: int, entries: tuple[Logprobs, ...]) -> None:
+        """Record prompt tokens first..; a recompute after preemption repeats known ones, which are kept."""
+        have = self.prompt_logprobs
+        if have is not None and first <= len(have):
+            have.extend(entries[len(have) - first:])
+
+    def take_prompt_logprobs(self) -> tuple[Logprobs | None, ...] | None:
+        """The complete prompt logprobs, once (they go out with the first generated token)."""
+        if self.prompt_logprobs is None or self.prompt_logprobs_sent:
+            return None
+        self.prompt_logprobs_sent = True
+        return tuple(self.prompt_logprobs)
 
     def append_output_token(self, token_id: int) -> None:
         """Record one generated token and hash any block it completes."""

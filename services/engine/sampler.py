@@ -104,6 +104,19 @@ def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch
     return probs
 
 
+def batch_logprobs(logits: torch.Tensor, tokens: list[int], n: int) -> list[Logprobs]:
+    """Logprob, rank and top-n alternatives of ``tokens[i]`` under row i of raw ``logits`` [R, V]."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    target = torch.tensor(tokens, dtype=torch.long, device=lp.device)[:, None]
+    token_lp = lp.gather(1, target)
+    ranks = ((lp > token_lp).sum(dim=-1) + 1).tolist()
+    tops: list[tuple[tuple[int, float], ...]] = [()] * len(tokens)
+    if n > 0:
+        vals, ids = torch.topk(lp, n, dim=-1)
+        tops = [tuple(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), vals.tolist(), strict=True)]
+    return [Logprobs(v, r, t) for v, r, t in zip(token_lp[:, 0].tolist(), ranks, tops, strict=True)]
+
+
 def _logprobs(row_lp: torch.Tensor, token: int, n: int) -> Logprobs:
     token_lp = float(row_lp[token])
     rank = int((row_lp > row_lp[token]).sum()) + 1

@@ -226,6 +226,9 @@ class Scheduler(TransferScheduling):
         """Advance every scheduled request by its computed tokens and its sampled token."""
         sampled = dict(zip(result.req_ids, result.sampled_token_ids, strict=True))
         logprobs = dict(zip(result.req_ids, result.logprobs, strict=True))
+        for req_id, first, entries in result.prompt_logprobs:
+            if (req := self.requests.get(req_id)) is not None:
+                req.add_prompt_logprobs(first, entries)
         outputs = []
         for req_id, num_tokens in sched.num_scheduled_tokens:
             request = self.requests.get(req_id)
@@ -255,6 +258,7 @@ class Scheduler(TransferScheduling):
                         num_cached_tokens=max(request.num_cached_tokens, 0),
                         kv_transfer_params=kv_out,
                         queue_time_s=request.queue_time_s,
+                        prompt_logprobs=request.take_prompt_logprobs() if new_tokens else None,
                     )
                 )
         return outputs

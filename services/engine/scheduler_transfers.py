@@ -107,6 +107,8 @@ class TransferScheduling:
         """Ask the store once, for a request starting from scratch whose prefix we lack locally."""
         if self.store is None or request.store_checked or not self.store.available:
             return False
+        if request.needs_prompt_logprobs:
+            return False
         if request.num_computed_tokens or request.request_id in self.kv.req_to_blocks:
             return False
         return self.kv.num_cached_prefix_blocks(request) < (request.num_tokens - 1) // self.kv.block_size

@@ -79,7 +79,7 @@ def output_budget(req: SamplingRequest, prompt_len: int, max_model_len: int) -> 
 
 
 def sampling_params(req: SamplingRequest, max_tokens: int, logprobs: int | None, seed: int | None,
-                    vocab_size: int) -> SamplingParams:
+                    vocab_size: int, prompt_logprobs: int | None = None) -> SamplingParams:
     """Engine SamplingParams for one sub-request; 400 for values the engine cannot serve."""
     if req.n > MAX_N:
         raise bad_request(f"n must be at most {MAX_N}, got {req.n}", "n")
@@ -93,7 +93,7 @@ def sampling_params(req: SamplingRequest, max_tokens: int, logprobs: int | None,
             presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
             repetition_penalty=req.repetition_penalty or 1.0, max_tokens=max_tokens,
             min_tokens=min(req.min_tokens, max_tokens), ignore_eos=req.ignore_eos, stop=tuple(req.stop_strings()),
-            stop_token_ids=tuple(req.stop_token_ids or ()), logprobs=logprobs,
+            stop_token_ids=tuple(req.stop_token_ids or ()), logprobs=logprobs, prompt_logprobs=prompt_logprobs,
         )
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
@@ -101,14 +101,14 @@ def sampling_params(req: SamplingRequest, max_tokens: int, logprobs: int | None,
 
 
 def fan_out(req: SamplingRequest, prompts: list[list[int]], ctx: ServingContext,
-            logprobs: int | None) -> list[SubRequest]:
+            logprobs: int | None, prompt_logprobs: int | None = None) -> list[SubRequest]:
     """``n`` sub-requests per prompt (seeds ``seed + i``); choice index ``prompt * n + i``."""
     subs = []
     for p, ids in enumerate(prompts):
         budget = output_budget(req, len(ids), ctx.max_model_len)
         for i in range(req.n):
             seed = None if req.seed is None else req.seed + i
-            params = sampling_params(req, budget, logprobs, seed, ctx.vocab_size)
+            params = sampling_params(req, budget, logprobs, seed, ctx.vocab_size, prompt_logprobs)
             subs.append(SubRequest(p * req.n + i, p, i, ids, params))
     for sub in subs[:: req.n]:
         validate_prompt(ctx, sub)

@@ -16,15 +16,16 @@ from services.common.protocol_chat import (
     ChatCompletionResponse,
     ChatLogprobs,
 )
+from services.common.protocol_common import PromptLogprobs
 from services.common.protocol_stream import StreamContext
 from services.common.sse import SSE_DONE, sse_event
 from services.common.tokenizer import ChatTemplateError
 from services.engine.generation import Generation, RequestOptions
 from services.engine.lifecycle import SSEResponse, cancel_on_disconnect
-from services.engine.llm_engine import CompletionOutput
+from services.engine.llm_engine import CompletionOutput, RequestOutput
 from services.engine.serving import ServingContext, fan_out
 from services.engine.serving_kv import prepare_kv_transfer
-from services.engine.serving_logprobs import chat_logprobs
+from services.engine.serving_logprobs import chat_logprobs, prompt_logprobs_json
 
 
 def _prompt_ids(ctx: ServingContext, body: ChatCompletionRequest) -> list[int]:
@@ -44,7 +45,8 @@ async def create_chat_completion(ctx: ServingContext, body: ChatCompletionReques
     """Serve one chat completions request (streamed or not)."""
     ctx.check_ready()
     ctx.check_model(body.model)
-    subs = fan_out(body, [_prompt_ids(ctx, body)], ctx, _top_n(body))
+    prompt_ids = _prompt_ids(ctx, body)
+    subs = fan_out(body, [prompt_ids], ctx, _top_n(body), body.prompt_logprobs)
     kv_params = await prepare_kv_transfer(ctx, body.kv_transfer_params, len(subs))
     gen = Generation(ctx, subs, RequestOptions(request_id, body.cache_salt, body.priority, kv_params))
     stream = StreamContext("chat", ctx.model_name, body.include_usage_in_stream(), id=f"chatcmpl-{request_id}")
@@ -56,8 +58,17 @@ async def create_chat_completion(ctx: ServingContext, body: ChatCompletionReques
     choices = [_choice(ctx, body, sub.index, finals[sub.index].outputs[0]) for sub in subs]
     response = ChatCompletionResponse(id=stream.id, created=stream.created, model=ctx.model_name,
                                       choices=choices, usage=gen.usage(),
-                                      kv_transfer_params=finals[0].kv_transfer_params)
+                                      kv_transfer_params=finals[0].kv_transfer_params,
+                                      prompt_logprobs=_prompt_logprobs(ctx, body, prompt_ids, finals[0]))
     return JSONResponse(response.model_dump(mode="json"))
+
+
+def _prompt_logprobs(ctx: ServingContext, body: ChatCompletionRequest, prompt_ids: list[int],
+                     final: RequestOutput) -> PromptLogprobs | None:
+    """vLLM's top-level ``prompt_logprobs`` of a chat response, when the request asked for them."""
+    if body.prompt_logprobs is None or final.prompt_logprobs is None:
+        return None
+    return prompt_logprobs_json(ctx.llm.tokenizer, prompt_ids, final.prompt_logprobs, body.prompt_logprobs)
 
 
 def _logprobs(ctx: ServingContext, body: ChatCompletionRequest, token_ids: list[int],

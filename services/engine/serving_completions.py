@@ -21,9 +21,10 @@ from services.common.sse import SSE_DONE, sse_event
 from services.engine.generation import Generation, RequestOptions
 from services.engine.lifecycle import SSEResponse, cancel_on_disconnect
 from services.engine.llm_engine import RequestOutput
+from services.engine.outputs import Logprobs
 from services.engine.serving import ServingContext, SubRequest, fan_out
 from services.engine.serving_kv import prepare_kv_transfer
-from services.engine.serving_logprobs import completion_logprobs
+from services.engine.serving_logprobs import completion_logprobs, prompt_logprobs_json
 
 
 @dataclass
@@ -49,7 +50,7 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, reques
     ctx.check_ready()
     ctx.check_model(body.model)
     prompts = _prompts(ctx, body)
-    subs = fan_out(body, [p.ids for p in prompts], ctx, body.logprobs)
+    subs = fan_out(body, [p.ids for p in prompts], ctx, body.logprobs, body.engine_prompt_logprobs())
     kv_params = await prepare_kv_transfer(ctx, body.kv_transfer_params, len(subs))
     gen = Generation(ctx, subs, RequestOptions(request_id, body.cache_salt, body.priority, kv_params))
     stream = StreamContext("completion", ctx.model_name, body.include_usage_in_stream(), id=f"cmpl-{request_id}")
@@ -68,13 +69,24 @@ def _choice(ctx: ServingContext, body: CompletionRequest, sub: SubRequest, promp
             final: RequestOutput) -> CompletionChoice:
     out = final.outputs[0]
     text = prompt.text + out.text if body.echo else out.text
-    logprobs = None
+    logprobs = prompt_lps = None
     if body.logprobs is not None:
         echoed = prompt.ids if body.echo else []
+        echoed_lps = _echoed_logprobs(final, len(echoed))
         logprobs = completion_logprobs(ctx.llm.tokenizer, echoed + out.token_ids,
-                                       [None] * len(echoed) + list(out.logprobs or []), 0)
+                                       echoed_lps + list(out.logprobs or []), 0, body.logprobs)
+    if body.prompt_logprobs is not None:
+        prompt_lps = prompt_logprobs_json(ctx.llm.tokenizer, prompt.ids, _echoed_logprobs(final, len(prompt.ids)),
+                                          body.prompt_logprobs)
     return CompletionChoice(index=sub.index, text=text, logprobs=logprobs, finish_reason=out.finish_reason,
-                            stop_reason=out.stop_reason)
+                            stop_reason=out.stop_reason, prompt_logprobs=prompt_lps)
+
+
+def _echoed_logprobs(final: RequestOutput, num_prompt: int) -> list[Logprobs | None]:
+    """The engine's prompt logprobs (the first token has none); all None if the request ended before them."""
+    if num_prompt and final.prompt_logprobs is not None:
+        return list(final.prompt_logprobs)
+    return [None] * num_prompt
 
 
 @dataclass
@@ -88,12 +100,17 @@ class _ChoiceCursor:
 async def _events(ctx: ServingContext, body: CompletionRequest, gen: Generation, prompts: list[_Prompt],
                   stream: StreamContext) -> AsyncIterator[bytes]:
     cursors = {sub.index: _ChoiceCursor() for sub in gen.subs}
+    echo_pending = {sub.index: prompts[sub.prompt] for sub in gen.subs} if body.echo else {}
     try:
-        if body.echo:
-            for sub in gen.subs:
-                yield sse_event(_echo_chunk(ctx, body, stream, sub.index, prompts[sub.prompt], cursors[sub.index]))
+        if body.logprobs is None:  # echoed logprobs wait for the engine's prompt logprobs (the first output)
+            for index, prompt in echo_pending.items():
+                yield sse_event(_echo_chunk(ctx, body, stream, index, prompt, None, cursors[index]))
+            echo_pending = {}
         async with aclosing(gen.stream()) as outputs:
             async for index, out in outputs:
+                if index in echo_pending:
+                    yield sse_event(_echo_chunk(ctx, body, stream, index, echo_pending.pop(index), out,
+                                                cursors[index]))
                 chunk = _chunk(ctx, body, stream, index, out, cursors[index])
                 if chunk is not None:
                     yield sse_event(chunk)
@@ -105,10 +122,11 @@ async def _events(ctx: ServingContext, body: CompletionRequest, gen: Generation,
 
 
 def _echo_chunk(ctx: ServingContext, body: CompletionRequest, stream: StreamContext, index: int,
-                prompt: _Prompt, cursor: _ChoiceCursor) -> CompletionStreamResponse:
+                prompt: _Prompt, first: RequestOutput | None, cursor: _ChoiceCursor) -> CompletionStreamResponse:
     logprobs = None
-    if body.logprobs is not None:
-        logprobs = completion_logprobs(ctx.llm.tokenizer, prompt.ids, [None] * len(prompt.ids), 0)
+    if body.logprobs is not None and first is not None:
+        logprobs = completion_logprobs(ctx.llm.tokenizer, prompt.ids, _echoed_logprobs(first, len(prompt.ids)), 0,
+                                       body.logprobs)
         cursor.offset = sum(len(t) for t in logprobs.tokens)
     return stream.completion_chunk(index, prompt.text, logprobs=logprobs)
 
@@ -120,7 +138,7 @@ def _chunk(ctx: ServingContext, body: CompletionRequest, stream: StreamContext, 
     if body.logprobs is not None and len(choice.token_ids) > cursor.tokens:
         new_ids = choice.token_ids[cursor.tokens:]
         logprobs = completion_logprobs(ctx.llm.tokenizer, new_ids, (choice.logprobs or [])[cursor.tokens:],
-                                       cursor.offset)
+                                       cursor.offset, body.logprobs)
         cursor.offset += sum(len(t) for t in logprobs.tokens)
     cursor.tokens = len(choice.token_ids)
     if not (out.delta_text or out.finished or logprobs):

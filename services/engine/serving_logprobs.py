@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from services.common.protocol_chat import ChatLogprobEntry, ChatLogprobs, TopLogprob
+from services.common.protocol_common import PromptLogprob, PromptLogprobs
 from services.common.protocol_completions import CompletionLogprobs
 from services.common.tokenizer import Tokenizer
 from services.engine.outputs import Logprobs
@@ -16,10 +17,10 @@ def token_text(tokenizer: Tokenizer, token_id: int) -> str:
 
 
 def completion_logprobs(tokenizer: Tokenizer, token_ids: Sequence[int], logprobs: Sequence[Logprobs | None],
-                        text_offset: int) -> CompletionLogprobs:
-    """Completions logprobs of ``token_ids``; a ``None`` entry (an echoed prompt token) has no logprob.
+                        text_offset: int, top_n: int | None = None) -> CompletionLogprobs:
+    """Completions logprobs of ``token_ids``; a ``None`` entry (the first prompt token) has no logprob.
 
-    ``top_logprobs`` holds the top-n alternatives plus the sampled token, as vLLM returns them.
+    ``top_logprobs`` holds the top-n alternatives (at most ``top_n``) plus the token itself, as vLLM returns them.
     """
     out = CompletionLogprobs()
     for token_id, lp in zip(token_ids, logprobs, strict=True):
@@ -33,9 +34,25 @@ def completion_logprobs(tokenizer: Tokenizer, token_ids: Sequence[int], logprobs
             continue
         out.token_logprobs.append(lp.token_logprob)
         top: dict[str, float] = {}
-        for t, v in (*lp.top, (token_id, lp.token_logprob)):
+        for t, v in (*lp.top[:top_n], (token_id, lp.token_logprob)):
             top.setdefault(token_text(tokenizer, t), v)  # distinct ids may share a text: keep the best
         out.top_logprobs.append(top)
+    return out
+
+
+def prompt_logprobs_json(tokenizer: Tokenizer, prompt_ids: Sequence[int], logprobs: Sequence[Logprobs | None],
+                         top_n: int) -> PromptLogprobs:
+    """vLLM's ``prompt_logprobs``: per prompt token {token id: logprob, rank, text} for it and its top-n."""
+    out: PromptLogprobs = []
+    for token_id, lp in zip(prompt_ids, logprobs, strict=True):
+        if lp is None:
+            out.append(None)
+            continue
+        entry = {token_id: PromptLogprob(logprob=lp.token_logprob, rank=lp.rank,
+                                         decoded_token=token_text(tokenizer, token_id))}
+        for rank, (t, v) in enumerate(lp.top[:top_n], start=1):
+            entry.setdefault(t, PromptLogprob(logprob=v, rank=rank, decoded_token=token_text(tokenizer, t)))
+        out.append(entry)
     return out
 
 

@@ -58,8 +58,9 @@ class ChatAdapter:
                               finish_reason=c.get("finish_reason"), stop_reason=c.get("stop_reason"))
                    for c in completion.get("choices", [])]
         usage = Usage.model_validate(completion["usage"]) if completion.get("usage") else None
+        first = (completion.get("choices") or [{}])[0]
         out = ChatCompletionResponse(id=self.stream_ctx.id, created=self.stream_ctx.created, model=self.model,
-                                     choices=choices, usage=usage)
+                                     choices=choices, usage=usage, prompt_logprobs=first.get("prompt_logprobs"))
         return out.model_dump(mode="json")
 
     def role_chunks(self) -> list[bytes]:

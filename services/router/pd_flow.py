@@ -110,8 +110,6 @@ class PDFlow:
                        headers: dict[str, str]) -> dict[str, Any] | None:
         """Prefill's ``kv_transfer_params``; ``None`` (decode-only, counted) when anything goes wrong."""
         assert decision.prefill is not None
-        if len(req.prompts) > 1:
-            return None  # one KV hand-off per request: batches of prompts are served decode-only
         body = {k: v for k, v in req.engine_body.items() if k not in _PREFILL_DROPPED}
         body.update(prompt=req.prompts[0], max_tokens=1, stream=False, kv_transfer_params={"do_remote_decode": True})
         url = decision.prefill.url

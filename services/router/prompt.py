@@ -44,6 +44,14 @@ class PreparedRequest:
     def prompt_tokens(self) -> int:
         return len(self.prompts[0])
 
+    @property
+    def splittable(self) -> bool:
+        """Whether another engine may prefill: one prompt (one KV hand-off), and no prompt logprobs to score."""
+        body = self.engine_body
+        scores_prompt = body.get("prompt_logprobs") is not None or (
+            bool(body.get("echo")) and body.get("logprobs") is not None)
+        return len(self.prompts) == 1 and not scores_prompt
+
 
 class PromptPreparer:
     """Turns an OpenAI request into a PreparedRequest with the pool's tokenizer and block hasher."""

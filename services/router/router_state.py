@@ -6,11 +6,12 @@ import asyncio
 import contextlib
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from services.common.hashing import HASH_VERSION, BlockHasher
 from services.common.prefix_index import AsyncPrefixIndex
 from services.common.tokenizer import Tokenizer
+from services.router.context_limit import pool_max_model_len
 from services.router.discovery import KubernetesDiscovery
 from services.router.endpoints import EndpointPoller
 from services.router.engine_client import EngineClient
@@ -93,16 +94,20 @@ class RouterState:
         if self.index is not None:
             await self.index.aclose()
 
+    def max_model_len(self) -> int | None:
+        """The pool's context length: the smallest the engines report (None before any answered)."""
+        return pool_max_model_len(self.poller.endpoints())
+
     async def context(self, req: PreparedRequest) -> RequestContext:
         """The index's view of the prompt (``None`` matches: Redis down or slow, route by load, counted)."""
         bs = self.settings.block_size
         if self.index is None:
-            return RequestContext(req.prompt_tokens, bs, None)
+            return RequestContext(req.prompt_tokens, bs, None, splittable=req.splittable)
         if not req.block_hashes:
-            return RequestContext(req.prompt_tokens, bs, {})
+            return RequestContext(req.prompt_tokens, bs, {}, splittable=req.splittable)
         t0 = time.perf_counter()
         matches = await self.index.lookup(req.block_hashes)
         self.metrics.lookup_latency.observe(time.perf_counter() - t0)
         if matches is None:
             self.metrics.fallbacks.labels(kind="index").inc()
-        return RequestContext.from_lookup(req.prompt_tokens, bs, matches)
+        return replace(RequestContext.from_lookup(req.prompt_tokens, bs, matches), splittable=req.splittable)

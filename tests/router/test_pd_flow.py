@@ -85,17 +85,20 @@ def fakes() -> Any:
         f.stop()
 
 
-def run(pool: list[Endpoint], tokens: int, stream: bool = False) -> tuple[Dispatched, RouterMetrics, list[str]]:
+def run(pool: list[Endpoint], tokens: int, stream: bool = False, extra: dict | None = None,
+        num_prompts: int = 1) -> tuple[Dispatched, RouterMetrics, list[str]]:
     """One request through PDFlow; returns what was dispatched, the metrics and the streamed data lines."""
     ids = list(range(3, 3 + tokens))
-    req = PreparedRequest("completion", [ids], [], {"prompt": ids, "max_tokens": 4, "stream": stream}, stream)
+    body = {"prompt": ids if num_prompts == 1 else [ids] * num_prompts, "max_tokens": 4, "stream": stream,
+            **(extra or {})}
+    req = PreparedRequest("completion", [ids] * num_prompts, [], body, stream)
     metrics = RouterMetrics()
 
     async def go() -> tuple[Dispatched, list[str]]:
         client = EngineClient()
         flow = PDFlow(Scheduler(SchedulingConfig(pd_threshold=64), random.Random(0)), lambda: pool, client, metrics)
         try:
-            d = await flow.run(req, RequestContext(tokens, BS, {}), "req-1")
+            d = await flow.run(req, RequestContext(tokens, BS, {}, splittable=req.splittable), "req-1")
             events = [e.data async for e in d.stream.events()] if d.stream else []
             return d, events
         finally:
@@ -161,3 +164,19 @@ def test_client_errors_are_not_retried(fakes: Any) -> None:
     with pytest.raises(OpenAIError) as err:
         run([Endpoint(bad.url, "both"), Endpoint(other.url, "both", load=EndpointLoad(waiting=5))], tokens=20)
     assert err.value.status == 400 and other.bodies == []
+
+
+@pytest.mark.parametrize(("extra", "num_prompts"), [
+    ({"prompt_logprobs": 1}, 1),
+    ({"echo": True, "logprobs": 0}, 1),
+    ({}, 2),
+])
+def test_requests_decode_must_compute_whole_are_never_split(fakes: Any, extra: dict, num_prompts: int) -> None:
+    """Prompt logprobs are computed where the prompt runs, and one request has one KV hand-off."""
+    prefill, decode = fakes(), fakes()
+    d, metrics, _ = run([Endpoint(prefill.url, "prefill"), Endpoint(decode.url, "decode")], tokens=100,
+                        extra=extra, num_prompts=num_prompts)
+    assert d.decision.prefill is None and prefill.bodies == []
+    assert "kv_transfer_params" not in decode.bodies[0]
+    assert all(decode.bodies[0][k] == v for k, v in extra.items())
+    assert sample(metrics, 'kvferry_router_requests_total{decision="decode_only"}') == 1

@@ -109,6 +109,23 @@ def test_openai_client_streams_chat_and_completions(routers: list[RouterProcess]
     assert "".join(p.choices[0].text for p in pieces) == expected.choices[0].text
 
 
+def test_prompt_logprobs_through_the_router(routers: list[RouterProcess], engines: list[ServerProcess]) -> None:
+    """echo + logprobs and vLLM's prompt_logprobs pass through; chat gets them at the top level, as vLLM does."""
+    client = openai.OpenAI(base_url=f"{routers[0].url}/v1", api_key="unused", max_retries=0)
+    direct = openai.OpenAI(base_url=f"{engines[0].url}/v1", api_key="unused", max_retries=0)
+    kw = {"model": MODEL, "prompt": "The ferry scores its prompt", "max_tokens": 2, "temperature": 0,
+          "echo": True, "logprobs": 1}
+    routed_lp = client.completions.create(**kw).choices[0].logprobs
+    direct_lp = direct.completions.create(**kw).choices[0].logprobs
+    assert routed_lp.tokens == direct_lp.tokens and routed_lp.token_logprobs[0] is None
+    assert routed_lp.token_logprobs[1:] == pytest.approx(direct_lp.token_logprobs[1:], abs=1e-5)
+    messages = [{"role": "user", "content": "score me"}]
+    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1,
+                                          extra_body={"prompt_logprobs": 1})
+    plp = chat.model_extra["prompt_logprobs"]
+    assert len(plp) == chat.usage.prompt_tokens and plp[0] is None and all(1 <= len(e) <= 2 for e in plp[1:])
+
+
 def test_bad_input_gets_openai_error_json(routers: list[RouterProcess]) -> None:
     with routers[0].http() as http:
         missing = http.post("/v1/completions", json={"max_tokens": 2})
@@ -131,6 +148,42 @@ def test_models_tokenize_health_metrics(routers: list[RouterProcess]) -> None:
     m = routers[0].metrics()
     assert m["kvferry_router_self_check_ok"] == 1
     assert m['kvferry_router_requests_total{decision="aggregated"}'] >= 1
+
+
+def routed(router: RouterProcess) -> float:
+    return sum(v for k, v in router.metrics().items() if k.startswith("kvferry_router_requests_total"))
+
+
+def test_context_length_comes_from_the_engines(routers: list[RouterProcess], engines: list[ServerProcess]) -> None:
+    with engines[0].http() as direct:
+        limit = direct.get("/v1/models").json()["data"][0]["max_model_len"]
+        long = [5] * (limit + 10)
+        engine_error = direct.post("/v1/completions", json={"prompt": long, "max_tokens": 1}).json()["error"]
+    before = routed(routers[0])
+    with routers[0].http() as http:
+        assert http.get("/v1/models").json()["data"][0]["max_model_len"] == limit
+        assert http.post("/tokenize", json={"prompt": "hello ferry"}).json()["max_model_len"] == limit
+        too_long = http.post("/v1/completions", json={"prompt": long, "max_tokens": 1})
+        chat = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "ferry " * limit}],
+                                                       "max_tokens": 1})
+        fits = http.post("/v1/completions", json={"prompt": [5] * (limit - 1), "max_tokens": 1})
+    assert too_long.status_code == 400 and too_long.json()["error"] == engine_error  # the engine's words and field
+    assert chat.status_code == 400 and chat.json()["error"]["param"] == "messages"
+    assert chat.json()["error"]["message"].startswith(f"This model's maximum context length is {limit} tokens")
+    assert fits.status_code == 200, fits.text
+    assert routed(routers[0]) - before == 1  # the two long prompts never reached an engine
+
+
+def test_context_length_before_any_engine_answered(llama_dir: Path, log_dir: Path) -> None:
+    router = start_router(llama_dir, log_dir, ["http://127.0.0.1:1"], healthy=False)
+    try:
+        with router.http() as http:
+            assert http.post("/tokenize", json={"prompt": "hello"}).json()["max_model_len"] == 0
+            assert http.get("/v1/models").json()["data"][0]["max_model_len"] is None
+            unchecked = http.post("/v1/completions", json={"prompt": [5] * 5000, "max_tokens": 1})
+        assert unchecked.status_code == 503  # not judged by length: no engine to serve it
+    finally:
+        router.stop()
 
 
 def test_client_disconnect_aborts_the_engine_request(routers: list[RouterProcess],

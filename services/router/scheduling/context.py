@@ -17,6 +17,7 @@ class RequestContext:
     block_size: int
     matches: Mapping[str, PrefixMatch] | None = field(default_factory=dict)
     store_blocks: int = 0  # leading blocks the pool's kvstore holds: any engine can fetch them
+    splittable: bool = True  # False: decode must compute the prompt itself (no separate prefill)
 
     @classmethod
     def from_lookup(cls, prompt_tokens: int, block_size: int,

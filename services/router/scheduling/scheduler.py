@@ -64,7 +64,7 @@ class Scheduler:
         cached = ctx.cached_tokens(decode)
         uncached = self.decider.uncached_tokens(ctx.prompt_tokens, cached)
         prefill_choice = None
-        if self.decider.disaggregate(ctx.prompt_tokens, cached):
+        if ctx.splittable and self.decider.disaggregate(ctx.prompt_tokens, cached):
             prefillers = eligible(endpoints, PREFILL_ROLES, exclude)
             if prefillers:
                 prefill_choice = self.prefill_strategy.choose(prefillers, ctx)
