@@ -35,16 +35,18 @@ async def prepare_kv_transfer(ctx: ServingContext, raw: dict[str, Any] | None, n
         raise bad_request(f"invalid kv_transfer_params: {exc.errors()[0]['msg']}", "kv_transfer_params") from exc
     if n != 1:
         raise bad_request("kv_transfer_params needs n=1", "n")
-    if params.do_remote_prefill and params.remote_block_ids:
-        await _ensure_peer(ctx, params)
+    if params.do_remote_prefill and params.remote_block_ids and not await _ensure_peer(ctx, params):
+        # counted and logged once here; the request is served as a local one (kvstore, else recompute)
+        return params.model_copy(update={"do_remote_prefill": False, "remote_block_ids": []})
     return params
 
 
-async def _ensure_peer(ctx: ServingContext, params: KVTransferParams) -> None:
+async def _ensure_peer(ctx: ServingContext, params: KVTransferParams) -> bool:
+    """Know prefill's NIXL agent before the request is queued; False (failure recorded) when it cannot be used."""
     connector = ctx.llm.engine.core.connector
     transfer = connector.transfer
     if transfer is None or transfer.has_peer(params.remote_engine_id or ""):
-        return  # no NIXL: the scheduler records the failure and recomputes
+        return True  # no NIXL: the scheduler records the failure (no_transfer_path) and recomputes
     url = f"http://{params.address}{HANDSHAKE_PATH}"
     try:
         async with httpx.AsyncClient(timeout=_HANDSHAKE_TIMEOUT_S) as client:
@@ -56,10 +58,12 @@ async def _ensure_peer(ctx: ServingContext, params: KVTransferParams) -> None:
         raise kv_incompatible(exc) from exc
     except (httpx.HTTPError, KVTransferError, ValueError) as exc:
         connector.record_failure("handshake_failed", params.remote_request_id or "?", f"{url}: {exc}")
-        return
+        return False
     if peer != params.remote_engine_id:  # prefill restarted since it answered: its blocks are gone
         connector.record_failure("peer_restarted", params.remote_request_id or "?",
                                  f"{params.address} is now engine {peer}, not {params.remote_engine_id}")
+        return False
+    return True
 
 
 def handshake_response(ctx: ServingContext) -> Response:

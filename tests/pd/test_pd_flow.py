@@ -83,11 +83,17 @@ def test_prefill_died_decode_recomputes_correctly(llama_dir: Path, tmp_path: Pat
     prompt = prompts(1, seed=9)[0] + list(range(3, 80))
     params = complete(doomed, prompt, {"do_remote_decode": True}, max_tokens=1)["kv_transfer_params"]
     doomed.stop()
+    before = _failure_counts(decode)
     out = complete(decode, prompt, params)
     assert out["choices"][0]["text"] == complete(aggregated, prompt)["choices"][0]["text"]
-    m = decode.metrics()
-    assert sum(v for k, v in m.items() if k.startswith("kvferry_kv_transfer_failures_total")) >= 1
+    after = _failure_counts(decode)
+    new = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+    assert new == {'kvferry_kv_transfer_failures_total{reason="handshake_failed"}': 1}  # one failure, counted once
     assert "recomputed locally" in decode.log_text()
+
+
+def _failure_counts(server) -> dict[str, float]:
+    return {k: v for k, v in server.metrics().items() if k.startswith("kvferry_kv_transfer_failures_total")}
 
 
 def test_short_prompt_transfers_nothing(pd_pair) -> None:
