@@ -105,9 +105,10 @@ def overhead(router: RouterProcess, args: argparse.Namespace) -> dict:
     m = router.metrics()
     lookups = m.get("kvferry_router_index_lookup_seconds_count", 0.0)
     lookup_mean = 1000 * m.get("kvferry_router_index_lookup_seconds_sum", 0.0) / lookups if lookups else math.nan
-    p50, p99 = np.percentile(route_ms[5:], (50, 99))  # the first few warm connections and caches
+    p50, p90, p99 = np.percentile(route_ms[5:], (50, 90, 99))  # the first few warm connections and caches
     return {"requests": len(route_ms), "prompt_tokens": args.prefix_len + args.suffix_len,
-            "route_p50_ms": float(p50), "route_p99_ms": float(p99), "index_lookup_mean_ms": lookup_mean,
+            "route_p50_ms": float(p50), "route_p90_ms": float(p90), "route_p99_ms": float(p99),
+            "route_max_ms": max(route_ms[5:]), "index_lookup_mean_ms": lookup_mean,
             "index_fallbacks": m.get('kvferry_router_fallbacks_total{kind="index"}', 0.0)}
 
 
@@ -137,6 +138,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--num-kv-blocks", type=int, default=1024)
     p.add_argument("--vocab", type=int, default=400, help="prompt token ids are drawn from [0, vocab)")
     p.add_argument("--overhead-requests", type=int, default=100)
+    p.add_argument("--overhead-only", action="store_true", help="skip the strategy runs; measure the overhead only")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "routing.json")
     return p.parse_args()
 
@@ -154,15 +156,17 @@ def main() -> None:
         serve = ("--redis-url", redis.url, "--num-kv-blocks", str(args.num_kv_blocks), "--max-num-seqs", "16")
         engines = [start_server(model, work, *serve, timeout=300) for _ in range(args.engines)]
         urls = [e.url for e in engines]
-        for name in (*STRATEGIES, "prefix-aware-2"):
+        for name in ("prefix-aware",) if args.overhead_only else (*STRATEGIES, "prefix-aware-2"):
             strategy = name.removesuffix("-2")
             routers[name] = start_router(model, work, urls, "--strategy", strategy, "--index-budget-ms", "20",
                                          redis_url=redis.url)
         print(f"{args.engines} engines, {args.num_prefixes} prefixes x {args.per_prefix} requests, "
               f"{args.prefix_len}+{args.suffix_len} tokens in, {args.output_len} out, {args.request_rate} req/s")
-        rows = [measure(s, [routers[s]], engines, args, seed=10 + i) for i, s in enumerate(STRATEGIES)]
-        rows.append(measure("prefix-aware, 2 routers", [routers["prefix-aware"], routers["prefix-aware-2"]],
-                            engines, args, seed=20))
+        rows = []
+        if not args.overhead_only:
+            rows = [measure(s, [routers[s]], engines, args, seed=10 + i) for i, s in enumerate(STRATEGIES)]
+            rows.append(measure("prefix-aware, 2 routers", [routers["prefix-aware"], routers["prefix-aware-2"]],
+                                engines, args, seed=20))
         over = overhead(routers["prefix-aware"], args)
     finally:
         for r in routers.values():
@@ -171,6 +175,9 @@ def main() -> None:
             e.stop()
         redis.stop()
     print(table(rows, over))
+    if args.overhead_only:
+        print(json.dumps(over, indent=2))
+        return
     pa, rr = rows[0], rows[1]
     result = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
               "model": str(model), "machine": platform.machine(), "runs": rows, "overhead": over,

@@ -6,9 +6,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from prometheus_client.parser import text_string_to_metric_families
+from services.common.prom_text import scan_samples
 
 ITL_HISTOGRAM = "kvferry_inter_token_latency_seconds"
+_READ = frozenset(("kvferry_num_requests_waiting", "kvferry_num_requests_running", "kvferry_kv_cache_usage_ratio",
+                   "kvferry_prompt_tokens_total", f"{ITL_HISTOGRAM}_bucket"))
 
 
 @dataclass(frozen=True)
@@ -27,13 +29,12 @@ def parse_sample(text: str, at: float) -> EngineSample:
     """Parse Prometheus text exposition; missing metrics read as zero. ValueError on bad syntax."""
     values: dict[str, float] = {}
     buckets: dict[float, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == f"{ITL_HISTOGRAM}_bucket":
-                bound = float(sample.labels["le"])
-                buckets[bound] = buckets.get(bound, 0.0) + sample.value
-            else:
-                values[sample.name] = values.get(sample.name, 0.0) + sample.value
+    for sample in scan_samples(text, _READ.__contains__):
+        if sample.name == f"{ITL_HISTOGRAM}_bucket":
+            bound = float(sample.labels["le"])
+            buckets[bound] = buckets.get(bound, 0.0) + sample.value
+        else:
+            values[sample.name] = values.get(sample.name, 0.0) + sample.value
     return EngineSample(at=at, waiting=values.get("kvferry_num_requests_waiting", 0.0),
                         running=values.get("kvferry_num_requests_running", 0.0),
                         kv_usage=values.get("kvferry_kv_cache_usage_ratio", 0.0),

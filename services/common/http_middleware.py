@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 import uuid
 
 from fastapi import FastAPI, Request
@@ -24,7 +25,8 @@ def _authorized(headers: Headers, api_key: str) -> bool:
 
 
 class RequestContextMiddleware:
-    """Sets ``request.state.request_id`` and the response header; answers 401 for a bad API key.
+    """Sets ``request.state.request_id`` (and the response header) and ``request.state.arrival`` (perf_counter
+    when the request's headers arrived); answers 401 for a bad API key.
 
     Pure ASGI (not ``BaseHTTPMiddleware``), so streamed responses and disconnects pass through untouched.
     """
@@ -39,7 +41,8 @@ class RequestContextMiddleware:
             return
         headers = Headers(scope=scope)
         request_id = headers.get("x-request-id", "")[:_MAX_ID_LEN] or uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = request_id
+        state = scope.setdefault("state", {})
+        state["request_id"], state["arrival"] = request_id, time.perf_counter()
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -98,13 +98,16 @@ def _openai_routes(state: RouterState) -> APIRouter:
     async def completions(body: CompletionRequest, request: Request) -> Response:
         check_model(body.model)
         rid = body.request_id or request.state.request_id
-        return await _serve(state, state.preparer.completion(body), rid, None)
+        req = state.preparer.completion(body)
+        req.arrival = request.state.arrival  # the overhead counts parsing, tokenizing and hashing too
+        return await _serve(state, req, rid, None)
 
     @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         check_model(body.model)
         rid = body.request_id or request.state.request_id
         req = state.preparer.chat(body)
+        req.arrival = request.state.arrival
         adapter = ChatAdapter(name, rid, req.chat_top_logprobs, body.n, req.include_usage)
         return await _serve(state, req, rid, adapter)
 

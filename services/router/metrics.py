@@ -25,7 +25,7 @@ class RouterMetrics:
         self.lookup_latency = Histogram("kvferry_router_index_lookup_seconds", "Prefix-index lookup latency.",
                                         buckets=_LOOKUP_BUCKETS, registry=reg)
         self.overhead = Histogram("kvferry_router_overhead_seconds",
-                                  "Arrival to dispatch: validate, tokenize, hash, look up, schedule.",
+                                  "HTTP arrival to dispatch: parse, validate, tokenize, hash, look up, schedule.",
                                   buckets=_OVERHEAD_BUCKETS, registry=reg)
         self.fallbacks = Counter("kvferry_router_fallbacks",
                                  "Degraded routes: index (Redis down or slow: load only), prefill (decode-only).",

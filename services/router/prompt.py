@@ -38,7 +38,7 @@ class PreparedRequest:
     n: int = 1
     include_usage: bool = False
     chat_top_logprobs: int | None = None
-    arrival: float = field(default_factory=time.perf_counter)
+    arrival: float = field(default_factory=time.perf_counter)  # the app sets the HTTP arrival (middleware)
 
     @property
     def prompt_tokens(self) -> int:
