@@ -65,6 +65,8 @@ class PromptPreparer:
         prompts = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in body.prompts()]
         engine = _base_body(body)
         engine["prompt"] = prompts[0] if len(prompts) == 1 else prompts
+        if body.echo and isinstance(body.prompts()[0], str):
+            engine["prompt"] = body.prompt  # echo returns the caller's text, not text decoded from the ids
         return self._prepared("completion", body, prompts, engine)
 
     def chat(self, body: ChatCompletionRequest) -> PreparedRequest:

@@ -115,8 +115,9 @@ def test_prompt_logprobs_through_the_router(routers: list[RouterProcess], engine
     direct = openai.OpenAI(base_url=f"{engines[0].url}/v1", api_key="unused", max_retries=0)
     kw = {"model": MODEL, "prompt": "The ferry scores its prompt", "max_tokens": 2, "temperature": 0,
           "echo": True, "logprobs": 1}
-    routed_lp = client.completions.create(**kw).choices[0].logprobs
-    direct_lp = direct.completions.create(**kw).choices[0].logprobs
+    routed, plain = client.completions.create(**kw).choices[0], direct.completions.create(**kw).choices[0]
+    assert routed.text == plain.text and routed.text.startswith(kw["prompt"])  # the caller's text is echoed
+    routed_lp, direct_lp = routed.logprobs, plain.logprobs
     assert routed_lp.tokens == direct_lp.tokens and routed_lp.token_logprobs[0] is None
     assert routed_lp.token_logprobs[1:] == pytest.approx(direct_lp.token_logprobs[1:], abs=1e-5)
     messages = [{"role": "user", "content": "score me"}]
