@@ -7,7 +7,6 @@ from typing import Any
 from pool_operator.naming import (
     ENGINE_ROLES,
     HTTP_PORT,
-    KVSTORE_PORT,
     OPERATOR_APP_NAME,
     POOL_LABEL,
     REDIS_PORT,
@@ -43,9 +42,9 @@ class NetworkPolicyBuilder:
         ])
 
     def kvstore(self) -> dict[str, Any]:
+        """Engines -> kvstore on any port: gRPC on KVSTORE_PORT and NIXL (UCX) reads of its arena."""
         return self._policy("kvstore", self._pods("kvstore"), [
-            {"from": [{"podSelector": self._pods(*ENGINE_ROLES)}],
-             "ports": [{"protocol": "TCP", "port": KVSTORE_PORT}]},
+            {"from": [{"podSelector": self._pods(*ENGINE_ROLES)}]},
         ])
 
     def redis(self) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from services.engine.scheduler import Scheduler, SchedulerConfig
 
 if TYPE_CHECKING:
     from services.engine.kvstore_tier import KVStoreTier
+    from services.engine.nixl_transfer import NixlTransfer
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,9 @@ class EngineCore:
         self.runner = ModelRunner(model, cfg, kv_cache, self.block_size, backend, self.device,
                                   cfg.eos_token_ids, seed=config.seed)
         self.kv_manager = KVCacheManager(self.num_blocks, self.block_size, config.enable_prefix_caching)
-        self.connector = self._connector(kv_cache) if config.role != "both" else None
-        self.store = self._store(kv_cache) if config.kvstore_url else None
+        transfer = self._transfer(kv_cache) if config.role != "both" or config.kvstore_url else None
+        self.connector = self._connector(transfer) if config.role != "both" else None
+        self.store = self._store(kv_cache, transfer) if config.kvstore_url else None
         batched = config.max_num_batched_tokens or _DEFAULT_BATCHED_TOKENS
         self.scheduler = Scheduler(
             SchedulerConfig(max_num_seqs=config.max_num_seqs, max_num_batched_tokens=batched,
@@ -104,21 +106,24 @@ class EngineCore:
             kv_layout=block_major_layout(cfg.num_hidden_layers, self.block_size, cfg.num_key_value_heads, cfg.head_dim),
         )
 
-    def _connector(self, kv_cache: torch.Tensor) -> KVConnector:
-        """Prefill/decode roles move KV over NIXL; without NIXL they still serve (decode recomputes)."""
+    def _transfer(self, kv_cache: torch.Tensor) -> NixlTransfer | None:
+        """One NIXL agent over the KV cache, shared by P/D and the kvstore tier; None without NIXL."""
         from services.engine.nixl_transfer import NixlTransfer, nixl_available
 
-        transfer = None
         if self.config.use_nixl and nixl_available():
-            transfer = NixlTransfer(kv_cache, self.kv_compat())
-        else:
+            return NixlTransfer(kv_cache, self.kv_compat())
+        if self.config.role != "both":
             path = "the kvstore" if self.config.kvstore_url else "nothing: decode will recompute prompts"
             log.warning("NIXL is %s: role %s moves KV through %s",
                         "disabled" if not self.config.use_nixl else "not available", self.config.role, path)
+        return None
+
+    def _connector(self, transfer: NixlTransfer | None) -> KVConnector:
+        """Prefill/decode roles move KV over NIXL; without NIXL they still serve (decode recomputes)."""
         return KVConnector(self.config.role, transfer, self.config.kv_host, self.config.kv_port, self.block_size,
                            self.config.kv_lease_s)
 
-    def _store(self, kv_cache: torch.Tensor) -> KVStoreTier:
+    def _store(self, kv_cache: torch.Tensor, transfer: NixlTransfer | None) -> KVStoreTier:
         from services.engine.kvstore_tier import KVStoreTier
 
         def on_failure(reason: str, what: str, detail: str | None) -> None:
@@ -126,7 +131,7 @@ class EngineCore:
             self.store_failures[reason] += 1
 
         self.store_failures: Counter = Counter()
-        return KVStoreTier(self.config.kvstore_url, kv_cache, on_failure)
+        return KVStoreTier(self.config.kvstore_url, kv_cache, on_failure, transfer=transfer)
 
     def transfer_stats(self) -> tuple[dict[tuple[str, str], int], dict[str, int]]:
         """Blocks moved by (direction, path) and failures by reason, over NIXL and the kvstore."""

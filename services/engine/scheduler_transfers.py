@@ -52,6 +52,9 @@ class TransferScheduling:
         if self.store is not None and self.store.has_pending():
             for fetch in self.store.finished_fetches():
                 self._finish_fetch(fetch)
+        if self.store is not None and self.store.has_pending_reads():
+            for rid, num_blocks in self.store.finished_reads():
+                self._finish_store_read(rid, num_blocks)
 
     def _finish_load(self, rid: str, ok: bool) -> None:
         request = self.loading.pop(rid, None)
@@ -132,31 +135,58 @@ class TransferScheduling:
         if fetch.request_id in self._aborted_loads:  # finished while fetching; it holds no blocks
             self._aborted_loads.discard(fetch.request_id)
             return
-        request.fetched = fetch if fetch.payloads else None
+        request.fetched = fetch if fetch.num_blocks else None
         request.transition(RequestStatus.WAITING)
         self.waiting.appendleft(request)
 
     def _install_fetched(self, request: Request) -> bool:
-        """Local hit + fetched blocks become computed; False when blocks are short (retry next step)."""
+        """Local hit + fetched blocks become computed; False when blocks are short (retry next step).
+
+        Pinned slots are READ with NIXL while the request waits again (WAITING_FOR_REMOTE_KV); a read that
+        cannot start (counted) leaves only the local hit, and the request computes the rest itself.
+        """
         fetch, bs = request.fetched, self.kv.block_size
         computed, n_local = self.kv.get_computed_blocks(request)
-        local_blocks = n_local // bs
-        skip = local_blocks - fetch.first_block
-        if skip < 0 or skip >= len(fetch.payloads):  # the local hit changed: fetched blocks do not line up
+        skip = n_local // bs - fetch.first_block
+        if skip < 0 or skip >= fetch.num_blocks:  # the local hit changed: fetched blocks do not line up
             request.fetched = None
             return True
-        payloads = fetch.payloads[skip:]
-        new_blocks = self.kv.allocate_slots(request, len(payloads) * bs, computed, n_local, cache=False)
+        part = fetch.skip(skip)
+        new_blocks = self.kv.allocate_slots(request, part.num_blocks * bs, computed, n_local, cache=False)
         if new_blocks is None:
             return False
-        self.store.install([b.block_id for b in new_blocks], payloads)
-        valid = (local_blocks + len(payloads)) * bs
-        request.num_computed_tokens = min(valid, request.num_tokens - 1)
-        self.kv.cache_full_blocks(request, valid)
         request.fetched = None
-        if request.num_cached_tokens < 0:
-            request.num_cached_tokens = request.num_computed_tokens
+        request.num_computed_tokens = n_local
+        block_ids = [b.block_id for b in new_blocks]
+        if part.slots:
+            if self.store.read_in(block_ids, part):
+                self.waiting.popleft()
+                request.transition(RequestStatus.WAITING_FOR_REMOTE_KV)
+                self.loading[request.request_id] = request
+            return True
+        self.store.copy_in(block_ids, part.payloads)
+        self._computed_from_store(request, part.num_blocks)
         return True
+
+    def _finish_store_read(self, rid: str, num_blocks: int) -> None:
+        """A NIXL read from the store ended (``num_blocks`` 0: it failed): the request queues again."""
+        request = self.loading.pop(rid, None)
+        if request is None:
+            return
+        if rid in self._aborted_loads:
+            self._aborted_loads.discard(rid)
+            self.kv.free(request)
+            return
+        self._computed_from_store(request, num_blocks)
+        request.transition(RequestStatus.WAITING)
+        self.waiting.appendleft(request)
+
+    def _computed_from_store(self, request: Request, num_blocks: int) -> None:
+        """``num_blocks`` blocks after the local hit now hold the store's KV: cache them, count them computed."""
+        valid = request.num_computed_tokens + num_blocks * self.kv.block_size
+        if num_blocks:
+            self.kv.cache_full_blocks(request, valid)
+        request.num_computed_tokens = min(valid, request.num_tokens - 1)
 
     def _offload(self, request: Request) -> None:
         """Put the prompt's full blocks this request computed itself into the store (copied now, sent later)."""

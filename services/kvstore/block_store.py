@@ -137,6 +137,27 @@ class BlockStore:
                 slots.append(entry.slot)
         return slots
 
+    def adopt_arena(self, arena: SlabArena) -> list[bytes]:
+        """Move every block into ``arena`` slots (from now on blocks live there); returns the hashes dropped:
+        blocks of another size, or beyond the arena's slots (least recently used first)."""
+        dropped = []
+        with self._lock:
+            if self.arena is not None:
+                raise ValueError("this store already has an arena")
+            for block_hash, entry in list(reversed(self._entries.items())):  # most recently used keep slots
+                if entry.data is None or len(entry.data) != arena.slot_bytes or not arena.num_free:
+                    del self._entries[block_hash]
+                    self._pins.pop(block_hash, None)
+                    self._used -= entry.nbytes
+                    dropped.append(block_hash)
+                    continue
+                self._entries[block_hash] = _Entry(None, arena.allocate(entry.data), entry.tokens, entry.nbytes)
+            self._counters["evictions"] += len(dropped)
+            self.arena = arena
+        if dropped and self._on_evict:
+            self._on_evict(dropped)
+        return dropped
+
     def exists(self, hashes: Sequence[bytes]) -> int:
         """How many leading ``hashes`` are stored (no LRU refresh, no token check)."""
         with self._lock:

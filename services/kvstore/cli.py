@@ -29,8 +29,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add("--batch-bytes", type=int, default=1 << 20, help="bytes per streamed get message")
     add("--workers", type=int, default=8, help="gRPC handler threads")
     add("--slot-bytes", type=int, default=None,
-        help="bytes per KV block of the pool: keep blocks in a NIXL-registered arena engines can READ")
-    add("--no-nixl", dest="nixl", action="store_false", help="with --slot-bytes: do not register with NIXL")
+        help="bytes per KV block of the pool: keep blocks in a slot arena from the start (default: the first "
+             "engine's NIXL handshake creates it, sized by its bytes per block)")
+    add("--no-nixl", dest="nixl", action="store_false",
+        help="serve no NIXL region: engines put and get blocks over gRPC only")
     add("--redis-url", default=None, help="prefix index to report stored blocks to (tier kvstore)")
     add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Self
@@ -40,7 +41,8 @@ class KVStoreSettings(BaseModel):
     slot_bytes: int | None = Field(
         None, gt=0, description="bytes per block of the pool: blocks live in a NIXL-registered arena of such slots"
     )
-    nixl: bool = Field(True, description="with slot_bytes: register the arena with NIXL")
+    nixl: bool = Field(True, description="serve a NIXL region over the arena (created by the first handshake "
+                                         "when slot_bytes is not set)")
     metrics_port: int | None = Field(
         None, ge=0, le=65535,
         description="HTTP port of GET /metrics and /health: None is port + 1 (any free port when port is 0), 0 is off",
@@ -62,12 +64,13 @@ class KVStoreSettings(BaseModel):
 class KVStoreService(kvstore_pb2_grpc.KVStoreServicer):
     """gRPC handlers; all state lives in the BlockStore."""
 
-    def __init__(self, store: BlockStore, batch_bytes: int = DEFAULT_BATCH_BYTES, nixl: NixlRegion | None = None,
+    def __init__(self, store: BlockStore, batch_bytes: int = DEFAULT_BATCH_BYTES,
+                 region: Callable[[KVCompat], NixlRegion] | None = None,
                  on_stored: Callable[[list[bytes]], None] | None = None, metrics: KvstoreMetrics | None = None) -> None:
         self.store = store
         self.metrics = metrics or KvstoreMetrics(store.stats)
         self.batch_bytes = batch_bytes
-        self.nixl = nixl
+        self.region = region  # the NIXL region for an engine's KV layout (None: NIXL is off)
         self.on_stored = on_stored  # e.g. report new blocks to the prefix index
 
     def Put(self, request_iterator: Iterator[kvstore_pb2.PutBatch], context: grpc.ServicerContext) -> kvstore_pb2.PutReply:
@@ -109,17 +112,19 @@ class KVStoreService(kvstore_pb2_grpc.KVStoreServicer):
         return kvstore_pb2.StatsReply(**self.store.stats().model_dump())
 
     def NixlHandshake(self, request: kvstore_pb2.HandshakeRequest, context: grpc.ServicerContext) -> kvstore_pb2.HandshakeReply:
-        if self.nixl is None:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this kvstore has no NIXL region (start it with --slot-bytes)")
+        if self.region is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this kvstore serves no NIXL region (--no-nixl)")
         try:
-            handshake = self.nixl.handshake(KVCompat.model_validate_json(request.compat_json))
+            compat = KVCompat.model_validate_json(request.compat_json)
+            handshake = self.region(compat).handshake(compat)
         except (ValueError, KVTransferError) as exc:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         return kvstore_pb2.HandshakeReply(handshake_json=handshake.model_dump_json())
 
     def PinPrefix(self, request: kvstore_pb2.PinRequest, context: grpc.ServicerContext) -> kvstore_pb2.PinReply:
         if self.store.arena is None:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this kvstore has no arena (start it with --slot-bytes)")
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          "this kvstore has no arena yet (NixlHandshake creates it, or start it with --slot-bytes)")
         slots = self.store.pin_prefix([(k.hash, k.token_ids) for k in request.keys], request.ttl_s or 10.0)
         self.metrics.skipped(len(request.keys) - len(slots) - 1)  # the store counted the blocks it looked up
         return kvstore_pb2.PinReply(slots=slots)
@@ -144,7 +149,7 @@ class KVStoreServer:
         if self.port == 0:
             raise OSError(f"kvstore could not bind {settings.host}:{settings.port}")
         self.publisher = self._publisher() if settings.redis_url else None
-        self.nixl = NixlRegion(self.store.arena) if self.store.arena is not None and settings.nixl else None
+        self.nixl: NixlRegion | None = None  # created by the first NixlHandshake (see region_for)
         self._metrics_http: MetricsHttpServer | None = None
         try:
             self._metrics_http = self._serve_metrics(metrics_port)
@@ -152,12 +157,29 @@ class KVStoreServer:
             self.stop(grace_s=0)
             raise
         self.metrics_port = self._metrics_http.port if self._metrics_http else None
-        service = KVStoreService(self.store, settings.batch_bytes, self.nixl, on_stored=self._stored,
-                                 metrics=self.metrics)
+        self._region_lock = threading.Lock()
+        service = KVStoreService(self.store, settings.batch_bytes, self.region_for if settings.nixl else None,
+                                 on_stored=self._stored, metrics=self.metrics)
         kvstore_pb2_grpc.add_KVStoreServicer_to_server(service, self._server)
         self._server.start()
         log.info("kvstore listening on %s:%d (capacity %d bytes, metrics %s)", settings.host, self.port,
                  settings.capacity_bytes, f"on port {self.metrics_port}" if self.metrics_port else "off")
+
+    def region_for(self, compat: KVCompat) -> NixlRegion:
+        """The NIXL region; the first engine's handshake creates it (slots of its bytes per block) when
+        --slot-bytes did not, moving the blocks stored so far into the arena."""
+        with self._region_lock:
+            if self.nixl is None:
+                if self.store.arena is None:
+                    arena = SlabArena(self.settings.capacity_bytes, compat.bytes_per_block)
+                    region = NixlRegion(arena)  # raises KVTransferError without NIXL: the store stays as it is
+                    dropped = self.store.adopt_arena(arena)
+                    log.info("kvstore arena created: %d slots of %d bytes (%d blocks of another size dropped)",
+                             arena.num_slots, arena.slot_bytes, len(dropped))
+                    self.nixl = region
+                else:
+                    self.nixl = NixlRegion(self.store.arena)
+            return self.nixl
 
     def _serve_metrics(self, port: int | None) -> MetricsHttpServer | None:
         """Start GET /metrics and /health on the gRPC host (None when ``port`` is None: metrics off)."""

@@ -131,3 +131,20 @@ def test_a_put_that_cannot_fit_evicts_nothing() -> None:
     assert h(1) in store and evicted == [] and store.stats().evictions == 0
     assert store.put(h(4), TOKENS, BLOCK) == "stored"  # the same size fits after evicting 1, and says so
     assert evicted == [h(1)] and store.stats().evictions == 1
+
+
+def test_adopt_arena_moves_blocks_into_slots_and_drops_what_cannot_fit() -> None:
+    evicted: list[bytes] = []
+    store = BlockStore(10_000, on_evict=evicted.extend)
+    for i in range(4):
+        assert store.put(h(i), [i], bytes([i]) * 64) == "stored"
+    assert store.put(h(9), [9], b"x" * 32) == "stored"  # another size: cannot live in a 64-byte slot
+    store.get(h(0), [0])  # most recently used: keeps a slot
+    dropped = store.adopt_arena(SlabArena(64 * 3, 64))  # room for 3 of the 4 right-sized blocks
+    assert set(dropped) == {h(9), h(1)} and set(evicted) == set(dropped)
+    assert [store.get(h(i), [i]) for i in (0, 2, 3)] == [bytes([i]) * 64 for i in (0, 2, 3)]
+    slots = store.pin_prefix([(h(0), [0]), (h(2), [2]), (h(3), [3])], ttl_s=5)
+    assert sorted(slots) == [0, 1, 2]  # every kept block has its own slot of the arena
+    assert store.stats().num_blocks == 3 and store.stats().evictions == 2
+    with pytest.raises(ValueError, match="already"):
+        store.adopt_arena(SlabArena(64, 64))

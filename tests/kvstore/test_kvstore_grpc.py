@@ -79,9 +79,9 @@ def test_unreachable_store_raises_unavailable() -> None:
         client.exists([b"x"])
 
 
-def test_nixl_calls_need_an_arena(kvstore: str) -> None:
+def test_pins_need_an_arena_and_handshakes_a_layout(kvstore: str) -> None:
     with KVStoreClient(kvstore) as client:
-        with pytest.raises(KVStoreUnavailable, match="--slot-bytes"):
-            client.nixl_handshake("{}")
+        with pytest.raises(KVStoreUnavailable, match="(?s)FAILED_PRECONDITION.*model_id"):
+            client.nixl_handshake("{}")  # not a KV layout: refused, and no arena is made of it
         with pytest.raises(KVStoreUnavailable, match="--slot-bytes"):
             client.pin_prefix([(b"x", [1])])

@@ -7,11 +7,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from services.common.hashing import BlockHasher
 from services.common.kvstore_client import KVStoreClient
-from tests.kvstore_server import running_kvstore
+from services.common.prom_text import scan_samples
+from tests.kvstore_server import KVStoreProcess, kvstore_process, running_kvstore
 from tests.pd.test_pd_flow import complete, prompts
 from tests.redis_server import redis_server  # noqa: F401 - fixture
 from tests.server.helpers import MODEL, free_port, start_server
@@ -20,9 +22,20 @@ ARGS = ("--block-size", "16", "--num-kv-blocks", "256", "--max-model-len", "512"
 
 
 @pytest.fixture(scope="module")
-def kvstore() -> Iterator[str]:
-    with running_kvstore(capacity_gb="0.2") as target:
-        yield f"grpc://{target}"
+def store_process() -> Iterator[KVStoreProcess]:
+    with kvstore_process(capacity_gb="0.2") as store:
+        yield store
+
+
+@pytest.fixture(scope="module")
+def kvstore(store_process: KVStoreProcess) -> str:
+    return f"grpc://{store_process.target}"
+
+
+def _rpc_calls(store: KVStoreProcess) -> dict[str, float]:
+    """gRPC calls the store served so far, by method (from its /metrics)."""
+    text = httpx.get(f"{store.metrics_url}/metrics", timeout=5).text
+    return {s.labels["method"]: s.value for s in scan_samples(text, "kvferry_kvstore_rpc_duration_seconds_count".__eq__)}
 
 
 def _wait_stored(store: str, prompt: list[int], n_blocks: int) -> None:
@@ -38,14 +51,20 @@ def _blocks(server, direction: str, path: str) -> float:
     return server.metrics().get(f'kvferry_kv_transfer_blocks_total{{direction="{direction}",path="{path}"}}', 0)
 
 
-def test_second_engine_gets_the_prefix_from_the_store(llama_dir: Path, tmp_path: Path, kvstore: str) -> None:
+def test_second_engine_gets_the_prefix_from_the_store(llama_dir: Path, tmp_path: Path, kvstore: str,
+                                                      store_process: KVStoreProcess) -> None:
+    """Both sides have NIXL: the store pins the prefix and the engine READs the slots (no gRPC Get)."""
     a = start_server(llama_dir, tmp_path, "--kvstore-url", kvstore, *ARGS)
     b = start_server(llama_dir, tmp_path, "--kvstore-url", kvstore, *ARGS)
     try:
         prompt = prompts(1, seed=21)[0] + list(range(3, 120))
         first = complete(a, prompt)
         _wait_stored(kvstore, prompt, (len(prompt) - 1) // 16)
+        before = _rpc_calls(store_process)
         second = complete(b, prompt)
+        after = _rpc_calls(store_process)
+        assert after["PinPrefix"] > before["PinPrefix"] and after["Get"] == before["Get"]
+        assert "NIXL READs" in b.log_text()
         assert second["choices"][0]["text"] == first["choices"][0]["text"]
         assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == (len(prompt) - 1) // 16 * 16
         assert _blocks(b, "received", "kvstore") == (len(prompt) - 1) // 16
@@ -55,7 +74,8 @@ def test_second_engine_gets_the_prefix_from_the_store(llama_dir: Path, tmp_path:
         b.stop()
 
 
-def test_pd_without_nixl_moves_kv_through_the_store(llama_dir: Path, tmp_path: Path, kvstore: str) -> None:
+def test_pd_without_nixl_moves_kv_through_the_store(llama_dir: Path, tmp_path: Path, kvstore: str,
+                                                    store_process: KVStoreProcess) -> None:
     prefill = start_server(llama_dir, tmp_path, "--role", "prefill", "--no-nixl", "--kvstore-url", kvstore, *ARGS)
     decode = start_server(llama_dir, tmp_path, "--role", "decode", "--no-nixl", "--kvstore-url", kvstore, *ARGS)
     aggregated = start_server(llama_dir, tmp_path, *ARGS)
@@ -67,6 +87,7 @@ def test_pd_without_nixl_moves_kv_through_the_store(llama_dir: Path, tmp_path: P
             assert out["choices"][0]["text"] == complete(aggregated, prompt)["choices"][0]["text"]
         assert _blocks(decode, "received", "kvstore") > 0
         assert prefill.metrics()["kvferry_kv_cache_usage_ratio"] == 0.0  # no NIXL lease held
+        assert _rpc_calls(store_process)["Get"] > 0  # engines without NIXL fetch over gRPC
     finally:
         for s in (prefill, decode, aggregated):
             s.stop()
@@ -112,3 +133,49 @@ def test_kvstore_reports_its_blocks_to_the_prefix_index(llama_dir: Path, tmp_pat
             index.close()
         finally:
             engine.stop()
+
+
+@pytest.mark.parametrize("failure", ["start", "complete"])
+def test_failed_nixl_read_from_the_store_is_counted_and_recomputed(llama_dir: Path, kvstore: str,
+                                                                   failure: str) -> None:
+    """A READ that cannot start, or ends in error, leaves only the local hit: the request computes the
+    rest itself (tokens unchanged), the failure is counted once, and the next fetch goes over gRPC."""
+    from services.common.kv_transfer import KVTransferError
+    from services.engine import LLM, SamplingParams
+    from services.engine.nixl_transfer import TransferState
+
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    prompt = prompts(1, seed=24)[0] + list(range(3, 70))
+    kw = {"served_model_name": MODEL, "kvstore_url": kvstore, "block_size": 16, "num_kv_blocks": 64,
+          "max_model_len": 512}
+    source = LLM(model=str(llama_dir), **kw)
+    expected = source.generate([prompt], params)[0].outputs[0].token_ids
+    # a prompt sharing 2 blocks with it, unique to this case, stored too
+    changed = prompt[:40] + [prompt[40] % 300 + (2 if failure == "start" else 3)] + prompt[41:]
+    expected_changed = source.generate([changed], params)[0].outputs[0].token_ids
+    _wait_stored(kvstore, changed, (len(changed) - 1) // 16)
+    cold = LLM(model=str(llama_dir), **kw)
+    transfer = cold.engine.core.store._transfer
+    real_poll = transfer.poll
+
+    def read_cannot_start(*_args: object, **_kw: object) -> None:
+        raise KVTransferError("injected: the store's memory is unreachable")
+
+    def read_ends_in_error(handle: object) -> TransferState:
+        if real_poll(handle) is TransferState.PENDING:
+            return TransferState.PENDING
+        handle.state, handle.error = TransferState.ERROR, "injected"
+        return TransferState.ERROR
+
+    if failure == "start":
+        transfer.read_blocks = read_cannot_start
+    else:
+        transfer.poll = read_ends_in_error
+    out = cold.generate([prompt], params)[0]
+    assert out.outputs[0].token_ids == expected and out.num_cached_tokens == 0
+    core = cold.engine.core
+    assert core.store_failures["transfer_error"] == 1 and core.store.blocks_received == 0
+    again = cold.generate([changed], params)[0]  # 2 blocks local, the rest from the store: over gRPC now
+    assert again.outputs[0].token_ids == expected_changed
+    assert again.num_cached_tokens == (len(changed) - 1) // 16 * 16 and core.store.blocks_received > 0
+    assert core.store_failures["transfer_error"] == 1

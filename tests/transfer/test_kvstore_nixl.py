@@ -53,3 +53,33 @@ def test_kvstore_refuses_engines_of_another_layout(kvstore: str) -> None:
             client.nixl_handshake(compat(block_size=32).model_dump_json())
         with pytest.raises(KVStoreUnavailable, match="model_id"):
             client.nixl_handshake(compat(model_id="other").model_dump_json())
+
+
+def test_first_handshake_creates_the_arena_and_keeps_stored_blocks() -> None:
+    """Without --slot-bytes the store keeps bytes; the first engine's handshake moves them into NIXL slots."""
+    source = make_cache(seed=12, num_blocks=4)
+    tokens = list(range(4 * BLOCK_SIZE))
+    hashes = BlockHasher("tiny", BLOCK_SIZE).hash_tokens(tokens)
+    keys = [(h, tokens[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE]) for i, h in enumerate(hashes)]
+    flat = source.view(4, -1).view(torch.uint8)
+    local = torch.zeros((4, *source.shape[1:]))
+    with running_kvstore(capacity_gb="0.002") as target, KVStoreClient(target) as client, \
+            NixlTransfer(local, compat()) as transfer:
+        client.wait_ready()
+        client.put((h, t, flat[i].numpy().tobytes()) for i, (h, t) in enumerate(keys))
+        with pytest.raises(KVStoreUnavailable, match="no arena yet"):
+            client.pin_prefix(keys)
+        store_id = transfer.add_peer(client.nixl_handshake(compat().model_dump_json()), address=target)
+        slots = client.pin_prefix(keys, ttl_s=10)
+        assert len(slots) == 4
+        assert transfer.wait(transfer.read_blocks(store_id, slots, [3, 2, 1, 0])) is TransferState.DONE
+        for i in range(4):
+            assert torch.equal(local[3 - i], source[i])
+        assert client.get(keys) == [flat[i].numpy().tobytes() for i in range(4)]  # gRPC reads the slots too
+
+
+def test_no_nixl_store_refuses_handshakes() -> None:
+    with running_kvstore("--no-nixl") as target, KVStoreClient(target) as client:
+        client.wait_ready()
+        with pytest.raises(KVStoreUnavailable, match="--no-nixl"):
+            client.nixl_handshake(compat().model_dump_json())
