@@ -56,13 +56,23 @@ class TransferScheduling:
             for rid, num_blocks in self.store.finished_reads():
                 self._finish_store_read(rid, num_blocks)
 
-    def _finish_load(self, rid: str, ok: bool) -> None:
+    def _read_ended(self, rid: str) -> Request | None:
+        """The request whose KV read ended; None if unknown or aborted meanwhile (its blocks are freed now)."""
         request = self.loading.pop(rid, None)
-        if request is None:
-            return
-        if rid in self._aborted_loads:
+        if request is not None and rid in self._aborted_loads:
             self._aborted_loads.discard(rid)
             self.kv.free(request)
+            return None
+        return request
+
+    def _requeue(self, request: Request) -> None:
+        """Back to the head of the queue once its KV arrived (or did not)."""
+        request.transition(RequestStatus.WAITING)
+        self.waiting.appendleft(request)
+
+    def _finish_load(self, rid: str, ok: bool) -> None:
+        request = self._read_ended(rid)
+        if request is None:
             return
         params = request.kv_transfer_params
         request.kv_transfer_params = None  # consumed: a preempted request recomputes
@@ -74,8 +84,7 @@ class TransferScheduling:
             request.num_computed_tokens = loaded
             self.kv.cache_full_blocks(request, loaded)
         request.num_cached_tokens = request.num_computed_tokens
-        request.transition(RequestStatus.WAITING)
-        self.waiting.appendleft(request)
+        self._requeue(request)
 
     def _start_remote_load(self, request: Request) -> bool:
         """Decode: local prefix hit, blocks for the rest of prefill's blocks, and a NIXL read into them.
@@ -129,15 +138,10 @@ class TransferScheduling:
         self.store.fetch(request.request_id, first, keys)
 
     def _finish_fetch(self, fetch: Any) -> None:
-        request = self.loading.pop(fetch.request_id, None)
-        if request is None:
-            return
-        if fetch.request_id in self._aborted_loads:  # finished while fetching; it holds no blocks
-            self._aborted_loads.discard(fetch.request_id)
-            return
-        request.fetched = fetch if fetch.num_blocks else None
-        request.transition(RequestStatus.WAITING)
-        self.waiting.appendleft(request)
+        request = self._read_ended(fetch.request_id)  # an aborted one holds no blocks yet
+        if request is not None:
+            request.fetched = fetch if fetch.num_blocks else None
+            self._requeue(request)
 
     def _install_fetched(self, request: Request) -> bool:
         """Local hit + fetched blocks become computed; False when blocks are short (retry next step).
@@ -170,16 +174,10 @@ class TransferScheduling:
 
     def _finish_store_read(self, rid: str, num_blocks: int) -> None:
         """A NIXL read from the store ended (``num_blocks`` 0: it failed): the request queues again."""
-        request = self.loading.pop(rid, None)
-        if request is None:
-            return
-        if rid in self._aborted_loads:
-            self._aborted_loads.discard(rid)
-            self.kv.free(request)
-            return
-        self._computed_from_store(request, num_blocks)
-        request.transition(RequestStatus.WAITING)
-        self.waiting.appendleft(request)
+        request = self._read_ended(rid)
+        if request is not None:
+            self._computed_from_store(request, num_blocks)
+            self._requeue(request)
 
     def _computed_from_store(self, request: Request, num_blocks: int) -> None:
         """``num_blocks`` blocks after the local hit now hold the store's KV: cache them, count them computed."""
