@@ -151,8 +151,8 @@ class ModelRunner:
         entries: list[Logprobs] = []
         for s in range(0, len(rows.hidden_idx), _PROMPT_LOGITS_SLICE):
             idx = torch.tensor(rows.hidden_idx[s : s + _PROMPT_LOGITS_SLICE], dtype=torch.long, device=self.device)
-            logits = self.model.compute_logits(hidden[idx])
-            entries.extend(batch_logprobs(logits, rows.targets[s : s + _PROMPT_LOGITS_SLICE], rows.top_n))
+            lp = torch.log_softmax(self.model.compute_logits(hidden[idx]), dim=-1)
+            entries.extend(batch_logprobs(lp, rows.targets[s : s + _PROMPT_LOGITS_SLICE], rows.top_n))
         return rows.req_id, rows.first, tuple(entries)
 
     def _row(self, req_id: str) -> SamplingRow:

@@ -82,10 +82,10 @@ class Request:
         # kvstore tier: asked once per admission; fetched payloads wait here until installed
         self.store_checked = False
         self.fetched: Any = None
-        # prompt logprobs: the first prompt token has none; filled chunk by chunk, sent with the first token
+        # prompt logprobs: the first prompt token has none; filled chunk by chunk, sent (and dropped) with the
+        # first generated token
         self.prompt_logprobs: list[Logprobs | None] | None = (
             [None] if sampling_params.prompt_logprobs is not None else None)
-        self.prompt_logprobs_sent = False
         self._hash_fn = hash_fn
         self.block_hashes: list[bytes] = []
         if hash_fn is not None:
@@ -130,10 +130,8 @@ class Request:
 
     def take_prompt_logprobs(self) -> tuple[Logprobs | None, ...] | None:
         """The complete prompt logprobs, once (they go out with the first generated token)."""
-        if self.prompt_logprobs is None or self.prompt_logprobs_sent:
-            return None
-        self.prompt_logprobs_sent = True
-        return tuple(self.prompt_logprobs)
+        taken, self.prompt_logprobs = self.prompt_logprobs, None
+        return tuple(taken) if taken is not None else None
 
     def append_output_token(self, token_id: int) -> None:
         """Record one generated token and hash any block it completes."""

@@ -38,7 +38,7 @@ class Sampler:
         if raw_logprobs is not None:
             for i, row in enumerate(rows):
                 if want_lp[i]:
-                    lps[i] = _logprobs(raw_logprobs[i], tokens[i], row.params.logprobs or 0)
+                    lps[i] = batch_logprobs(raw_logprobs[i : i + 1], [tokens[i]], row.params.logprobs or 0)[0]
         return tokens, lps
 
     @staticmethod
@@ -104,9 +104,8 @@ def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch
     return probs
 
 
-def batch_logprobs(logits: torch.Tensor, tokens: list[int], n: int) -> list[Logprobs]:
-    """Logprob, rank and top-n alternatives of ``tokens[i]`` under row i of raw ``logits`` [R, V]."""
-    lp = torch.log_softmax(logits.float(), dim=-1)
+def batch_logprobs(lp: torch.Tensor, tokens: list[int], n: int) -> list[Logprobs]:
+    """Logprob, rank and top-n alternatives of ``tokens[i]`` under row i of log-probabilities ``lp`` [R, V]."""
     target = torch.tensor(tokens, dtype=torch.long, device=lp.device)[:, None]
     token_lp = lp.gather(1, target)
     ranks = ((lp > token_lp).sum(dim=-1) + 1).tolist()
@@ -115,13 +114,3 @@ def batch_logprobs(logits: torch.Tensor, tokens: list[int], n: int) -> list[Logp
         vals, ids = torch.topk(lp, n, dim=-1)
         tops = [tuple(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), vals.tolist(), strict=True)]
     return [Logprobs(v, r, t) for v, r, t in zip(token_lp[:, 0].tolist(), ranks, tops, strict=True)]
-
-
-def _logprobs(row_lp: torch.Tensor, token: int, n: int) -> Logprobs:
-    token_lp = float(row_lp[token])
-    rank = int((row_lp > row_lp[token]).sum()) + 1
-    top: tuple[tuple[int, float], ...] = ()
-    if n > 0:
-        vals, ids = torch.topk(row_lp, n)
-        top = tuple(zip(ids.tolist(), vals.tolist(), strict=True))
-    return Logprobs(token_lp, rank, top)

@@ -72,17 +72,17 @@ def _choice(ctx: ServingContext, body: CompletionRequest, sub: SubRequest, promp
     logprobs = prompt_lps = None
     if body.logprobs is not None:
         echoed = prompt.ids if body.echo else []
-        echoed_lps = _echoed_logprobs(final, len(echoed))
+        echoed_lps = _prompt_token_logprobs(final, len(echoed))
         logprobs = completion_logprobs(ctx.llm.tokenizer, echoed + out.token_ids,
                                        echoed_lps + list(out.logprobs or []), 0, body.logprobs)
     if body.prompt_logprobs is not None:
-        prompt_lps = prompt_logprobs_json(ctx.llm.tokenizer, prompt.ids, _echoed_logprobs(final, len(prompt.ids)),
+        prompt_lps = prompt_logprobs_json(ctx.llm.tokenizer, prompt.ids, _prompt_token_logprobs(final, len(prompt.ids)),
                                           body.prompt_logprobs)
     return CompletionChoice(index=sub.index, text=text, logprobs=logprobs, finish_reason=out.finish_reason,
                             stop_reason=out.stop_reason, prompt_logprobs=prompt_lps)
 
 
-def _echoed_logprobs(final: RequestOutput, num_prompt: int) -> list[Logprobs | None]:
+def _prompt_token_logprobs(final: RequestOutput, num_prompt: int) -> list[Logprobs | None]:
     """The engine's prompt logprobs (the first token has none); all None if the request ended before them."""
     if num_prompt and final.prompt_logprobs is not None:
         return list(final.prompt_logprobs)
@@ -125,7 +125,7 @@ def _echo_chunk(ctx: ServingContext, body: CompletionRequest, stream: StreamCont
                 prompt: _Prompt, first: RequestOutput | None, cursor: _ChoiceCursor) -> CompletionStreamResponse:
     logprobs = None
     if body.logprobs is not None and first is not None:
-        logprobs = completion_logprobs(ctx.llm.tokenizer, prompt.ids, _echoed_logprobs(first, len(prompt.ids)), 0,
+        logprobs = completion_logprobs(ctx.llm.tokenizer, prompt.ids, _prompt_token_logprobs(first, len(prompt.ids)), 0,
                                        body.logprobs)
         cursor.offset = sum(len(t) for t in logprobs.tokens)
     return stream.completion_chunk(index, prompt.text, logprobs=logprobs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -121,18 +122,25 @@ class _RpcInterceptor(grpc.ServerInterceptor):
                        response_serializer=handler.response_serializer)
 
 
+@contextlib.contextmanager
+def _observed(duration: Histogram, errors: Counter) -> Iterator[None]:
+    """Observe the block's duration; count an exception it raises (``context.abort`` too) as an error."""
+    start = time.perf_counter()
+    try:
+        yield
+    except Exception:
+        errors.inc()
+        raise
+    finally:
+        duration.observe(time.perf_counter() - start)
+
+
 def _timed(behavior: Behavior, duration: Histogram, errors: Counter) -> Behavior:
-    """A single-response handler that observes its duration and counts raised errors (``context.abort`` too)."""
+    """A single-response handler, timed."""
 
     def call(request: Any, context: grpc.ServicerContext) -> Any:
-        start = time.perf_counter()
-        try:
+        with _observed(duration, errors):
             return behavior(request, context)
-        except Exception:
-            errors.inc()
-            raise
-        finally:
-            duration.observe(time.perf_counter() - start)
 
     return call
 
@@ -141,13 +149,7 @@ def _timed_stream(behavior: Behavior, duration: Histogram, errors: Counter) -> B
     """A streaming-response handler timed until its last message; a client cancelling is no error."""
 
     def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-        start = time.perf_counter()
-        try:
+        with _observed(duration, errors):
             yield from behavior(request, context)
-        except Exception:
-            errors.inc()
-            raise
-        finally:
-            duration.observe(time.perf_counter() - start)
 
     return call

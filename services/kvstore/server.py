@@ -66,9 +66,9 @@ class KVStoreService(kvstore_pb2_grpc.KVStoreServicer):
 
     def __init__(self, store: BlockStore, batch_bytes: int = DEFAULT_BATCH_BYTES,
                  region: Callable[[KVCompat], NixlRegion] | None = None,
-                 on_stored: Callable[[list[bytes]], None] | None = None, metrics: KvstoreMetrics | None = None) -> None:
+                 on_stored: Callable[[list[bytes]], None] | None = None, *, metrics: KvstoreMetrics) -> None:
         self.store = store
-        self.metrics = metrics or KvstoreMetrics(store.stats)
+        self.metrics = metrics
         self.batch_bytes = batch_bytes
         self.region = region  # the NIXL region for an engine's KV layout (None: NIXL is off)
         self.on_stored = on_stored  # e.g. report new blocks to the prefix index
