@@ -56,12 +56,12 @@ def _stream(url: str, body: dict, into: list, first: threading.Event) -> None:
 
 
 def test_sigterm_drains_then_exits_zero(llama_dir: Path, tmp_path: Path) -> None:
-    server = start_server(llama_dir, tmp_path, "--drain-timeout", "3")
+    server = start_server(llama_dir, tmp_path, "--drain-timeout", "2")
     short, long_ = [], []
     started = [threading.Event(), threading.Event()]
-    threads = [threading.Thread(target=_stream, args=(server.url, {"prompt": "s", "max_tokens": 150,
+    threads = [threading.Thread(target=_stream, args=(server.url, {"prompt": "s", "max_tokens": 40,
                                                                   "ignore_eos": True}, short, started[0])),
-               threading.Thread(target=_stream, args=(server.url, {**LONG, "n": 8}, long_, started[1]))]
+               threading.Thread(target=_stream, args=(server.url, {**LONG, "n": 16}, long_, started[1]))]
     for t in threads:
         t.start()
     for event in started:
