@@ -25,7 +25,7 @@ redis:
 	@command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server; }
 
 model: $(STAMP)
-	$(PY) -m services.engine.model_cache
+	$(PY) -m services.engine.worker.loader.default_model
 
 lint: setup
 	$(VENV)/bin/lint-imports

@@ -25,7 +25,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.engine import LLM, SamplingParams  # noqa: E402
-from services.engine.model_cache import kvferry_home  # noqa: E402
+from services.engine.worker.loader.default_model import kvferry_home  # noqa: E402
 from tests.checkpoints import build_checkpoint  # noqa: E402
 
 MODELS = {"small": dict(hidden=256, layers=4, heads=4), "medium": dict(hidden=768, layers=12, heads=12)}

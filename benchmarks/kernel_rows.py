@@ -103,8 +103,8 @@ def pointwise_rows(shapes: Shapes, tokens: int, copy_bw: float) -> list[dict]:
 
 def random_model(shapes: Shapes) -> torch.nn.Module:
     """The engine's Llama with random weights (std 0.02, norms 1) of the shape shapes.model describes."""
-    from services.engine.model_config import ModelConfig
-    from services.engine.models import get_model_class
+    from services.engine.worker.model_config import ModelConfig
+    from services.engine.worker.models import get_model_class
 
     cfg = ModelConfig(architecture="LlamaForCausalLM", **shapes.model)
     with torch.device("meta"):
@@ -127,7 +127,7 @@ def weight_bytes_read(model: torch.nn.Module, batch: int) -> int:
 def decode_step_row(shapes: Shapes, model: torch.nn.Module, backend: object, batch: int, context: int,
                     copy_bw: float) -> dict:
     """One engine decode step (all layers + logits) of `batch` sequences at `context` vs its bandwidth floor."""
-    from services.engine.model_runner import kv_cache_shape
+    from services.engine.worker.model_runner import kv_cache_shape
 
     cfg, bs = model.cfg, shapes.block_size
     kv_per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * shapes.dtype.itemsize

@@ -148,7 +148,7 @@ def print_pointwise_and_steps(rows: list[dict]) -> None:
 
 def run(sh: Shapes) -> tuple[float, list[dict]]:
     """Measure every row: attention, pointwise kernels, then end-to-end decode steps."""
-    from services.engine.attention import select_backend
+    from services.engine.worker.attention import select_backend
 
     torch.manual_seed(0)
     copy_bw = copy_bandwidth(sh)

@@ -81,7 +81,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.model is None:
         sys.path.insert(0, str(REPO))
-        from services.engine.model_cache import ensure_default_model
+        from services.engine.worker.loader.default_model import ensure_default_model
 
         args.model = str(ensure_default_model())
     common = ("--max-model-len", "4096", "--num-kv-blocks", "1024", "--no-prefix-caching")

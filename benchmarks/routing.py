@@ -41,7 +41,7 @@ BLOCK = 16
 
 def default_model() -> Path:
     """SmolLM2-135M-Instruct: a real tokenizer, so streamed chunks carry text and TTFT is measured."""
-    from services.engine.model_cache import ensure_default_model
+    from services.engine.worker.loader.default_model import ensure_default_model
 
     return Path(ensure_default_model())
 

@@ -9,7 +9,7 @@ import sys
 # (name, "module:function that adds the sub-parser", help). Modules import only when chosen, so
 # `kvferry router` never imports torch.
 SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
-    ("serve", "services.engine.serve_cli:add_parser", "run an engine server (OpenAI API)"),
+    ("serve", "services.serve_cli:add_parser", "run an engine server (OpenAI API)"),
     ("router", "services.router.cli:add_parser", "run the cache-aware router"),
     ("kvstore", "services.kvstore.cli:add_parser", "run the host-memory KV block store"),
     ("operator", "pool_operator.cli:add_operator_parser", "run the InferencePool operator"),

@@ -22,6 +22,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.common.errors import config_problem
+from services.common.roles import RoleName
 
 HOST = "127.0.0.1"
 _PR_SET_PDEATHSIG = 1
@@ -186,7 +187,7 @@ def start_kvstore(stack: LocalStack, redis_url: str) -> str:
     return url
 
 
-def engine_plan(s: UpSettings) -> list[tuple[str, str]]:
+def engine_plan(s: UpSettings) -> list[tuple[str, RoleName]]:
     """(child name, role) of every engine to start."""
     if s.prefill:
         return [(f"prefill-{i}", "prefill") for i in range(s.prefill)] + \
@@ -198,7 +199,8 @@ def start_pool(stack: LocalStack, redis_url: str, kvstore_url: str | None) -> st
     """Engines (concurrently), then the router once they are healthy; returns the router's URL."""
     s = stack.settings
     tier = ["--kvstore-url", kvstore_url] if kvstore_url else []
-    engines, children = [], []
+    engines: list[tuple[str, RoleName]] = []
+    children = []
     for name, role in engine_plan(s):
         port = free_port()
         url = f"http://{HOST}:{port}"
@@ -209,7 +211,7 @@ def start_pool(stack: LocalStack, redis_url: str, kvstore_url: str | None) -> st
         engines.append((url, role))
     print(f"  loading {s.name} in {len(children)} engine(s) ...", flush=True)
     stack.wait_ready(children)
-    flag = {"both": "--engine", "prefill": "--prefill", "decode": "--decode"}
+    flag: dict[RoleName, str] = {"both": "--engine", "prefill": "--prefill", "decode": "--decode"}
     pool = [arg for url, role in engines for arg in (flag[role], url)]
     port = s.port or free_port()
     url = f"http://{HOST}:{port}"
@@ -285,7 +287,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def default_model() -> Path:
     """The default model folder (converted on first use; imported lazily: it is the engine's module)."""
-    from services.engine.model_cache import ensure_default_model
+    from services.engine.worker.loader.default_model import ensure_default_model
 
     return Path(ensure_default_model())
 

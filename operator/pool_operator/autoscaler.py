@@ -16,8 +16,14 @@ from pool_operator.config import AUTOSCALER_FIELD_MANAGER, OperatorConfig
 from pool_operator.engine_metrics import EngineSample, parse_sample, role_signal
 from pool_operator.kubeclient import KubeClient
 from pool_operator.models import InferencePool
-from pool_operator.naming import DELETION_COST_ANNOTATION, DRAINING_ANNOTATION, HTTP_PORT, PoolNames
+from pool_operator.naming import HTTP_PORT, PoolNames
 from pool_operator.policy import Decision, Recommendation, ScalingPolicy, apply_ratio_band
+from services.common.pod_labels import (
+    DELETION_COST_ANNOTATION,
+    DRAINING_ANNOTATION,
+    DRAINING_VALUE,
+    is_draining,
+)
 
 EventPoster = Callable[[str, str], None]  # (reason, message)
 
@@ -68,7 +74,7 @@ def _pod_port(pod: dict[str, Any]) -> int:
 
 
 def _draining(pod: dict[str, Any]) -> bool:
-    return pod.get("metadata", {}).get("annotations", {}).get(DRAINING_ANNOTATION) == "true"
+    return is_draining(pod.get("metadata", {}).get("annotations", {}))
 
 
 class Autoscaler:
@@ -142,7 +148,7 @@ class Autoscaler:
                                  "spec": {"replicas": replicas}}, AUTOSCALER_FIELD_MANAGER)
 
     async def _mark(self, names: PoolNames, pods: list[str], draining: bool) -> None:
-        value = {DRAINING_ANNOTATION: "true", DELETION_COST_ANNOTATION: "-1000"} if draining else {
+        value = {DRAINING_ANNOTATION: DRAINING_VALUE, DELETION_COST_ANNOTATION: "-1000"} if draining else {
             DRAINING_ANNOTATION: None, DELETION_COST_ANNOTATION: None}
         for pod in pods:
             await self.client.merge_patch("Pod", names.namespace, pod, {"metadata": {"annotations": value}})

@@ -6,16 +6,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.common.prom_text import scan_samples
-
-ITL_HISTOGRAM = "kvferry_inter_token_latency_seconds"
-_READ = frozenset(("kvferry_num_requests_waiting", "kvferry_num_requests_running", "kvferry_kv_cache_usage_ratio",
-                   "kvferry_prompt_tokens_total", f"{ITL_HISTOGRAM}_bucket"))
+from services.common.load_report import LoadReport, parse_load_report
 
 
 @dataclass(frozen=True)
 class EngineSample:
-    """The gauges, counter and histogram the autoscaler reads from one engine pod."""
+    """The gauges, counter and histogram the autoscaler reads from one engine pod, and when."""
 
     at: float
     waiting: float = 0.0
@@ -24,22 +20,15 @@ class EngineSample:
     prompt_tokens_total: float = 0.0
     itl_buckets: tuple[tuple[float, float], ...] = ()  # (upper bound, cumulative count), sorted
 
+    @classmethod
+    def of(cls, report: LoadReport, at: float) -> EngineSample:
+        return cls(at=at, waiting=report.waiting, running=report.running, kv_usage=report.kv_usage,
+                   prompt_tokens_total=report.prompt_tokens_total, itl_buckets=report.itl_buckets)
+
 
 def parse_sample(text: str, at: float) -> EngineSample:
     """Parse Prometheus text exposition; missing metrics read as zero. ValueError on bad syntax."""
-    values: dict[str, float] = {}
-    buckets: dict[float, float] = {}
-    for sample in scan_samples(text, _READ.__contains__):
-        if sample.name == f"{ITL_HISTOGRAM}_bucket":
-            bound = float(sample.labels["le"])
-            buckets[bound] = buckets.get(bound, 0.0) + sample.value
-        else:
-            values[sample.name] = values.get(sample.name, 0.0) + sample.value
-    return EngineSample(at=at, waiting=values.get("kvferry_num_requests_waiting", 0.0),
-                        running=values.get("kvferry_num_requests_running", 0.0),
-                        kv_usage=values.get("kvferry_kv_cache_usage_ratio", 0.0),
-                        prompt_tokens_total=values.get("kvferry_prompt_tokens_total", 0.0),
-                        itl_buckets=tuple(sorted(buckets.items())))
+    return EngineSample.of(parse_load_report(text), at)
 
 
 def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
@@ -68,11 +57,11 @@ def role_signal(metric: str, samples: dict[str, EngineSample], previous: dict[st
     """The per-replica value of `metric` over a role's pods (None when there is nothing to judge by)."""
     if not samples:
         return None
-    count = len(samples)
+    replicas = len(samples)
     if metric == "WaitingRequests":
-        return sum(s.waiting for s in samples.values()) / count
+        return sum(s.waiting for s in samples.values()) / replicas
     if metric == "KVCacheUsage":
-        return sum(s.kv_usage for s in samples.values()) / count
+        return sum(s.kv_usage for s in samples.values()) / replicas
     if metric == "PromptTokensPerSecond":
         rates = [(s.prompt_tokens_total - previous[p].prompt_tokens_total) / (s.at - previous[p].at)
                  for p, s in samples.items() if p in previous and s.at > previous[p].at]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
@@ -13,8 +13,8 @@ from pool_operator.quantity import QUANTITY_PATTERN
 
 GROUP = "kvferry.dev"
 VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "InferencePool"
+API_VERSION: Final = "kvferry.dev/v1alpha1"  # GROUP/VERSION, spelled out so that it types as a Literal
+KIND: Final = "InferencePool"
 PLURAL = "inferencepools"
 SINGULAR = "inferencepool"
 SHORT_NAMES = ("kfpool",)

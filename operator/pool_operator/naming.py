@@ -4,17 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-POOL_LABEL = "kvferry.dev/pool"
-ROLE_LABEL = "kvferry.dev/role"
-DRAINING_ANNOTATION = "kvferry.dev/draining"
-APPLIED_HASH_ANNOTATION = "kvferry.dev/applied-hash"
-CONFIG_HASH_ANNOTATION = "kvferry.dev/config-hash"
-DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
-MANAGED_BY = "kvferry-operator"
-OPERATOR_APP_NAME = "kvferry-operator"
-ENGINE_ROLES = ("prefill", "decode", "engine")
-# The engine CLI's --role for each engine role label.
-CLI_ROLE = {"prefill": "prefill", "decode": "decode", "engine": "both"}
+from services.common.pod_labels import pool_labels, pool_selector, role_selector, selector_string
+
+# Labels, annotations and roles live in services.common.pod_labels and services.common.roles.
 HTTP_PORT = 8000
 KVSTORE_PORT = 50051
 KVSTORE_METRICS_PORT = 50052  # the kvstore's GET /metrics and /health
@@ -44,24 +36,14 @@ class PoolNames:
 
     def selector(self, role: str) -> dict[str, str]:
         """The immutable Deployment selector of one role."""
-        return {POOL_LABEL: self.pool, ROLE_LABEL: role}
+        return role_selector(self.pool, role)
 
     def selector_string(self, role: str) -> str:
-        return ",".join(f"{k}={v}" for k, v in self.selector(role).items())
+        return selector_string(self.selector(role))
 
     def pool_selector_string(self) -> str:
-        return f"{POOL_LABEL}={self.pool},app.kubernetes.io/managed-by={MANAGED_BY}"
+        return selector_string(pool_selector(self.pool))
 
     def labels(self, role: str | None) -> dict[str, str]:
         """Labels of every object and pod of one role (None: pool-wide objects, no role label)."""
-        labels = {
-            "app.kubernetes.io/name": "kvferry",
-            "app.kubernetes.io/instance": self.pool,
-            "app.kubernetes.io/component": role or "pool",
-            "app.kubernetes.io/part-of": "kvferry",
-            "app.kubernetes.io/managed-by": MANAGED_BY,
-            POOL_LABEL: self.pool,
-        }
-        if role is not None:
-            labels[ROLE_LABEL] = role
-        return labels
+        return pool_labels(self.pool, role)

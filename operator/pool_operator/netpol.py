@@ -4,15 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pool_operator.naming import (
-    ENGINE_ROLES,
-    HTTP_PORT,
-    OPERATOR_APP_NAME,
-    POOL_LABEL,
-    REDIS_PORT,
-    ROLE_LABEL,
-    PoolNames,
-)
+from pool_operator.naming import HTTP_PORT, REDIS_PORT, PoolNames
+from services.common.pod_labels import APP_NAME_LABEL, OPERATOR_APP_NAME, POOL_LABEL, ROLE_LABEL
+from services.common.roles import ENGINE_POD_ROLES
 
 
 class NetworkPolicyBuilder:
@@ -34,21 +28,21 @@ class NetworkPolicyBuilder:
     def engines(self) -> dict[str, Any]:
         """Router -> engines on HTTP; engine <-> engine on any port (KV transfer); operator scrapes /metrics."""
         operator = {"namespaceSelector": {},
-                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": OPERATOR_APP_NAME}}}
+                    "podSelector": {"matchLabels": {APP_NAME_LABEL: OPERATOR_APP_NAME}}}
         http = [{"protocol": "TCP", "port": HTTP_PORT}]
-        return self._policy("engines", self._pods(*ENGINE_ROLES), [
+        return self._policy("engines", self._pods(*ENGINE_POD_ROLES), [
             {"from": [{"podSelector": self._pods("router")}, operator], "ports": http},
-            {"from": [{"podSelector": self._pods(*ENGINE_ROLES)}]},
+            {"from": [{"podSelector": self._pods(*ENGINE_POD_ROLES)}]},
         ])
 
     def kvstore(self) -> dict[str, Any]:
         """Engines -> kvstore on any port: gRPC on KVSTORE_PORT and NIXL (UCX) reads of its arena."""
         return self._policy("kvstore", self._pods("kvstore"), [
-            {"from": [{"podSelector": self._pods(*ENGINE_ROLES)}]},
+            {"from": [{"podSelector": self._pods(*ENGINE_POD_ROLES)}]},
         ])
 
     def redis(self) -> dict[str, Any]:
         return self._policy("redis", self._pods("redis"), [
-            {"from": [{"podSelector": self._pods("router", "kvstore", *ENGINE_ROLES)}],
+            {"from": [{"podSelector": self._pods("router", "kvstore", *ENGINE_POD_ROLES)}],
              "ports": [{"protocol": "TCP", "port": REDIS_PORT}]},
         ])

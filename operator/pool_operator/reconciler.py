@@ -9,8 +9,9 @@ from typing import Any
 from pool_operator.config import FIELD_MANAGER, OperatorConfig
 from pool_operator.kubeclient import CHILD_KINDS, KubeClient
 from pool_operator.models import InferencePool
-from pool_operator.naming import APPLIED_HASH_ANNOTATION, PoolNames
+from pool_operator.naming import PoolNames
 from pool_operator.render import PoolRenderer, manifest_key
+from services.common.pod_labels import APPLIED_HASH_ANNOTATION
 
 
 class SpecConflictError(Exception):

@@ -8,16 +8,12 @@ from typing import Any
 
 from pool_operator.images import ImageSet
 from pool_operator.models import API_VERSION, KIND, InferencePool
-from pool_operator.naming import (
-    APPLIED_HASH_ANNOTATION,
-    HTTP_PORT,
-    KVSTORE_PORT,
-    REDIS_PORT,
-    PoolNames,
-)
+from pool_operator.naming import HTTP_PORT, KVSTORE_PORT, REDIS_PORT, PoolNames
 from pool_operator.netpol import NetworkPolicyBuilder
 from pool_operator.workloads import Manifest, WorkloadBuilder
 from services.common.hashing import HASH_VERSION
+from services.common.pod_labels import APPLIED_HASH_ANNOTATION
+from services.common.roles import EnginePodRole
 
 # Apply order: identities and config first, then what uses them.
 KIND_ORDER = ("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Deployment",
@@ -44,7 +40,7 @@ class PoolRenderer:
         self.hash_version = hash_version
 
     @property
-    def engine_roles(self) -> tuple[str, ...]:
+    def engine_roles(self) -> tuple[EnginePodRole, ...]:
         return ("prefill", "decode") if self.pool.disaggregated else ("engine",)
 
     def config_data(self) -> dict[str, str]:

@@ -8,8 +8,6 @@ from typing import Any
 from pool_operator.images import ImageSet
 from pool_operator.models import InferencePool, Resources, RoleSpec
 from pool_operator.naming import (
-    CLI_ROLE,
-    CONFIG_HASH_ANNOTATION,
     HTTP_PORT,
     KVSTORE_METRICS_PORT,
     KVSTORE_PORT,
@@ -17,6 +15,8 @@ from pool_operator.naming import (
     PoolNames,
 )
 from pool_operator.quantity import parse_quantity, quantity_to_gb
+from services.common.pod_labels import CONFIG_HASH_ANNOTATION, POOL_LABEL, selector_string
+from services.common.roles import EnginePodRole, serve_role
 
 MODEL_MOUNT = "/models"
 API_KEY_MOUNT = "/etc/kvferry/api-key"
@@ -159,11 +159,11 @@ class WorkloadBuilder:
         return {**annotations, **(extra or {})}
 
     # -- engines ------------------------------------------------------------------------------
-    def engine_args(self, role: str) -> list[str]:
+    def engine_args(self, role: EnginePodRole) -> list[str]:
         """The `kvferry serve` command line of one engine role."""
         engine = self.spec.engine
         args = ["serve", self.model_path, "--served-model-name", self.spec.model.name,
-                "--host", "0.0.0.0", "--port", str(HTTP_PORT), "--role", CLI_ROLE[role],
+                "--host", "0.0.0.0", "--port", str(HTTP_PORT), "--role", serve_role(role),
                 "--dtype", engine.dtype, "--block-size", str(engine.block_size),
                 "--max-model-len", str(engine.max_model_len), "--max-num-seqs", str(engine.max_num_seqs),
                 "--max-num-batched-tokens", str(engine.max_num_batched_tokens)]
@@ -174,7 +174,7 @@ class WorkloadBuilder:
             args += ["--kvstore-url", f"grpc://{self.names.service_host('kvstore')}:{KVSTORE_PORT}"]
         return args + list(engine.extra_args)
 
-    def engine(self, role: str, role_spec: RoleSpec, autoscaled: bool) -> Manifest:
+    def engine(self, role: EnginePodRole, role_spec: RoleSpec, autoscaled: bool) -> Manifest:
         engine = self.spec.engine
         env = self._pool_env(role) + [
             _env_value("KVFERRY_GPU_MEMORY_UTILIZATION", f"{engine.gpu_memory_utilization:g}"),
@@ -204,7 +204,7 @@ class WorkloadBuilder:
         router = self.spec.router
         weights = router.weights
         args = ["router", "--host", "0.0.0.0", "--port", str(HTTP_PORT), "--redis-url", self.redis_url(),
-                "--discovery", "kubernetes", "--selector", f"kvferry.dev/pool={self.names.pool}",
+                "--discovery", "kubernetes", "--selector", selector_string({POOL_LABEL: self.names.pool}),
                 "--tokenizer", self.tokenizer_path, "--strategy", STRATEGY_FLAG[router.strategy],
                 "--pd-threshold", str(router.pd_threshold),
                 "--weights", f"prefix={weights.prefix:g},queue={weights.queue:g},kv={weights.kv:g}"]

@@ -8,6 +8,7 @@ from typing import Self
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
 
 DEFAULT_LEASE_S = 30.0
+HANDSHAKE_PATH = "/kv/handshake"  # a prefill engine's side channel: GET it for its NIXL metadata (KVHandshake)
 
 
 class KVTransferError(RuntimeError):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Self, TypeVar
+from typing import Any, Self, TypeVar
 
 import grpc
 from pydantic import BaseModel, NonNegativeInt
@@ -95,7 +95,7 @@ class KVStoreClient:
     def exists(self, hashes: Sequence[bytes]) -> int:
         """How many leading ``hashes`` the store holds."""
         reply = self._call("exists", self._stub.Exists, kvstore_pb2.ExistsRequest(hashes=list(hashes)))
-        return reply.num_prefix_blocks
+        return int(reply.num_prefix_blocks)
 
     def stats(self) -> KVStoreStats:
         """The store's occupancy and counters."""
@@ -109,14 +109,15 @@ class KVStoreClient:
         region or refuses the engine's KV layout (the message says why).
         """
         request = kvstore_pb2.HandshakeRequest(compat_json=compat_json)
-        return self._call("nixl handshake", self._stub.NixlHandshake, request).handshake_json
+        handshake: str = self._call("nixl handshake", self._stub.NixlHandshake, request).handshake_json
+        return handshake
 
     def pin_prefix(self, keys: Sequence[BlockKey], ttl_s: float = 10.0) -> list[int]:
         """Arena slots (NIXL block ids) of the longest stored prefix of ``keys``, unevictable for ``ttl_s``."""
         request = kvstore_pb2.PinRequest(keys=[kvstore_pb2.BlockKey(hash=h, token_ids=t) for h, t in keys], ttl_s=ttl_s)
         return list(self._call("pin", self._stub.PinPrefix, request).slots)
 
-    def _call(self, what: str, method: grpc.UnaryUnaryMultiCallable, request: object) -> object:
+    def _call(self, what: str, method: grpc.UnaryUnaryMultiCallable, request: object) -> Any:
         try:
             return method(request, timeout=self.timeout_s)
         except grpc.RpcError as exc:

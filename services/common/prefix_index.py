@@ -58,7 +58,7 @@ class PrefixMatch:
     routed: int = 0  # leading blocks a router just sent there (a hint until the engine's events land)
 
     def blocks(self, tier: Tier | Literal["routed"]) -> int:
-        return getattr(self, tier)
+        return int(getattr(self, tier))
 
 
 class OutageLog:

@@ -30,7 +30,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-TIERS = ("gpu", "cpu", "kvstore")
+from services.common.kv_events import Tier
+
+TIERS: tuple[Tier, ...] = ("gpu", "cpu", "kvstore")
 
 
 @dataclass(frozen=True, slots=True)

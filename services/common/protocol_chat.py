@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_serializer, model_validator
@@ -69,7 +70,12 @@ class ChatCompletionRequest(SamplingRequest):
 
     def conversation(self) -> list[dict[str, str]]:
         """The messages as ``{"role", "content"}`` dicts with string content, for a chat template."""
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+        return conversation(self.messages)
+
+
+def conversation(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
+    """Messages as ``{"role", "content"}`` dicts with string content, for a chat template."""
+    return [{"role": m.role, "content": m.text()} for m in messages]
 
 
 class AssistantMessage(ResponseModel):

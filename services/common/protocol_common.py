@@ -138,7 +138,7 @@ class PromptLogprobsCarrier(ResponseModel):
 
     @model_serializer(mode="wrap")
     def _omit_unset_prompt_logprobs(self, handler: Any) -> dict[str, Any]:
-        data = handler(self)
+        data: dict[str, Any] = handler(self)
         if data.get("prompt_logprobs") is None:
             data.pop("prompt_logprobs", None)
         return data
@@ -183,7 +183,7 @@ class StreamChunkModel(ResponseModel):
 
     @model_serializer(mode="wrap")
     def _omit_unset_usage(self, handler: Any) -> dict[str, Any]:
-        data = handler(self)
+        data: dict[str, Any] = handler(self)
         if data.get("usage") is None and "usage" not in self.model_fields_set:
             data.pop("usage", None)
         return data

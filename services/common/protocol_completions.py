@@ -83,8 +83,8 @@ class CompletionRequest(SamplingRequest):
         if isinstance(prompt, str):
             return [prompt]
         if isinstance(prompt[0], int):
-            return [prompt]  # type: ignore[list-item]
-        return prompt  # type: ignore[return-value]
+            return [prompt]
+        return prompt
 
 
 class CompletionLogprobs(ResponseModel):

@@ -72,6 +72,5 @@ class Tokenizer:
 
 
 def _token_text(tok: Any) -> str | None:
-    if isinstance(tok, dict):
-        return tok.get("content")
-    return tok
+    text: str | None = tok.get("content") if isinstance(tok, dict) else tok
+    return text

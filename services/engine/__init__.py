@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 if TYPE_CHECKING:
+    from services.engine.core.sampling_params import SamplingParams
     from services.engine.llm import LLM
-    from services.engine.sampling_params import SamplingParams
 
 __all__ = ["LLM", "SamplingParams"]
 
@@ -24,7 +24,7 @@ def __getattr__(name: str) -> Any:
 
         return LLM
     if name == "SamplingParams":
-        from services.engine.sampling_params import SamplingParams
+        from services.engine.core.sampling_params import SamplingParams
 
         return SamplingParams
     raise AttributeError(name)

@@ -3,26 +3,21 @@
 from __future__ import annotations
 
 import logging
-from collections import Counter
-from typing import TYPE_CHECKING
 
 import torch
 
 from services.common.hashing import HASH_VERSION, BlockHasher
 from services.common.kv_transfer import KVCompat, block_major_layout
-from services.engine.attention import select_backend
-from services.engine.config import EngineConfig
-from services.engine.kv_cache_manager import KVCacheManager
-from services.engine.kv_connector import KVConnector
-from services.engine.model_loader import load_model, load_model_config, resolve_dtype
-from services.engine.model_runner import ModelRunner, bytes_per_block, kv_cache_shape
-from services.engine.outputs import EngineCoreOutput
-from services.engine.request import Request, RequestStatus
-from services.engine.scheduler import Scheduler, SchedulerConfig
-
-if TYPE_CHECKING:
-    from services.engine.kvstore_tier import KVStoreTier
-    from services.engine.nixl_transfer import NixlTransfer
+from services.engine.core.config import EngineConfig
+from services.engine.core.kv_cache_manager import KVCacheManager
+from services.engine.core.kv_connector import KVConnector, compose
+from services.engine.core.outputs import EngineCoreOutput
+from services.engine.core.request import Request, RequestStatus
+from services.engine.core.scheduler import Scheduler, SchedulerConfig
+from services.engine.kv_transfer.context import ConnectorFactory, KVTransferContext, aggregated_connectors
+from services.engine.worker.attention import select_backend
+from services.engine.worker.loader.model_loader import load_model, load_model_config, resolve_dtype
+from services.engine.worker.model_runner import ModelRunner, bytes_per_block, kv_cache_shape
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +34,13 @@ def resolve_device(name: str) -> torch.device:
 
 
 class EngineCore:
-    """The engine without a front end: requests in, per-step token outputs out."""
+    """The engine without a front end: requests in, per-step token outputs out.
 
-    def __init__(self, config: EngineConfig) -> None:
+    ``connectors`` builds the KV connectors of this engine's role from its KV cache (a role package
+    passes its own; the default is the kvstore tier when one is configured).
+    """
+
+    def __init__(self, config: EngineConfig, connectors: ConnectorFactory = aggregated_connectors) -> None:
         self.config = config
         self.device = resolve_device(config.device)
         self.model_config = load_model_config(config.model)
@@ -61,17 +60,14 @@ class EngineCore:
         self.runner = ModelRunner(model, cfg, kv_cache, self.block_size, backend, self.device,
                                   cfg.eos_token_ids, seed=config.seed)
         self.kv_manager = KVCacheManager(self.num_blocks, self.block_size, config.enable_prefix_caching)
-        transfer = self._transfer(kv_cache) if config.role != "both" or config.kvstore_url else None
-        self.connector = self._connector(transfer) if config.role != "both" else None
-        self.store = self._store(kv_cache, transfer) if config.kvstore_url else None
+        self.kv_transfer = KVTransferContext(config, kv_cache, self.kv_compat())
+        self.connector: KVConnector = compose(list(connectors(self.kv_transfer)))
         batched = config.max_num_batched_tokens or _DEFAULT_BATCHED_TOKENS
         self.scheduler = Scheduler(
             SchedulerConfig(max_num_seqs=config.max_num_seqs, max_num_batched_tokens=batched,
                             max_model_len=self.max_model_len),
             self.kv_manager,
             self.connector,
-            self.store,
-            store_offloads=config.role != "decode",
         )
         self.last_step_tokens = 0
         log.info("engine ready: %s, %d KV blocks of %d tokens, dtype %s, device %s",
@@ -106,45 +102,10 @@ class EngineCore:
             kv_layout=block_major_layout(cfg.num_hidden_layers, self.block_size, cfg.num_key_value_heads, cfg.head_dim),
         )
 
-    def _transfer(self, kv_cache: torch.Tensor) -> NixlTransfer | None:
-        """One NIXL agent over the KV cache, shared by P/D and the kvstore tier; None without NIXL."""
-        from services.engine.nixl_transfer import NixlTransfer, nixl_available
-
-        if self.config.use_nixl and nixl_available():
-            return NixlTransfer(kv_cache, self.kv_compat())
-        if self.config.role != "both":
-            path = "the kvstore" if self.config.kvstore_url else "nothing: decode will recompute prompts"
-            log.warning("NIXL is %s: role %s moves KV through %s",
-                        "disabled" if not self.config.use_nixl else "not available", self.config.role, path)
-        return None
-
-    def _connector(self, transfer: NixlTransfer | None) -> KVConnector:
-        """Prefill/decode roles move KV over NIXL; without NIXL they still serve (decode recomputes)."""
-        return KVConnector(self.config.role, transfer, self.config.kv_host, self.config.kv_port, self.block_size,
-                           self.config.kv_lease_s)
-
-    def _store(self, kv_cache: torch.Tensor, transfer: NixlTransfer | None) -> KVStoreTier:
-        from services.engine.kvstore_tier import KVStoreTier
-
-        def on_failure(reason: str, what: str, detail: str | None) -> None:
-            log.warning("kvstore %s failed (%s): %s", what, reason, detail)
-            self.store_failures[reason] += 1
-
-        self.store_failures: Counter = Counter()
-        return KVStoreTier(self.config.kvstore_url, kv_cache, on_failure, transfer=transfer)
-
     def transfer_stats(self) -> tuple[dict[tuple[str, str], int], dict[str, int]]:
-        """Blocks moved by (direction, path) and failures by reason, over NIXL and the kvstore."""
-        blocks: Counter = Counter()
-        failures: Counter = Counter()
-        if self.connector is not None:
-            blocks.update(self.connector.stats.blocks)
-            failures.update(self.connector.stats.failures)
-        if self.store is not None:
-            blocks["received", "kvstore"] += self.store.blocks_received
-            blocks["sent", "kvstore"] += self.store.blocks_sent
-            failures.update(self.store_failures)
-        return dict(blocks), dict(failures)
+        """Blocks moved by (direction, path) and failures by reason, over every connector."""
+        stats = self.connector.stats()
+        return dict(stats.blocks), dict(stats.failures)
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from services.engine.config import EngineConfig
+from services.engine.core.config import EngineConfig
+from services.engine.core.sampling_params import SamplingParams
 from services.engine.llm_engine import LLMEngine, RequestOutput
-from services.engine.sampling_params import SamplingParams
 
 Prompt = str | list[int]
 

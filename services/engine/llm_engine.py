@@ -9,12 +9,13 @@ from pathlib import Path
 from services.common.hashing import BlockHashExtras
 from services.common.kv_transfer import KVTransferParams
 from services.common.tokenizer import Tokenizer
-from services.engine.config import EngineConfig
+from services.engine.core.config import EngineConfig
+from services.engine.core.outputs import EngineCoreOutput, Logprobs
+from services.engine.core.request import Request, RequestStatus
+from services.engine.core.sampling_params import SamplingParams
 from services.engine.detokenizer import IncrementalDetokenizer
 from services.engine.engine_core import EngineCore
-from services.engine.outputs import EngineCoreOutput, Logprobs
-from services.engine.request import Request, RequestStatus
-from services.engine.sampling_params import SamplingParams
+from services.engine.kv_transfer.context import ConnectorFactory, aggregated_connectors
 
 
 @dataclass
@@ -59,12 +60,12 @@ class _Tracked:
 class LLMEngine:
     """Synchronous engine with a text front end; the async server and the offline LLM wrap it."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, connectors: ConnectorFactory = aggregated_connectors) -> None:
         self.config = config
-        self.core = EngineCore(config)
+        self.core = EngineCore(config, connectors)
         tok_dir = Path(config.model)
         if tok_dir.suffix == ".gguf":
-            from services.engine.model_cache import gguf_tokenizer_dir
+            from services.engine.worker.loader.default_model import gguf_tokenizer_dir
 
             tok_dir = gguf_tokenizer_dir(tok_dir)
         self.tokenizer = Tokenizer(tok_dir)

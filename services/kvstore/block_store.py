@@ -89,9 +89,14 @@ class BlockStore:
             self._pins.pop(victim, None)
             self._used -= old.nbytes
             if old.slot is not None:
-                self.arena.release(old.slot)
+                self._slot_arena().release(old.slot)
         self._counters["evictions"] += len(victims)
         return victims
+
+    def _slot_arena(self) -> SlabArena:
+        """The arena, for an entry that has a slot (only an arena gives slots)."""
+        assert self.arena is not None
+        return self.arena
 
     def _lookup(self, block_hash: bytes, token_ids: Sequence[int]) -> _Entry | None:
         """The entry if stored and holding ``token_ids`` (refreshed in the LRU); the caller holds the lock."""
@@ -110,7 +115,7 @@ class BlockStore:
             entry = self._lookup(block_hash, token_ids)
             if entry is None:
                 return None
-            return entry.data if entry.slot is None else self.arena.view(entry.slot).tobytes()
+            return entry.data if entry.slot is None else self._slot_arena().view(entry.slot).tobytes()
 
     def get_prefix(self, keys: Sequence[tuple[bytes, Sequence[int]]]) -> list[bytes]:
         """The bytes of the longest run of leading ``(hash, token_ids)`` keys that get() finds."""
@@ -133,6 +138,7 @@ class BlockStore:
                 entry = self._lookup(block_hash, token_ids)
                 if entry is None:
                     break
+                assert entry.slot is not None  # with an arena, every entry lives in a slot
                 self._pins[block_hash] = max(self._pins.get(block_hash, 0.0), until)
                 slots.append(entry.slot)
         return slots
@@ -184,7 +190,7 @@ class BlockStore:
         with self._lock:
             for entry in self._entries.values():
                 if entry.slot is not None:
-                    self.arena.release(entry.slot)
+                    self._slot_arena().release(entry.slot)
             self._entries.clear()
             self._pins.clear()
             self._used = 0

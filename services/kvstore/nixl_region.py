@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
-import os
 import threading
 import uuid
 from typing import Any
 
-from services.common.kv_transfer import KVCompat, KVHandshake, KVIncompatibleError, KVTransferError
+from services.common.kv_transfer import KVCompat, KVHandshake, KVIncompatibleError
+from services.common.nixl_agent import NixlAgentConfig, make_agent, nixl_bindings
 from services.kvstore.slab import SlabArena
 
 
@@ -19,21 +18,13 @@ class NixlRegion:
     handshakes (its ``bytes_per_block`` must equal the slot size) and refuses engines that differ.
     """
 
-    def __init__(self, arena: SlabArena, progress_delay_us: int = 1000) -> None:
-        try:
-            importlib.import_module("nixl")
-            self._nb = importlib.import_module("nixl._bindings")
-        except ImportError as exc:
-            raise KVTransferError(f"NIXL is not available: {exc}") from exc
-        os.environ.setdefault("UCX_TCP_NODELAY", "y")
+    def __init__(self, arena: SlabArena, config: NixlAgentConfig | None = None) -> None:
+        nb = nixl_bindings()  # KVTransferError without NIXL
         self.arena = arena
         self.engine_id = "kvstore-" + uuid.uuid4().hex
-        config = self._nb.nixlAgentConfig(True, False, 0, self._nb.NIXL_THREAD_SYNC_RW)
-        config.pthrDelay = progress_delay_us  # nixl's Python wrapper leaves 0: a busy-spinning core
-        self._agent: Any = self._nb.nixlAgent(self.engine_id, config)
-        self._agent.createBackend("UCX", {})
+        self._agent: Any = make_agent(self.engine_id, config)
         size = arena.num_slots * arena.slot_bytes
-        self._reg = self._nb.nixlRegDList(self._nb.DRAM_SEG, [(arena.base_addr, size, 0, "")])
+        self._reg = nb.nixlRegDList(nb.DRAM_SEG, [(arena.base_addr, size, 0, "")])
         self._agent.registerMem(self._reg, [])
         self._compat: KVCompat | None = None
         self._lock = threading.Lock()

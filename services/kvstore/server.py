@@ -8,7 +8,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from typing import Self
+from typing import NoReturn, Self
 
 import grpc
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -59,6 +59,12 @@ class KVStoreSettings(BaseModel):
         if self.metrics_port is not None:
             return self.metrics_port or None
         return self.port + 1 if self.port else 0
+
+
+def _abort(context: grpc.ServicerContext, details: str) -> NoReturn:
+    """End the call with FAILED_PRECONDITION (grpc's ``abort`` raises; its stubs do not say so)."""
+    context.abort(grpc.StatusCode.FAILED_PRECONDITION, details)
+    raise AssertionError("grpc.ServicerContext.abort returned")
 
 
 class KVStoreService(kvstore_pb2_grpc.KVStoreServicer):
@@ -112,19 +118,19 @@ class KVStoreService(kvstore_pb2_grpc.KVStoreServicer):
         return kvstore_pb2.StatsReply(**self.store.stats().model_dump())
 
     def NixlHandshake(self, request: kvstore_pb2.HandshakeRequest, context: grpc.ServicerContext) -> kvstore_pb2.HandshakeReply:
-        if self.region is None:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this kvstore serves no NIXL region (--no-nixl)")
+        region = self.region
+        if region is None:
+            _abort(context, "this kvstore serves no NIXL region (--no-nixl)")
         try:
             compat = KVCompat.model_validate_json(request.compat_json)
-            handshake = self.region(compat).handshake(compat)
+            handshake = region(compat).handshake(compat)
         except (ValueError, KVTransferError) as exc:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            _abort(context, str(exc))
         return kvstore_pb2.HandshakeReply(handshake_json=handshake.model_dump_json())
 
     def PinPrefix(self, request: kvstore_pb2.PinRequest, context: grpc.ServicerContext) -> kvstore_pb2.PinReply:
         if self.store.arena is None:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          "this kvstore has no arena yet (NixlHandshake creates it, or start it with --slot-bytes)")
+            _abort(context, "this kvstore has no arena yet (NixlHandshake creates it, or start it with --slot-bytes)")
         slots = self.store.pin_prefix([(k.hash, k.token_ids) for k in request.keys], request.ttl_s or 10.0)
         self.metrics.skipped(len(request.keys) - len(slots) - 1)  # the store counted the blocks it looked up
         return kvstore_pb2.PinReply(slots=slots)
@@ -197,6 +203,7 @@ class KVStoreServer:
             host = os.environ.get("POD_IP") or socket.gethostname()
         address = f"{host}:{self.port}"
         engine_id = os.environ.get("POD_NAME") or f"kvstore-{address}"
+        assert self.settings.redis_url is not None  # only called with one
         return KVEventPublisher(self.settings.redis_url, engine_id, f"grpc://{address}", tier="kvstore")
 
     def _stored(self, hashes: list[bytes]) -> None:

@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 
 from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from services.common.errors import (
-    OpenAIError,
-    bad_request,
-    model_not_found,
-    not_ready,
-)
+from services.common.chat_prompt import detokenize_response, tokenize_response
+from services.common.errors import OpenAIError, model_not_found, not_ready
 from services.common.http_middleware import RequestContextMiddleware, install_error_handlers
 from services.common.protocol import (
     ChatCompletionRequest,
@@ -27,7 +23,6 @@ from services.common.protocol import (
     TokenizeResponse,
 )
 from services.common.sse import SSE_CONTENT_TYPE, SSE_DONE, sse_event
-from services.common.tokenizer import ChatTemplateError
 from services.router.chat_adapter import ChatAdapter
 from services.router.context_limit import check_prompt_fits
 from services.router.engine_client import EngineUnavailable
@@ -48,7 +43,8 @@ def _headers(d: Dispatched) -> dict[str, str]:
     return out
 
 
-async def _relay(state: RouterState, d: Dispatched, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def _relay(state: RouterState, d: Dispatched,
+                 chunks: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
     """Yield ``chunks``; an engine failure after the first token ends the stream with an error event."""
     assert d.stream is not None
     try:
@@ -66,7 +62,7 @@ async def _relay(state: RouterState, d: Dispatched, chunks: AsyncIterator[bytes]
         await d.stream.aclose()
 
 
-async def _passthrough(d: Dispatched) -> AsyncIterator[bytes]:
+async def _passthrough(d: Dispatched) -> AsyncGenerator[bytes, None]:
     assert d.stream is not None
     async with aclosing(d.stream.events()) as events:
         async for event in events:
@@ -120,23 +116,12 @@ def _openai_routes(state: RouterState) -> APIRouter:
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
         """Answered by the router's tokenizer; ``max_model_len`` is the pool's (0 before any engine answered)."""
         check_model(body.model)
-        tok = state.tokenizer
-        try:
-            ids = tok.encode_chat([{"role": m.role, "content": m.text()} for m in body.messages],
-                                  body.add_generation_prompt) if body.messages is not None \
-                else tok.encode(body.prompt or "", add_special_tokens=body.add_special_tokens)
-        except ChatTemplateError as exc:
-            raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
-        strs = [tok.id_to_token(t) or "" for t in ids] if body.return_token_strs else None
-        return TokenizeResponse(count=len(ids), max_model_len=state.max_model_len() or 0, tokens=ids,
-                                token_strs=strs)
+        return tokenize_response(state.tokenizer, body, state.max_model_len() or 0)
 
     @router.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
         check_model(body.model)
-        if any(t >= state.tokenizer.vocab_size for t in body.tokens):
-            raise bad_request(f"token ids must be in [0, {state.tokenizer.vocab_size})", "tokens")
-        return DetokenizeResponse(prompt=state.tokenizer.decode(body.tokens))
+        return detokenize_response(state.tokenizer, body, state.tokenizer.vocab_size)
 
     return router
 

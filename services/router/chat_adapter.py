@@ -8,37 +8,18 @@ its top dict (the engine lists them best first), UTF-8 bytes of the token text.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
+from services.common.logprob_shapes import chat_logprobs_from_completion
 from services.common.protocol import (
     AssistantMessage,
     ChatChoice,
     ChatCompletionResponse,
-    ChatLogprobEntry,
-    ChatLogprobs,
     StreamContext,
-    TopLogprob,
     Usage,
 )
 from services.common.sse import SSEEvent, sse_event
-
-
-def _top(token: str, logprob: float) -> TopLogprob:
-    return TopLogprob(token=token, logprob=logprob, bytes=list(token.encode("utf-8")))
-
-
-def chat_logprobs(logprobs: dict[str, Any] | None, top_n: int | None) -> ChatLogprobs | None:
-    """Completions logprobs (parallel lists) -> chat logprobs (one entry per token)."""
-    if top_n is None or not logprobs:
-        return None
-    entries = []
-    tops = logprobs.get("top_logprobs") or []
-    for i, (token, lp) in enumerate(zip(logprobs.get("tokens", []), logprobs.get("token_logprobs", []), strict=False)):
-        alternatives = list((tops[i] if i < len(tops) and tops[i] else {}).items())[:top_n]
-        head = _top(token, lp if lp is not None else 0.0)
-        entries.append(ChatLogprobEntry(**head.model_dump(), top_logprobs=[_top(t, v) for t, v in alternatives]))
-    return ChatLogprobs(content=entries)
 
 
 class ChatAdapter:
@@ -54,7 +35,7 @@ class ChatAdapter:
     def response(self, completion: dict[str, Any]) -> dict[str, Any]:
         """A non-streamed ``chat.completion`` from a ``text_completion``."""
         choices = [ChatChoice(index=c["index"], message=AssistantMessage(content=c["text"]),
-                              logprobs=chat_logprobs(c.get("logprobs"), self.top_n),
+                              logprobs=chat_logprobs_from_completion(c.get("logprobs"), self.top_n),
                               finish_reason=c.get("finish_reason"), stop_reason=c.get("stop_reason"))
                    for c in completion.get("choices", [])]
         usage = Usage.model_validate(completion["usage"]) if completion.get("usage") else None
@@ -79,7 +60,7 @@ class ChatAdapter:
             return [sse_event(ctx.usage_chunk(Usage.model_validate(data["usage"])))]
         out = []
         for c in data["choices"]:
-            logprobs = chat_logprobs(c.get("logprobs"), self.top_n)
+            logprobs = chat_logprobs_from_completion(c.get("logprobs"), self.top_n)
             if c.get("text") or logprobs:
                 out.append(sse_event(ctx.chat_chunk(c["index"], c.get("text") or "", logprobs=logprobs)))
             if c.get("finish_reason"):
@@ -87,7 +68,7 @@ class ChatAdapter:
                                                     stop_reason=c.get("stop_reason"))))
         return out
 
-    async def stream(self, events: AsyncIterator[SSEEvent]) -> AsyncIterator[bytes]:
+    async def stream(self, events: AsyncIterator[SSEEvent]) -> AsyncGenerator[bytes, None]:
         """Role chunks, then every engine event reshaped."""
         for chunk in self.role_chunks():
             yield chunk

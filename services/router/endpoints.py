@@ -11,16 +11,10 @@ from dataclasses import replace
 import httpx
 from pydantic import BaseModel, Field
 
-from services.common.prom_text import scan_samples
+from services.common.load_report import parse_load_report
 from services.router.scheduling.endpoint import CacheConfig, Endpoint, EndpointLoad, Role, normalize_url
 
 log = logging.getLogger(__name__)
-
-WAITING = "kvferry_num_requests_waiting"
-RUNNING = "kvferry_num_requests_running"
-KV_USAGE = "kvferry_kv_cache_usage_ratio"
-CACHE_INFO = "kvferry_cache_config_info"
-_READ = frozenset((WAITING, RUNNING, KV_USAGE, CACHE_INFO))
 
 
 class EndpointSpec(BaseModel):
@@ -48,17 +42,8 @@ class PollerSettings(BaseModel):
 
 def parse_metrics(text: str) -> tuple[EndpointLoad, CacheConfig | None]:
     """Load gauges and the cache-config info of an engine's Prometheus text (missing ones read 0)."""
-    values: dict[str, float] = {}
-    config = None
-    for sample in scan_samples(text, _READ.__contains__):
-        if sample.name == CACHE_INFO:
-            labels = sample.labels
-            config = CacheConfig(labels.get("model", ""), int(labels.get("block_size", 0)),
-                                 int(labels.get("num_blocks", 0)), int(labels.get("hash_version", 0)))
-        else:
-            values[sample.name] = sample.value
-    load = EndpointLoad(int(values.get(WAITING, 0)), int(values.get(RUNNING, 0)), float(values.get(KV_USAGE, 0.0)))
-    return load, config
+    report = parse_load_report(text)
+    return EndpointLoad(int(report.waiting), int(report.running), report.kv_usage), report.cache_config
 
 
 def _is_draining(response: httpx.Response) -> bool:

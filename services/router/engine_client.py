@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +57,7 @@ class EngineStream:
     rest: AsyncIterator[SSEEvent]
     response: httpx.Response
 
-    async def events(self) -> AsyncIterator[SSEEvent]:
+    async def events(self) -> AsyncGenerator[SSEEvent, None]:
         """The first event, then the rest; raises EngineUnavailable when the stream breaks."""
         try:
             yield self.first

@@ -13,11 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from services.common.pod_labels import ROLE_LABEL, is_draining
+from services.common.roles import role_of_pod_label
 from services.router.endpoints import EndpointSpec
-
-ROLE_LABEL = "kvferry.dev/role"
-DRAINING_ANNOTATION = "kvferry.dev/draining"
-_ROLES = {"prefill": "prefill", "decode": "decode", "engine": "both"}
 
 
 class ObjectMeta(BaseModel):
@@ -68,8 +66,8 @@ def pod_endpoint(pod: Pod | dict[str, Any], port: int) -> EndpointSpec | None:
     """The endpoint a pod stands for, or None (not an engine, not running, no IP, being deleted)."""
     pod = pod if isinstance(pod, Pod) else Pod.model_validate(pod)
     meta, status = pod.metadata, pod.status
-    role = _ROLES.get((meta.labels or {}).get(ROLE_LABEL, ""))
+    role = role_of_pod_label((meta.labels or {}).get(ROLE_LABEL))
     if role is None or meta.deletionTimestamp or status.phase != "Running" or not status.podIP:
         return None
-    draining = (meta.annotations or {}).get(DRAINING_ANNOTATION) == "true"
+    draining = is_draining(meta.annotations)
     return EndpointSpec(url=f"http://{status.podIP}:{port}", role=role, draining=draining)

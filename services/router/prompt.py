@@ -12,10 +12,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from services.common.errors import bad_request
+from services.common.chat_prompt import chat_prompt_ids, chat_top_logprobs
 from services.common.hashing import BlockHasher, BlockHashExtras
 from services.common.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
-from services.common.tokenizer import ChatTemplateError, Tokenizer
+from services.common.tokenizer import Tokenizer
 
 Kind = Literal["completion", "chat"]
 
@@ -71,16 +71,13 @@ class PromptPreparer:
 
     def chat(self, body: ChatCompletionRequest) -> PreparedRequest:
         """Chat template, then the same completions body; logprobs asked as completions logprobs."""
-        try:
-            ids = self.tokenizer.encode_chat(body.conversation(), body.add_generation_prompt)
-        except ChatTemplateError as exc:
-            raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
+        ids = chat_prompt_ids(self.tokenizer, body)
         engine = _base_body(body)
         for key in _CHAT_ONLY:
             engine.pop(key, None)
         engine["prompt"] = ids
         engine["max_tokens"] = body.max_output_tokens()  # None: up to the context (chat's default)
-        top_n = (body.top_logprobs or 0) if body.logprobs else None
+        top_n = chat_top_logprobs(body)
         if top_n is not None:
             engine["logprobs"] = top_n
         prepared = self._prepared("chat", body, [ids], engine)

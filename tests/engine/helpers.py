@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 
 from services.common.hashing import BlockHasher
-from services.engine.outputs import ModelRunnerOutput, SchedulerOutput
-from services.engine.request import Request
-from services.engine.sampling_params import SamplingParams
+from services.engine.core.outputs import ModelRunnerOutput, SchedulerOutput
+from services.engine.core.request import Request
+from services.engine.core.sampling_params import SamplingParams
 
 HASHER = BlockHasher("test-model", 4)
 

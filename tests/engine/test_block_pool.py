@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from services.common.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-from services.engine.block_pool import BlockPool
-from services.engine.kv_cache_manager import KVCacheManager
-from services.engine.request import InvalidTransition, RequestStatus
+from services.engine.core.block_pool import BlockPool
+from services.engine.core.kv_cache_manager import KVCacheManager
+from services.engine.core.request import InvalidTransition, RequestStatus
 from tests.engine.helpers import HASHER, make_request
 
 

@@ -9,7 +9,7 @@ from services.engine import LLM, SamplingParams
 
 @pytest.fixture(scope="module")
 def smollm():
-    from services.engine.model_cache import default_gguf_path
+    from services.engine.worker.loader.default_model import default_gguf_path
 
     try:
         path = default_gguf_path()

@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.engine.kv_cache_manager import KVCacheManager
-from services.engine.request import RequestStatus
-from services.engine.scheduler import Scheduler, SchedulerConfig
+from services.engine.core.kv_cache_manager import KVCacheManager
+from services.engine.core.request import RequestStatus
+from services.engine.core.scheduler import Scheduler, SchedulerConfig
 from tests.engine.helpers import FakeRunner, make_request
 
 

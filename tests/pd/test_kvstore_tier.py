@@ -142,7 +142,7 @@ def test_failed_nixl_read_from_the_store_is_counted_and_recomputed(llama_dir: Pa
     rest itself (tokens unchanged), the failure is counted once, and the next fetch goes over gRPC."""
     from services.common.kv_transfer import KVTransferError
     from services.engine import LLM, SamplingParams
-    from services.engine.nixl_transfer import TransferState
+    from services.engine.kv_transfer.nixl_transfer import TransferState
 
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     prompt = prompts(1, seed=24)[0] + list(range(3, 70))
@@ -155,7 +155,8 @@ def test_failed_nixl_read_from_the_store_is_counted_and_recomputed(llama_dir: Pa
     expected_changed = source.generate([changed], params)[0].outputs[0].token_ids
     _wait_stored(kvstore, changed, (len(changed) - 1) // 16)
     cold = LLM(model=str(llama_dir), **kw)
-    transfer = cold.engine.core.store._transfer
+    store = cold.engine.core.connector
+    transfer = store.tier._transfer
     real_poll = transfer.poll
 
     def read_cannot_start(*_args: object, **_kw: object) -> None:
@@ -173,9 +174,8 @@ def test_failed_nixl_read_from_the_store_is_counted_and_recomputed(llama_dir: Pa
         transfer.poll = read_ends_in_error
     out = cold.generate([prompt], params)[0]
     assert out.outputs[0].token_ids == expected and out.num_cached_tokens == 0
-    core = cold.engine.core
-    assert core.store_failures["transfer_error"] == 1 and core.store.blocks_received == 0
+    assert store.stats().failures["transfer_error"] == 1 and store.tier.blocks_received == 0
     again = cold.generate([changed], params)[0]  # 2 blocks local, the rest from the store: over gRPC now
     assert again.outputs[0].token_ids == expected_changed
-    assert again.num_cached_tokens == (len(changed) - 1) // 16 * 16 and core.store.blocks_received > 0
-    assert core.store_failures["transfer_error"] == 1
+    assert again.num_cached_tokens == (len(changed) - 1) // 16 * 16 and store.tier.blocks_received > 0
+    assert store.stats().failures["transfer_error"] == 1

@@ -14,10 +14,10 @@ import pytest
 import uvicorn
 
 from services.common.sse import iter_sse
-from services.engine.async_engine import AsyncLLM
-from services.engine.config import EngineConfig
-from services.engine.server import build_app
-from services.engine.serving import ServerSettings
+from services.engine.async_llm import AsyncLLM
+from services.engine.core.config import EngineConfig
+from services.engine.entrypoints.api_server import build_app
+from services.engine.entrypoints.serving import ServerSettings
 
 POISON = 7  # a prompt containing this token id makes the model raise
 

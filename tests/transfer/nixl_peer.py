@@ -11,7 +11,7 @@ import torch
 
 from services.common.hashing import HASH_VERSION
 from services.common.kv_transfer import KVCompat, block_major_layout
-from services.engine.nixl_transfer import NixlConfig, NixlTransfer
+from services.engine.kv_transfer.nixl_transfer import NixlConfig, NixlTransfer
 
 LAYERS, BLOCK_SIZE, HEADS, HEAD_DIM = 2, 16, 2, 16
 

@@ -18,7 +18,7 @@ from services.common.kv_transfer import KVIncompatibleError, KVTransferError
 
 pytest.importorskip("nixl")
 
-from services.engine.nixl_transfer import NixlConfig, NixlTransfer, TransferState  # noqa: E402
+from services.engine.kv_transfer.nixl_transfer import NixlConfig, NixlTransfer, TransferState  # noqa: E402
 from tests.transfer.nixl_peer import compat, make_cache  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TypeAlias
 
-Role = Literal["prefill", "decode", "both"]
+from services.common.load_report import CacheConfig
+from services.common.roles import RoleName
+
+__all__ = ["CacheConfig", "Endpoint", "EndpointLoad", "Role", "normalize_url"]
+
+Role: TypeAlias = RoleName  # one spelling of the engine roles: services.common.roles
 
 
 def normalize_url(url: str) -> str:
@@ -20,16 +25,6 @@ class EndpointLoad:
     waiting: int = 0
     running: int = 0
     kv_usage: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class CacheConfig:
-    """``kvferry_cache_config_info``: what every engine of a pool must agree on."""
-
-    model: str
-    block_size: int
-    num_blocks: int
-    hash_version: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Sequence
 
+from services.common.roles import DECODE_ROLES, PREFILL_ROLES
 from services.router.scheduling.endpoint import Endpoint, Role, normalize_url
 
-Filter = Callable[[Endpoint], bool]
+__all__ = ["DECODE_ROLES", "PREFILL_ROLES", "Filter", "apply_filters", "eligible", "is_healthy", "is_not_draining",
+           "not_in", "role_in"]
 
-DECODE_ROLES: frozenset[Role] = frozenset({"decode", "both"})
-PREFILL_ROLES: frozenset[Role] = frozenset({"prefill"})
+Filter = Callable[[Endpoint], bool]
 
 
 def is_healthy(endpoint: Endpoint) -> bool:

@@ -1,0 +1,61 @@
+"""Token ids of a chat request or a /tokenize body, and the /tokenize and /detokenize answers (router and engine).
+
+The router tokenizes every request itself and the engine serves the same endpoints; both go
+through these functions, so a prompt is the same ids wherever it is tokenized.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from services.common.errors import bad_request
+from services.common.protocol import (
+    ChatCompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from services.common.protocol_chat import ChatMessage, conversation
+from services.common.tokenizer import ChatTemplateError, Tokenizer
+
+
+def encode_messages(
+    tokenizer: Tokenizer, messages: Sequence[ChatMessage], add_generation_prompt: bool
+) -> list[int]:
+    """The chat template applied to ``messages``, encoded; 400 (param ``messages``) when the template refuses."""
+    try:
+        return tokenizer.encode_chat(conversation(messages), add_generation_prompt)
+    except ChatTemplateError as exc:
+        raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
+
+
+def chat_prompt_ids(tokenizer: Tokenizer, body: ChatCompletionRequest) -> list[int]:
+    """The prompt ids of a chat completions request."""
+    return encode_messages(tokenizer, body.messages, body.add_generation_prompt)
+
+
+def chat_top_logprobs(body: ChatCompletionRequest) -> int | None:
+    """The completions ``logprobs`` a chat request asks for: None (none), else its ``top_logprobs`` (0..20)."""
+    return (body.top_logprobs or 0) if body.logprobs else None
+
+
+def tokenize_ids(tokenizer: Tokenizer, body: TokenizeRequest) -> list[int]:
+    """The ids of a /tokenize body: its messages through the chat template, or its prompt."""
+    if body.messages is not None:
+        return encode_messages(tokenizer, body.messages, body.add_generation_prompt)
+    return tokenizer.encode(body.prompt or "", add_special_tokens=body.add_special_tokens)
+
+
+def tokenize_response(tokenizer: Tokenizer, body: TokenizeRequest, max_model_len: int) -> TokenizeResponse:
+    """The answer to a /tokenize body (``token_strs`` when it asks for them)."""
+    ids = tokenize_ids(tokenizer, body)
+    strs = [tokenizer.id_to_token(t) or "" for t in ids] if body.return_token_strs else None
+    return TokenizeResponse(count=len(ids), max_model_len=max_model_len, tokens=ids, token_strs=strs)
+
+
+def detokenize_response(tokenizer: Tokenizer, body: DetokenizeRequest, vocab_size: int) -> DetokenizeResponse:
+    """The text of a /detokenize body's ids; 400 (param ``tokens``) for ids outside ``[0, vocab_size)``."""
+    if any(t >= vocab_size for t in body.tokens):
+        raise bad_request(f"token ids must be in [0, {vocab_size})", "tokens")
+    return DetokenizeResponse(prompt=tokenizer.decode(body.tokens))

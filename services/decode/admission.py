@@ -1,0 +1,57 @@
+"""DecodeAdmission: validate a request's do_remote_prefill params and know prefill's NIXL agent before queueing."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import httpx
+
+from services.common.kv_transfer import HANDSHAKE_PATH, KVIncompatibleError, KVTransferError, KVTransferParams
+from services.decode.pull_connector import PullConnector
+from services.engine.entrypoints.role import kv_incompatible, parse_kv_transfer_params
+from services.engine.kv_transfer.nixl_transfer import NixlTransfer
+
+log = logging.getLogger(__name__)
+
+_HANDSHAKE_TIMEOUT_S = 5.0
+
+
+class DecodeAdmission:
+    """Runs on the HTTP side: handshakes are HTTP calls, so they happen before the engine sees the request."""
+
+    def __init__(self, transfer: NixlTransfer | None, connector: PullConnector) -> None:
+        self.transfer, self.connector = transfer, connector
+
+    async def admit(self, raw: dict[str, Any] | None, n: int) -> KVTransferParams | None:
+        """Parsed params; when prefill cannot be reached the request is served as a local one (counted)."""
+        if raw is None:
+            return None
+        params = parse_kv_transfer_params(raw, n, "decode", unsupported="do_remote_decode")
+        if params.do_remote_prefill and params.remote_block_ids and not await self._ensure_peer(params):
+            return params.model_copy(update={"do_remote_prefill": False, "remote_block_ids": []})
+        return params
+
+    async def _ensure_peer(self, params: KVTransferParams) -> bool:
+        """Load prefill's handshake (cached per engine id); False (failure recorded) when it cannot be used."""
+        transfer = self.transfer
+        if transfer is None or transfer.has_peer(params.remote_engine_id or ""):
+            return True  # no NIXL: the connector records no_transfer_path and the prompt is recomputed
+        url = f"http://{params.address}{HANDSHAKE_PATH}"
+        rid = params.remote_request_id or "?"
+        try:
+            async with httpx.AsyncClient(timeout=_HANDSHAKE_TIMEOUT_S) as client:
+                reply = await client.get(url)
+                reply.raise_for_status()
+            peer = transfer.add_peer(reply.content, address=params.address)
+        except KVIncompatibleError as exc:
+            log.error("refusing KV from %s: %s", params.address, exc)
+            raise kv_incompatible(exc) from exc
+        except (httpx.HTTPError, KVTransferError, ValueError) as exc:
+            self.connector.record_failure("handshake_failed", rid, f"{url}: {exc}")
+            return False
+        if peer != params.remote_engine_id:  # prefill restarted since it answered: its blocks are gone
+            self.connector.record_failure("peer_restarted", rid,
+                                          f"{params.address} is now engine {peer}, not {params.remote_engine_id}")
+            return False
+        return True

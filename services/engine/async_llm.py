@@ -1,0 +1,189 @@
+"""AsyncLLM: one background engine thread; ``generate()`` streams outputs per request to asyncio callers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from services.common.kv_transfer import KVTransferParams
+from services.engine.core.config import EngineConfig
+from services.engine.core.sampling_params import SamplingParams
+from services.engine.kv_transfer.context import ConnectorFactory, aggregated_connectors
+from services.engine.llm_engine import LLMEngine, RequestOutput
+
+if TYPE_CHECKING:
+    from services.common.kv_event_publisher import KVEventPublisher
+
+log = logging.getLogger(__name__)
+
+_IDLE_S = 0.25  # nothing to do: wake this often (lease expiry, notifications)
+_POLL_S = 0.001  # requests wait on remote KV: poll transfers this often
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop has stopped; no request can be served."""
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    cache_salt: str | None
+    priority: int
+    kv_transfer_params: KVTransferParams | None
+    sink: asyncio.Queue
+    loop: asyncio.AbstractEventLoop
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of the engine's load, read by /metrics and the router."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    prefix_queries: int
+    prefix_hits: int
+    num_preemptions: int
+    num_blocks: int
+    block_size: int
+    model: str = ""
+    kv_transfer_blocks: dict[tuple[str, str], int] = field(default_factory=dict)  # (direction, path) -> blocks
+    kv_transfer_failures: dict[str, int] = field(default_factory=dict)  # reason -> count
+
+
+class AsyncLLM:
+    """Thread-confined LLMEngine driven by a command queue; safe to call from any asyncio loop."""
+
+    def __init__(self, config: EngineConfig, publisher: KVEventPublisher | None = None,
+                 connectors: ConnectorFactory = aggregated_connectors) -> None:
+        self.engine = LLMEngine(config, connectors)
+        self.publisher = publisher
+        self.engine.core.kv_manager.pool.record_events = publisher is not None
+        self.tokenizer = self.engine.tokenizer
+        self.config = config
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._sinks: dict[str, tuple[asyncio.Queue, asyncio.AbstractEventLoop]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kvferry-engine", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive() and not self._stop.is_set()
+
+    def stats(self) -> EngineStats:
+        core = self.engine.core
+        kv = core.kv_manager
+        blocks, failures = core.transfer_stats()
+        return EngineStats(core.scheduler.num_running, core.scheduler.num_waiting, kv.usage, kv.prefix_queries,
+                           kv.prefix_hits, core.scheduler.num_preemptions, core.num_blocks, core.block_size,
+                           self.config.model_name, blocks, failures)
+
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
+                       cache_salt: str | None = None, priority: int = 0,
+                       kv_transfer_params: KVTransferParams | None = None) -> AsyncIterator[RequestOutput]:
+        """Yield a RequestOutput per engine step for this request; cancelling the iteration aborts it."""
+        if not self.is_alive:
+            raise EngineDeadError("the engine loop is not running")
+        self.engine.validate_prompt(prompt_token_ids, params)
+        sink: asyncio.Queue = asyncio.Queue()
+        self._commands.put(_Add(request_id, prompt_token_ids, params, cache_salt, priority, kv_transfer_params,
+                                sink, asyncio.get_running_loop()))
+        finished = False
+        try:
+            while True:
+                item = await sink.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(_Abort(request_id))
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._commands.put(None)
+        self._thread.join(timeout)
+
+    # ------------------------------------------------------------------ engine thread
+    def _run(self) -> None:
+        engine = self.engine
+        while not self._stop.is_set():
+            # Idle: wait for work. Only waiting on remote KV (or leases): poll the transfers every ms.
+            busy = engine.core.last_step_tokens > 0
+            self._drain(timeout=None if busy else (_POLL_S if engine.has_unfinished() else _IDLE_S))
+            if self._stop.is_set():
+                break
+            try:
+                outputs = engine.step()
+            except Exception as exc:  # noqa: BLE001 - fail the requests, keep the loop
+                log.exception("engine step failed")
+                self._fail_all(exc)
+                continue
+            for out in outputs:
+                self._deliver(out.request_id, out, out.finished)
+            if self.publisher is not None:
+                self.publisher.publish(engine.core.kv_manager.pool.take_events())
+        self._fail_all(EngineDeadError("the engine is shutting down"))
+        if self.publisher is not None:
+            self.publisher.close()
+        engine.core.connector.close()
+
+    def _drain(self, timeout: float | None) -> None:
+        try:
+            cmd = self._commands.get(timeout=timeout) if timeout else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while cmd is not None:
+            self._apply(cmd)
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _apply(self, cmd: _Add | _Abort) -> None:
+        if isinstance(cmd, _Abort):
+            if self._sinks.pop(cmd.request_id, None) is not None:
+                self.engine.abort([cmd.request_id])
+            return
+        self._sinks[cmd.request_id] = (cmd.sink, cmd.loop)
+        try:
+            self.engine.add_request(cmd.prompt, cmd.params, cmd.request_id, cache_salt=cmd.cache_salt,
+                                    priority=cmd.priority, kv_transfer_params=cmd.kv_transfer_params)
+        except ValueError as exc:
+            self._deliver(cmd.request_id, exc, True)
+
+    def _deliver(self, request_id: str, item: RequestOutput | BaseException, last: bool) -> None:
+        entry = self._sinks.pop(request_id, None) if last else self._sinks.get(request_id)
+        if entry is None:
+            return
+        sink, loop = entry
+        try:
+            loop.call_soon_threadsafe(sink.put_nowait, item)
+        except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+            self.engine.abort([request_id])
+
+    def _fail_all(self, exc: BaseException) -> None:
+        ids = list(self._sinks)
+        self.engine.abort(ids)
+        for rid in ids:
+            self._deliver(rid, exc, True)

@@ -1,0 +1,46 @@
+"""EngineConfig: every engine setting, validated once (CLI flags and the offline LLM map onto it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+class EngineConfig(BaseModel):
+    """Settings of one engine instance."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str
+    served_model_name: str | None = None
+    dtype: Dtype = "auto"
+    block_size: int = Field(16, ge=1, le=1024)
+    num_kv_blocks: int | None = Field(None, ge=1)
+    kv_cache_memory_gb: float | None = Field(None, gt=0)
+    max_num_seqs: int = Field(64, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    max_model_len: int | None = Field(None, ge=1)
+    enable_prefix_caching: bool = True
+    device: str = "auto"
+    seed: int = 0
+    attention_backend: Literal["torch", "triton"] | None = None
+    kvstore_url: str | None = None  # grpc://host:port of the shared kvstore tier
+    use_nixl: bool = True  # False: KV moves between engines through the kvstore only
+
+    @field_validator("model")
+    @classmethod
+    def _model_exists(cls, v: str) -> str:
+        p = Path(v)
+        if not p.exists():
+            raise ValueError(f"model path {v!r} does not exist (an HF checkpoint folder or a .gguf file)")
+        if p.is_file() and p.suffix != ".gguf":
+            raise ValueError(f"model file {v!r} is not a .gguf file")
+        return v
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or Path(self.model).name.removesuffix(".gguf")

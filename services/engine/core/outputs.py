@@ -1,0 +1,86 @@
+"""Frozen value objects passed between the scheduler, the model runner and the front end."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.engine.core.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class NewRequestData:
+    """A request the runner has no state for (first schedule, or resumed after preemption)."""
+
+    req_id: str
+    prompt_token_ids: tuple[int, ...]
+    output_token_ids: tuple[int, ...]
+    sampling_params: SamplingParams
+    block_ids: tuple[int, ...]
+    num_computed_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class CachedRequestData:
+    """A request the runner already knows: only what changed."""
+
+    req_id: str
+    new_block_ids: tuple[int, ...]
+    num_computed_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    """What to run in one step: requests in batch order and how many tokens each computes."""
+
+    new_reqs: tuple[NewRequestData, ...]
+    cached_reqs: tuple[CachedRequestData, ...]
+    num_scheduled_tokens: tuple[tuple[str, int], ...]
+    total_num_scheduled_tokens: int
+    finished_req_ids: frozenset[str] = frozenset()
+    preempted_req_ids: frozenset[str] = frozenset()
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0
+
+
+@dataclass(frozen=True, slots=True)
+class Logprobs:
+    """Log-probability of the sampled token and the top-n alternatives (token id, logprob), best first."""
+
+    token_logprob: float
+    rank: int
+    top: tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRunnerOutput:
+    """Per scheduled request: sampled tokens (empty for a partial prefill chunk) and their logprobs."""
+
+    req_ids: tuple[str, ...]
+    sampled_token_ids: tuple[tuple[int, ...], ...]
+    logprobs: tuple[Logprobs | None, ...]
+    failed_req_ids: frozenset[str] = frozenset()
+    error: str | None = None
+    # (req_id, index of the first prompt token covered, logprobs of those prompt tokens) per prompt chunk
+    prompt_logprobs: tuple[tuple[str, int, tuple[Logprobs, ...]], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCoreOutput:
+    """What one step produced for one request."""
+
+    req_id: str
+    new_token_ids: tuple[int, ...]
+    new_logprobs: tuple[Logprobs, ...] = ()
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0
+    error: str | None = None
+    kv_transfer_params: dict | None = None  # prefill: where the prompt's blocks are (for a decode engine)
+    queue_time_s: float | None = None  # arrival in the engine to first scheduled
+    prompt_logprobs: tuple[Logprobs | None, ...] | None = None  # with the first token; None for prompt token 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

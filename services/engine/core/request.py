@@ -1,0 +1,154 @@
+"""Request and RequestStatus: one generation request's state machine and token bookkeeping."""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+
+from services.common.kv_transfer import KVTransferParams
+from services.engine.core.outputs import Logprobs
+from services.engine.core.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    WAITING_FOR_REMOTE_KV = "waiting_for_remote_kv"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"
+
+    @property
+    def finished(self) -> bool:
+        return self in _FINISHED
+
+    @property
+    def completed(self) -> bool:
+        """Finished by a stop condition or the length limit (not aborted, not failed): its KV is whole."""
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
+
+
+_FINISHED = frozenset(
+    {
+        RequestStatus.FINISHED_STOPPED,
+        RequestStatus.FINISHED_LENGTH,
+        RequestStatus.FINISHED_ABORTED,
+        RequestStatus.FINISHED_ERROR,
+    }
+)
+_S = RequestStatus
+_ALLOWED: dict[RequestStatus, frozenset[RequestStatus]] = {
+    _S.WAITING: frozenset({_S.RUNNING, _S.WAITING_FOR_REMOTE_KV}) | _FINISHED,
+    _S.WAITING_FOR_REMOTE_KV: frozenset({_S.WAITING, _S.RUNNING}) | _FINISHED,
+    _S.RUNNING: frozenset({_S.PREEMPTED}) | _FINISHED,
+    _S.PREEMPTED: frozenset({_S.RUNNING}) | _FINISHED,
+}
+
+
+class InvalidTransition(RuntimeError):
+    """A request was asked to move between states that are not connected."""
+
+
+class Request:
+    """A request as the scheduler sees it: tokens, progress, status and prefix-cache hashes."""
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        eos_token_id: int | None,
+        hash_fn: Callable[[list[bytes], list[int]], list[bytes]] | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+        kv_transfer_params: KVTransferParams | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_id = eos_token_id
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.priority = priority
+        self.status = RequestStatus.WAITING
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1  # prompt tokens served from the prefix cache, set when first scheduled
+        self.num_preemptions = 0
+        self.queue_time_s: float | None = None  # arrival to first scheduled, set once
+        self.stop_reason: int | str | None = None
+        # P/D: do_remote_decode (prefill keeps the KV) or do_remote_prefill (decode pulls it, once)
+        self.kv_transfer_params = kv_transfer_params
+        self.remote_kv_out: KVTransferParams | None = None  # what a connector answers (prefill: where the blocks are)
+        # prompt logprobs: the first prompt token has none; filled chunk by chunk, sent (and dropped) with the
+        # first generated token
+        self.prompt_logprobs: list[Logprobs | None] | None = (
+            [None] if sampling_params.prompt_logprobs is not None else None)
+        self._hash_fn = hash_fn
+        self.block_hashes: list[bytes] = []
+        if hash_fn is not None:
+            hash_fn(self.block_hashes, self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def needs_remote_kv(self) -> bool:
+        p = self.kv_transfer_params
+        return p is not None and p.do_remote_prefill
+
+    @property
+    def keeps_kv_for_decode(self) -> bool:
+        p = self.kv_transfer_params
+        return p is not None and p.do_remote_decode
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Every prompt token must be computed here: no prefix-cache, kvstore or remote KV reuse."""
+        return self.sampling_params.prompt_logprobs is not None
+
+    def add_prompt_logprobs(self, first: int, entries: tuple[Logprobs, ...]) -> None:
+        """Record prompt tokens first..; a recompute after preemption repeats known ones, which are kept."""
+        have = self.prompt_logprobs
+        if have is not None and first <= len(have):
+            have.extend(entries[len(have) - first:])
+
+    def take_prompt_logprobs(self) -> tuple[Logprobs | None, ...] | None:
+        """The complete prompt logprobs, once (they go out with the first generated token)."""
+        taken, self.prompt_logprobs = self.prompt_logprobs, None
+        return tuple(taken) if taken is not None else None
+
+    def append_output_token(self, token_id: int) -> None:
+        """Record one generated token and hash any block it completes."""
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+        if self._hash_fn is not None:
+            self._hash_fn(self.block_hashes, self.all_token_ids)
+
+    def transition(self, new_status: RequestStatus) -> None:
+        """Move to ``new_status``; raises InvalidTransition when that edge does not exist."""
+        if new_status not in _ALLOWED.get(self.status, frozenset()):
+            raise InvalidTransition(f"request {self.request_id}: {self.status.name} -> {new_status.name}")
+        self.status = new_status
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, {self.status.name}, prompt={self.num_prompt_tokens}, "
+            f"out={self.num_output_tokens}, computed={self.num_computed_tokens})"
+        )

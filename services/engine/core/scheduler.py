@@ -1,0 +1,325 @@
+"""Scheduler: one token budget per step shared by decodes and chunked prefills, with preemption."""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import deque
+
+from pydantic import BaseModel, Field
+
+from services.engine.core.kv_cache_manager import KVCacheManager
+from services.engine.core.kv_connector import FinishedTransfers, KVConnector, NullConnector
+from services.engine.core.outputs import (
+    CachedRequestData,
+    EngineCoreOutput,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
+from services.engine.core.request import Request, RequestStatus
+
+
+class SchedulerConfig(BaseModel):
+    """Limits of one engine step."""
+
+    max_num_seqs: int = Field(64, ge=1)
+    max_num_batched_tokens: int = Field(2048, ge=1)
+    max_model_len: int = Field(2048, ge=1)
+
+
+class _Admit(enum.Enum):
+    """What became of a waiting request the scheduler looked at."""
+
+    SCHEDULED = "scheduled"  # runs in this step
+    LOADING = "loading"  # parked in WAITING_FOR_REMOTE_KV while a connector loads its KV
+    SKIPPED = "skipped"  # a connector does not know yet: look again next step, keep its place
+    BLOCKED = "blocked"  # not enough free blocks: nothing behind it is admitted either (FCFS)
+
+
+class _StepPlan:
+    """Accumulates one step's decisions while ``schedule`` runs."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.new: list[NewRequestData] = []
+        self.cached: list[CachedRequestData] = []
+        self.tokens: list[tuple[str, int]] = []
+        self.preempted: set[str] = set()
+
+
+class Scheduler:
+    """Running requests first (in order), then waiting ones FCFS; preempts the newest when blocks run out.
+
+    KV that enters or leaves the engine (P/D, the kvstore) goes through one ``KVConnector``: external
+    prefix tokens are asked for after the local prefix hit, loads park a request in
+    WAITING_FOR_REMOTE_KV, and finished requests may keep their blocks until the connector lets go.
+    """
+
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager,
+                 connector: KVConnector | None = None) -> None:
+        self.config = config
+        self.kv = kv_cache_manager
+        self.connector: KVConnector = connector or NullConnector()
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.loading: dict[str, Request] = {}  # WAITING_FOR_REMOTE_KV: a connector writes their blocks
+        self.delayed_free: dict[str, Request] = {}  # finished; blocks kept until the connector lets go
+        self.requests: dict[str, Request] = {}
+        self._finished_since_last_step: set[str] = set()
+        self._known_to_runner: set[str] = set()
+        self.num_preemptions = 0
+
+    # ------------------------------------------------------------------ queue management
+    def add_request(self, request: Request) -> None:
+        rid = request.request_id
+        if rid in self.requests or rid in self.delayed_free:
+            raise ValueError(f"request_id {rid!r} is already in use")
+        self.requests[rid] = request
+        if request.priority:
+            pos = next((i for i, r in enumerate(self.waiting) if r.priority > request.priority), None)
+            if pos is not None:
+                self.waiting.insert(pos, request)
+                return
+        self.waiting.append(request)
+
+    def finish_requests(self, req_ids: list[str], status: RequestStatus) -> list[Request]:
+        """Finish requests from outside the step (abort, stop string, error); frees their blocks."""
+        done = []
+        for req_id in req_ids:
+            request = self.requests.get(req_id)
+            if request is None or request.is_finished:
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            elif request.status == RequestStatus.WAITING_FOR_REMOTE_KV:
+                del self.loading[req_id]
+            else:
+                self.waiting.remove(request)
+            request.transition(status)
+            self._release(request)
+            done.append(request)
+        return done
+
+    def _release(self, request: Request) -> None:
+        """The connector sees every finish: it may keep the blocks (a lease, a read in flight) and answer params."""
+        rid = request.request_id
+        delay_free, params = self.connector.request_finished(request, self.kv.block_ids(rid))
+        if params is not None:
+            request.remote_kv_out = params
+        if delay_free:
+            self.delayed_free[rid] = request
+        else:
+            self.kv.free(request)
+        del self.requests[rid]
+        if rid in self._known_to_runner:
+            self._known_to_runner.discard(rid)
+            self._finished_since_last_step.add(rid)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # ------------------------------------------------------------------ scheduling
+    def schedule(self) -> SchedulerOutput:
+        self._apply_finished(self.connector.get_finished())
+        plan = _StepPlan(self.config.max_num_batched_tokens)
+        self._schedule_running(plan)
+        if not plan.preempted:
+            self._schedule_waiting(plan)
+        finished = frozenset(self._finished_since_last_step)
+        self._finished_since_last_step = set()
+        return SchedulerOutput(
+            new_reqs=tuple(plan.new),
+            cached_reqs=tuple(plan.cached),
+            num_scheduled_tokens=tuple(plan.tokens),
+            total_num_scheduled_tokens=self.config.max_num_batched_tokens - plan.budget,
+            finished_req_ids=finished,
+            preempted_req_ids=frozenset(plan.preempted),
+        )
+
+    def _apply_finished(self, done: FinishedTransfers) -> None:
+        """Free what the connector let go; loaded requests queue again with their KV, failed ones without."""
+        if not done:
+            return
+        for rid in done.sent | done.received | done.failed:
+            finished = self.delayed_free.pop(rid, None)
+            if finished is not None:
+                self.kv.free(finished)
+        for rid in done.received:
+            if (request := self.loading.pop(rid, None)) is not None:
+                self.kv.cache_full_blocks(request, request.num_computed_tokens)
+                self._requeue(request)
+        for rid in done.failed:
+            if (request := self.loading.pop(rid, None)) is not None:
+                self.kv.free(request)  # recompute; the connector that failed does not offer it again
+                request.num_computed_tokens = 0
+                self._requeue(request)
+
+    def _requeue(self, request: Request) -> None:
+        request.transition(RequestStatus.WAITING)
+        self.waiting.appendleft(request)
+
+    def _schedule_running(self, plan: _StepPlan) -> None:
+        i = 0
+        while i < len(self.running) and plan.budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, plan.budget)
+            if num_new <= 0:
+                i += 1
+                continue
+            new_blocks = self.kv.allocate_slots(request, num_new)
+            while new_blocks is None:
+                victim = self.running.pop()
+                self._preempt(victim, plan)
+                if victim is request:
+                    break
+                new_blocks = self.kv.allocate_slots(request, num_new)
+            if new_blocks is None:
+                break
+            plan.cached.append(
+                CachedRequestData(
+                    request.request_id, tuple(b.block_id for b in new_blocks), request.num_computed_tokens
+                )
+            )
+            plan.tokens.append((request.request_id, num_new))
+            plan.budget -= num_new
+            i += 1
+
+    def _preempt(self, request: Request, plan: _StepPlan) -> None:
+        request.transition(RequestStatus.PREEMPTED)
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self._known_to_runner.discard(request.request_id)
+        plan.preempted.add(request.request_id)
+        self.waiting.appendleft(request)
+
+    def _schedule_waiting(self, plan: _StepPlan) -> None:
+        skipped: list[Request] = []
+        while self.waiting and plan.budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting.popleft()
+            outcome = self._admit(request, plan)
+            if outcome is _Admit.BLOCKED:
+                self.waiting.appendleft(request)
+                break
+            if outcome is _Admit.SKIPPED:
+                skipped.append(request)
+        self.waiting.extendleft(reversed(skipped))
+
+    def _admit(self, request: Request, plan: _StepPlan) -> _Admit:
+        """Local prefix hit, then external tokens from the connector, then blocks for all of it."""
+        rid = request.request_id
+        holds_kv = rid in self.kv.req_to_blocks  # it received its KV: num_computed_tokens counts it
+        computed, num_local, num_external, load_async = [], 0, 0, False
+        if not holds_kv:
+            computed, num_local = self.kv.get_computed_blocks(request)
+            if not request.needs_prompt_logprobs:  # every prompt token must then be computed here
+                match = self.connector.get_num_new_matched_tokens(request, num_local)
+                if match is None:
+                    return _Admit.SKIPPED
+                num_external, load_async = match[0], match[1] and match[0] > 0
+        num_computed = request.num_computed_tokens + num_local + num_external
+        num_new = 0 if load_async else min(request.num_tokens - num_computed, plan.budget)
+        new_blocks = self.kv.allocate_slots(request, num_external + num_new, computed, num_local,
+                                            cache=not load_async)
+        if new_blocks is None:
+            return _Admit.BLOCKED
+        if not holds_kv:
+            self.kv.record_prefix_query(request, num_local)
+        if num_external:
+            self.connector.update_state_after_alloc(request, self.kv.block_ids(rid), num_external)
+        request.num_computed_tokens = num_computed
+        if load_async:
+            request.transition(RequestStatus.WAITING_FOR_REMOTE_KV)
+            self.loading[rid] = request
+            return _Admit.LOADING
+        self._start_running(request, num_computed, num_new, plan)
+        return _Admit.SCHEDULED
+
+    def _start_running(self, request: Request, num_computed: int, num_new: int, plan: _StepPlan) -> None:
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = num_computed
+        if request.queue_time_s is None:
+            request.queue_time_s = time.monotonic() - request.arrival_time
+        request.transition(RequestStatus.RUNNING)
+        self.running.append(request)
+        self._known_to_runner.add(request.request_id)
+        plan.new.append(
+            NewRequestData(
+                req_id=request.request_id,
+                prompt_token_ids=tuple(request.prompt_token_ids),
+                output_token_ids=tuple(request.output_token_ids),
+                sampling_params=request.sampling_params,
+                block_ids=tuple(self.kv.block_ids(request.request_id)),
+                num_computed_tokens=num_computed,
+            )
+        )
+        plan.tokens.append((request.request_id, num_new))
+        plan.budget -= num_new
+
+    # ------------------------------------------------------------------ results
+    def update_from_output(
+        self, sched: SchedulerOutput, result: ModelRunnerOutput
+    ) -> list[EngineCoreOutput]:
+        """Advance every scheduled request by its computed tokens and its sampled token."""
+        sampled = dict(zip(result.req_ids, result.sampled_token_ids, strict=True))
+        logprobs = dict(zip(result.req_ids, result.logprobs, strict=True))
+        for req_id, first, entries in result.prompt_logprobs:
+            if (req := self.requests.get(req_id)) is not None:
+                req.add_prompt_logprobs(first, entries)
+        outputs = []
+        for req_id, num_tokens in sched.num_scheduled_tokens:
+            request = self.requests.get(req_id)
+            if request is None or request.is_finished:
+                continue
+            if req_id in result.failed_req_ids:
+                self.finish_requests([req_id], RequestStatus.FINISHED_ERROR)
+                outputs.append(EngineCoreOutput(req_id, (), finish_reason="error", error=result.error))
+                continue
+            request.num_computed_tokens += num_tokens
+            new_tokens = sampled.get(req_id, ())
+            for token in new_tokens:
+                request.append_output_token(token)
+            status = self._check_stop(request) if new_tokens else None
+            if status is not None:
+                self.finish_requests([req_id], status)
+            kv_out = request.remote_kv_out.model_dump(mode="json") if request.remote_kv_out else None
+            if new_tokens or status is not None:
+                lp = logprobs.get(req_id)
+                outputs.append(
+                    EngineCoreOutput(
+                        req_id,
+                        tuple(new_tokens),
+                        (lp,) if lp is not None else (),
+                        finish_reason=status.value if status else None,
+                        stop_reason=request.stop_reason,
+                        num_cached_tokens=max(request.num_cached_tokens, 0),
+                        kv_transfer_params=kv_out,
+                        queue_time_s=request.queue_time_s,
+                        prompt_logprobs=request.take_prompt_logprobs() if new_tokens else None,
+                    )
+                )
+        return outputs
+
+    def _check_stop(self, request: Request) -> RequestStatus | None:
+        params, token = request.sampling_params, request.output_token_ids[-1]
+        if request.num_output_tokens >= params.min_tokens:
+            if token == request.eos_token_id and not params.ignore_eos:
+                return RequestStatus.FINISHED_STOPPED
+            if token in params.stop_token_ids:
+                request.stop_reason = token
+                return RequestStatus.FINISHED_STOPPED
+        if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        if request.num_tokens >= self.config.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None

@@ -1,0 +1,121 @@
+"""The engine's HTTP app (every engine role): OpenAI routes, ops routes, error handling, lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, FastAPI, Request
+from starlette.responses import JSONResponse, Response
+
+from services.common.errors import not_ready
+from services.common.http_middleware import RequestContextMiddleware, install_error_handlers
+from services.common.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from services.engine.async_llm import AsyncLLM
+from services.engine.entrypoints.lifecycle import ServerState, warm_up
+from services.engine.entrypoints.metrics import CONTENT_TYPE, ServerMetrics
+from services.engine.entrypoints.role import AggregatedRole, EngineRole
+from services.engine.entrypoints.serving import ServerSettings, ServingContext
+from services.engine.entrypoints.serving_chat import create_chat_completion
+from services.engine.entrypoints.serving_completions import create_completion
+from services.engine.entrypoints.serving_tokens import detokenize, list_models, tokenize
+
+log = logging.getLogger(__name__)
+
+
+def version() -> str:
+    """The installed kvferry version (``unknown`` when running from a source tree)."""
+    try:
+        return importlib.metadata.version("kvferry")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _openai_routes(ctx: ServingContext) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await create_completion(ctx, body, request, body.request_id or request.state.request_id)
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await create_chat_completion(ctx, body, request, body.request_id or request.state.request_id)
+
+    @router.get("/v1/models")
+    async def models() -> ModelList:
+        return list_models(ctx)
+
+    @router.post("/tokenize")
+    async def tokenize_route(body: TokenizeRequest) -> TokenizeResponse:
+        return tokenize(ctx, body)
+
+    @router.post("/detokenize")
+    async def detokenize_route(body: DetokenizeRequest) -> DetokenizeResponse:
+        return detokenize(ctx, body)
+
+    return router
+
+
+def _ops_routes(ctx: ServingContext) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health() -> Response:
+        if not ctx.state.is_ready(ctx.llm):
+            error = not_ready("The engine is draining." if ctx.state.draining else "The engine is not ready.")
+            return JSONResponse(error.body(), status_code=error.status)
+        return JSONResponse({"status": "ok"})
+
+    @router.get("/version")
+    async def version_route() -> dict[str, str]:
+        return {"version": version()}
+
+    @router.get("/metrics")
+    async def metrics() -> Response:
+        return Response(ctx.metrics.render(), media_type=CONTENT_TYPE)
+
+    return router
+
+
+def build_app(llm: AsyncLLM, settings: ServerSettings, role: EngineRole | None = None) -> FastAPI:
+    """The app serving ``llm`` in ``role`` (default: aggregated); it owns the engine: warm-up, then shutdown.
+
+    ``role`` must be the one whose connectors ``llm`` was built with (its routes and admission use them).
+    """
+    name = llm.config.model_name
+    ctx = ServingContext(llm=llm, settings=settings, metrics=ServerMetrics(llm.stats, name), model_name=name,
+                         max_model_len=llm.engine.max_model_len, vocab_size=llm.engine.core.model_config.vocab_size,
+                         state=ServerState(drain_timeout=settings.drain_timeout), role=role or AggregatedRole())
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        ctx.state.loop = asyncio.get_running_loop()
+        warming = asyncio.create_task(warm_up(llm, ctx.state))
+        try:
+            yield
+        finally:
+            ctx.state.draining = True
+            warming.cancel()
+            await asyncio.to_thread(llm.shutdown)
+
+    app = FastAPI(title="kvferry engine", version=version(), lifespan=lifespan)
+    app.state.ctx = ctx
+    app.add_middleware(RequestContextMiddleware, api_key=settings.api_key)
+    install_error_handlers(app, log)
+    app.include_router(_openai_routes(ctx))
+    app.include_router(_ops_routes(ctx))
+    for router in ctx.role.routes():
+        app.include_router(router)
+    return app

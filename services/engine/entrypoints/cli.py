@@ -1,0 +1,164 @@
+"""``kvferry serve``: flags -> EngineConfig + ServerSettings + a role, load the model, run uvicorn, drain on SIGTERM.
+
+The engine knows roles only through ``EngineRole``; the composition root (``services/serve_cli.py``)
+passes a factory per ``--role`` value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable, Mapping
+from functools import partial
+from types import FrameType
+from typing import TYPE_CHECKING
+
+import uvicorn
+
+from services.common.errors import config_problem
+from services.common.roles import RoleName, parse_role_name
+
+if TYPE_CHECKING:
+    from services.common.kv_event_publisher import KVEventPublisher
+    from services.engine.core.config import EngineConfig
+    from services.engine.entrypoints.role import EngineRole
+    from services.engine.entrypoints.serving import ServerSettings
+
+RoleFactory = Callable[[argparse.Namespace], "EngineRole"]
+_BACKSTOP_S = 5.0
+
+log = logging.getLogger("kvferry.serve")
+
+
+def _role(value: str) -> RoleName:
+    try:
+        return parse_role_name(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_parser(subparsers: argparse._SubParsersAction, roles: Mapping[str, RoleFactory]) -> argparse.ArgumentParser:
+    """Add ``serve`` to the ``kvferry`` parser; ``roles`` builds the role each ``--role`` value names."""
+    p = subparsers.add_parser("serve", help="run an engine server (OpenAI API)")
+    add = p.add_argument
+    add("model", nargs="?", default=None, help="HF checkpoint folder or .gguf file (default: SmolLM2)")
+    add("--served-model-name", default=None, help="model id in the API (default: the folder name)")
+    add("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    add("--block-size", type=int, default=16, help="tokens per KV block")
+    add("--num-kv-blocks", type=int, default=None, help="KV blocks to allocate (overrides --kv-cache-memory)")
+    add("--kv-cache-memory", type=float, default=None, help="GiB of KV cache")
+    add("--max-num-seqs", type=int, default=64, help="most requests in one batch")
+    add("--max-num-batched-tokens", type=int, default=None, help="token budget of one step")
+    add("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    add("--no-prefix-caching", dest="prefix_caching", action="store_false", help="disable prefix caching")
+    add("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    add("--seed", type=int, default=0)
+    add("--host", default="127.0.0.1")
+    add("--port", type=int, default=8000)
+    add("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
+    add("--role", type=_role, default="both",
+        help="both (aggregated) | prefill (keeps KV for a decode engine) | decode (pulls KV from prefill)")
+    add("--kv-lease", type=float, default=None, help="prefill only: seconds blocks are kept for a decode read (30)")
+    add("--kvstore-url", default=None, help="shared KV tier (grpc://host:port): offload blocks, fetch misses")
+    add("--no-nixl", dest="use_nixl", action="store_false",
+        help="prefill/decode: move KV through the kvstore instead of NIXL")
+    add("--request-timeout", type=float, default=None, help="seconds before a request is aborted")
+    add("--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits for running requests")
+    add("--redis-url", default=None, help="publish KV cache events to this prefix index (redis://host:port)")
+    add("--engine-id", default=None, help="stable id in the prefix index (default: $POD_NAME or host:port)")
+    add("--advertise-url", default=None,
+        help="URL routers use for this engine, as listed in the index (default: http://host:port)")
+    add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=partial(run, roles=roles))
+    return p
+
+
+def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
+    from services.engine.core.config import EngineConfig
+    from services.engine.entrypoints.serving import ServerSettings
+
+    model = args.model
+    if model is None:
+        from services.engine.worker.loader.default_model import ensure_default_model
+
+        model = str(ensure_default_model())
+    engine = EngineConfig(
+        model=model, served_model_name=args.served_model_name, dtype=args.dtype, block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks, kv_cache_memory_gb=args.kv_cache_memory,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len, enable_prefix_caching=args.prefix_caching, device=args.device,
+        seed=args.seed, kvstore_url=args.kvstore_url, use_nixl=args.use_nixl,
+    )
+    server = ServerSettings(api_key=args.api_key, request_timeout=args.request_timeout,
+                            drain_timeout=args.drain_timeout)
+    return engine, server
+
+
+class DrainingServer(uvicorn.Server):
+    """A uvicorn server that marks the app as draining (health and new requests 503) on SIGTERM/SIGINT.
+
+    uvicorn itself then stops accepting connections and waits up to ``timeout_graceful_shutdown``.
+    """
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._on_exit()
+        super().handle_exit(sig, frame)
+
+
+def _ignore(_sig: int, _frame: FrameType | None) -> None:
+    """Installed before uvicorn runs: it re-raises the signal it drained on, and we exit 0 instead."""
+
+
+def advertised_url(host: str, port: int, explicit: str | None = None) -> str:
+    """The URL other components use to reach this engine (0.0.0.0 -> $POD_IP or the hostname)."""
+    if explicit:
+        return explicit.rstrip("/")
+    if host in ("0.0.0.0", "::", ""):
+        host = os.environ.get("POD_IP") or socket.gethostname()
+    return f"http://{host}:{port}"
+
+
+def _publisher(args: argparse.Namespace) -> KVEventPublisher | None:
+    if not args.redis_url:
+        return None
+    from services.common.kv_event_publisher import KVEventPublisher
+
+    url = advertised_url(args.host, args.port, args.advertise_url)
+    engine_id = args.engine_id or os.environ.get("POD_NAME") or url.removeprefix("http://")
+    return KVEventPublisher(args.redis_url, engine_id, url)
+
+
+def run(args: argparse.Namespace, roles: Mapping[str, RoleFactory]) -> int:
+    """Load the model, serve until SIGTERM/SIGINT, drain, exit 0 (1 when the model cannot load)."""
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        role = roles[args.role](args)
+        engine_config, settings = _configs(args)
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        print(f"kvferry serve: error: {config_problem(exc)}", file=sys.stderr)
+        return 2
+    from services.engine.async_llm import AsyncLLM
+    from services.engine.entrypoints.api_server import build_app
+
+    try:
+        llm = AsyncLLM(engine_config, publisher=_publisher(args), connectors=role.connectors)
+    except (ValueError, OSError) as exc:
+        print(f"kvferry serve: error: cannot load {engine_config.model}: {exc}", file=sys.stderr)
+        return 1
+    app = build_app(llm, settings, role)
+    # The app fails what is left at --drain-timeout itself; uvicorn's own cut is only a backstop.
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                            timeout_graceful_shutdown=settings.drain_timeout + _BACKSTOP_S)
+    server = DrainingServer(config, on_exit=app.state.ctx.state.begin_drain)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _ignore)
+    server.run()
+    return 0

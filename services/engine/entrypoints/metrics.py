@@ -1,0 +1,125 @@
+"""Prometheus metrics of one engine server: engine load read at scrape time, per-request timings."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, Info, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from services.common import load_report as lr
+from services.common.hashing import HASH_VERSION
+from services.engine.async_llm import EngineStats
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+_ITL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                10.0, 20.0, 40.0, 80.0)
+_REQUEST_BUCKETS = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+class _EngineCollector(Collector):
+    """Gauges and counters the engine keeps itself, read from ``AsyncLLM.stats()`` on each scrape."""
+
+    def __init__(self, stats: Callable[[], EngineStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        yield GaugeMetricFamily(lr.NUM_REQUESTS_RUNNING, "Requests in the running batch.",
+                                value=s.num_running)
+        yield GaugeMetricFamily(lr.NUM_REQUESTS_WAITING, "Requests waiting to be scheduled.",
+                                value=s.num_waiting)
+        yield GaugeMetricFamily(lr.KV_CACHE_USAGE_RATIO, "Fraction of KV blocks in use (0..1).",
+                                value=s.kv_cache_usage)
+        yield CounterMetricFamily(lr.PREFIX_CACHE_QUERIES, "Prompt tokens looked up in the prefix cache.",
+                                  value=s.prefix_queries)
+        yield CounterMetricFamily(lr.PREFIX_CACHE_HITS, "Prompt tokens served from the prefix cache.",
+                                  value=s.prefix_hits)
+        yield CounterMetricFamily(lr.NUM_PREEMPTIONS, "Requests preempted (KV blocks ran out).",
+                                  value=s.num_preemptions)
+        blocks = CounterMetricFamily(lr.KV_TRANSFER_BLOCKS, "KV blocks moved between engines.",
+                                     labels=["direction", "path"])
+        for (direction, path), n in sorted(s.kv_transfer_blocks.items()):
+            blocks.add_metric([direction, path], n)
+        yield blocks
+        failures = CounterMetricFamily(lr.KV_TRANSFER_FAILURES,
+                                       "KV transfers that failed (the prompt was recomputed), by reason.",
+                                       labels=["reason"])
+        for reason, n in sorted(s.kv_transfer_failures.items()):
+            failures.add_metric([reason], n)
+        yield failures
+
+
+class ServerMetrics:
+    """All metrics of one app instance, in their own registry (no global state)."""
+
+    def __init__(self, stats: Callable[[], EngineStats], model: str) -> None:
+        self.registry = CollectorRegistry()
+        reg = self.registry
+        self.prompt_tokens = Counter(lr.PROMPT_TOKENS, "Prompt tokens of finished requests.", registry=reg)
+        self.generation_tokens = Counter(lr.GENERATION_TOKENS, "Generated tokens.", registry=reg)
+        self.request_success = Counter(lr.REQUEST_SUCCESS, "Finished requests by finish reason.",
+                                       ["finish_reason"], registry=reg)
+        self.ttft = Histogram(lr.TIME_TO_FIRST_TOKEN_SECONDS, "Arrival to first generated token.",
+                              buckets=_TTFT_BUCKETS, registry=reg)
+        self.itl = Histogram(lr.INTER_TOKEN_LATENCY_SECONDS, "Time between consecutive outputs.",
+                             buckets=_ITL_BUCKETS, registry=reg)
+        self.e2e = Histogram(lr.E2E_REQUEST_LATENCY_SECONDS, "Arrival to last token.",
+                             buckets=_REQUEST_BUCKETS, registry=reg)
+        self.queue_time = Histogram(lr.REQUEST_QUEUE_TIME_SECONDS,
+                                    "Arrival to the engine's first output (queueing plus the prefill step).",
+                                    buckets=_REQUEST_BUCKETS, registry=reg)
+        stats_now = stats()
+        Info(lr.CACHE_CONFIG, "KV cache settings a pool must agree on.", registry=reg).info({
+            "block_size": str(stats_now.block_size), "num_blocks": str(stats_now.num_blocks),
+            "hash_version": str(HASH_VERSION), "model": model,
+        })
+        reg.register(_EngineCollector(stats))
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
+
+    def timer(self, prompt_tokens: int) -> RequestTimer:
+        """A timer for one engine request that arrived now."""
+        return RequestTimer(self, prompt_tokens)
+
+
+class RequestTimer:
+    """Observes one engine request: call ``on_output`` per output and ``finish`` once."""
+
+    def __init__(self, metrics: ServerMetrics, prompt_tokens: int) -> None:
+        self._m = metrics
+        self._prompt_tokens = prompt_tokens
+        self._arrival = time.monotonic()
+        self._last: float | None = None
+        self.finished = False
+
+    def on_output(self, num_new_tokens: int, queue_time_s: float | None = None) -> None:
+        """Record an engine output carrying ``num_new_tokens`` tokens (and, on the first, the queue time)."""
+        if not num_new_tokens:
+            return
+        now = time.monotonic()
+        if self._last is None:
+            self._m.ttft.observe(now - self._arrival)
+            if queue_time_s is not None:
+                self._m.queue_time.observe(queue_time_s)
+        else:
+            self._m.itl.observe(now - self._last)
+        self._last = now
+        self._m.generation_tokens.inc(num_new_tokens)
+
+    def finish(self, finish_reason: str) -> None:
+        """Record the end of the request (idempotent)."""
+        if self.finished:
+            return
+        self.finished = True
+        self._m.e2e.observe(time.monotonic() - self._arrival)
+        self._m.prompt_tokens.inc(self._prompt_tokens)
+        self._m.request_success.labels(finish_reason=finish_reason).inc()

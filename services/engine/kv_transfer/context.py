@@ -1,0 +1,69 @@
+"""KVTransferContext: what connectors are built from: the engine's KV cache, its compatibility, one NIXL agent."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from services.common.kv_transfer import KVCompat
+from services.engine.core.config import EngineConfig
+from services.engine.core.kv_connector import KVConnector, TransferStats
+
+if TYPE_CHECKING:
+    from services.engine.kv_transfer.nixl_transfer import NixlTransfer
+
+log = logging.getLogger(__name__)
+
+
+class KVTransferContext:
+    """Handed to a role's connector factory while the engine is built; creates at most one NIXL agent."""
+
+    def __init__(self, config: EngineConfig, kv_cache: torch.Tensor, compat: KVCompat) -> None:
+        self.config, self.kv_cache, self.compat = config, kv_cache, compat
+        self.block_size = compat.block_size
+        self._transfer: NixlTransfer | None = None
+        self._transfer_tried = False
+
+    def transfer(self, purpose: str | None = None) -> NixlTransfer | None:
+        """The engine's NIXL agent over its KV cache (created on first use); None without NIXL.
+
+        ``purpose`` names a user that needs NIXL (e.g. "prefill"): its absence is then logged as a warning.
+        """
+        if not self._transfer_tried:
+            self._transfer_tried = True
+            from services.engine.kv_transfer.nixl_transfer import NixlTransfer, nixl_available
+
+            if self.config.use_nixl and nixl_available():
+                self._transfer = NixlTransfer(self.kv_cache, self.compat)
+        if self._transfer is None and purpose is not None:
+            path = "the kvstore" if self.config.kvstore_url else "nothing: decode will recompute prompts"
+            log.warning("NIXL is %s: role %s moves KV through %s",
+                        "disabled" if not self.config.use_nixl else "not available", purpose, path)
+        return self._transfer
+
+    def kvstore(self, offload: bool = True) -> list[KVConnector]:
+        """The kvstore connector when ``kvstore_url`` is set (none otherwise); ``offload`` puts finished prompts."""
+        if not self.config.kvstore_url:
+            return []
+        from services.engine.kv_transfer.kvstore_connector import KVStoreConnector
+        from services.engine.kv_transfer.kvstore_tier import KVStoreTier
+
+        stats = TransferStats()
+
+        def on_failure(reason: str, what: str, detail: str | None) -> None:
+            log.warning("kvstore %s failed (%s): %s", what, reason, detail)
+            stats.add_failure(reason)
+
+        tier = KVStoreTier(self.config.kvstore_url, self.kv_cache, on_failure, transfer=self.transfer())
+        return [KVStoreConnector(tier, self.block_size, stats, offload=offload)]
+
+
+ConnectorFactory = Callable[[KVTransferContext], Sequence[KVConnector]]
+
+
+def aggregated_connectors(ctx: KVTransferContext) -> Sequence[KVConnector]:
+    """Role ``both``: the kvstore tier when one is configured, else nothing."""
+    return ctx.kvstore(offload=True)

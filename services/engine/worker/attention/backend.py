@@ -1,0 +1,44 @@
+"""ComputeBackend: the per-layer ops a model calls (norm, rotary, activation, paged attention), as a Protocol."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from services.engine.worker.attention.metadata import AttentionMetadata
+
+
+class ComputeBackend(Protocol):
+    """What a model needs from a backend. Not only attention: RMSNorm, rotary and SiLU-and-mul too, so that
+    one backend (plain torch, a C++ extension, Triton kernels) owns every op that touches activations."""
+
+    name: str
+    description: str
+
+    def build_metadata(self, q_lens: list[int], seq_lens: list[int], block_tables: list[list[int]],
+                       slots: list[int], block_size: int, device: torch.device) -> AttentionMetadata:
+        """The step's metadata (and any per-step plan the backend keeps in a subclass of it)."""
+        ...
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
+                 residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual) * weight, x + residual) with HF Llama semantics."""
+        ...
+
+    def rope_inputs(self, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> Any:
+        """Whatever ``rotary`` needs for this step's positions, built once for all layers."""
+        ...
+
+    def rotary(self, q: torch.Tensor, k: torch.Tensor, rope: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [T, Hq, D] and k [T, Hkv, D] rotated (neox / rotate-half convention)."""
+        ...
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(x[:, :I]) * x[:, I:] for x [T, 2I]."""
+        ...
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, layer: int,
+                  meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        """Write this step's k/v [T, Hkv, D] into the paged cache, then attend: q [T, Hq, D] -> [T, Hq, D]."""
+        ...

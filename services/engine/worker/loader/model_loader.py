@@ -1,0 +1,78 @@
+"""Load a model from an HF folder (safetensors, sharded or not) or a .gguf file."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from services.engine.worker.model_config import ModelConfig
+from services.engine.worker.models import get_model_class
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(name: str, cfg: ModelConfig, device: torch.device) -> torch.dtype:
+    """'auto' means the checkpoint's dtype on GPU and float32 on CPU (fp16 matmuls are slow there)."""
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type == "cpu":
+        return torch.float32
+    return _DTYPES.get(cfg.torch_dtype or "", torch.bfloat16)
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [folder / s for s in shards]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"model: {folder} has no *.safetensors weights")
+    return files
+
+
+def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    for path in _safetensors_files(folder):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
+                yield name, f.get_tensor(name)
+
+
+def load_model_config(path: str | Path) -> ModelConfig:
+    p = Path(path)
+    if p.suffix == ".gguf":
+        from services.engine.worker.loader.gguf import GGUFCheckpoint
+
+        return ModelConfig.from_hf_dict(GGUFCheckpoint(p).hf_config())
+    return ModelConfig.from_folder(p)
+
+
+def load_model(path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
+               max_positions: int) -> torch.nn.Module:
+    """Instantiate the registered class for ``cfg.architecture`` and fill it with the checkpoint."""
+    cls = get_model_class(cfg.architecture)
+    with torch.device("meta"):
+        model = cls(cfg, max_positions, dtype)
+    model = model.to_empty(device=device).to(dtype)
+    model.cos_sin_cache = model.build_rope_cache(dtype).to(device)
+    p = Path(path)
+    if p.suffix == ".gguf":
+        from services.engine.worker.loader.gguf import GGUFCheckpoint
+
+        tensors = GGUFCheckpoint(p).tensors()
+    else:
+        tensors = iter_safetensors(p)
+    total = sum(1 for _ in model.parameters())
+    bar = tqdm(tensors, desc=f"loading {p.name}", unit="tensor", leave=False, disable=None, total=None)
+    model.load_weights(bar)
+    log.info("loaded %s (%d parameter tensors, %s) on %s", p.name, total, dtype, device)
+    return model.eval()

@@ -1,0 +1,153 @@
+"""LlamaForCausalLM (also Mistral and Qwen2): RMSNorm, GQA attention over the paged cache, SwiGLU, RoPE."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from kernels.reference import build_cos_sin_cache
+from services.engine.worker.attention.metadata import AttentionMetadata
+from services.engine.worker.model_config import ModelConfig
+
+Backend = Any  # TorchBackend | TritonBackend: rms_norm, rope_inputs, rotary, silu_and_mul, attention
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm weights; the math (HF semantics, optional fused residual add) is the backend's."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, backend: Backend,
+                residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return backend.rms_norm(x, self.weight, self.eps, residual)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.hq, self.hkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_size, self.kv_size = self.hq * self.d, self.hkv * self.d
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.scale = self.d**-0.5
+
+    def forward(self, x: torch.Tensor, rope: Any, kv_cache: torch.Tensor, meta: AttentionMetadata,
+                backend: Backend) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = backend.rotary(q.view(t, self.hq, self.d), k.view(t, self.hkv, self.d), rope)
+        v = v.view(t, self.hkv, self.d)
+        out = backend.attention(q, k, v, kv_cache, self.layer_idx, meta, self.scale)
+        return self.o_proj(out.reshape(t, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.inter = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.inter, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(self.inter, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor, backend: Backend) -> torch.Tensor:
+        return self.down_proj(backend.silu_and_mul(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = LlamaAttention(cfg, layer_idx)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: Any, kv_cache: torch.Tensor,
+                meta: AttentionMetadata, backend: Backend) -> tuple[torch.Tensor, torch.Tensor]:
+        """x is the previous layer's MLP output (or the embeddings); the residual add is fused into the norm."""
+        h, residual = self.input_layernorm(x, backend, residual)
+        h = self.self_attn(h, rope, kv_cache, meta, backend)
+        h, residual = self.post_attention_layernorm(h, backend, residual)
+        return self.mlp(h, backend), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    """The Llama family. Weights use HF names except fused qkv_proj / gate_up_proj (see load_weights)."""
+
+    def __init__(self, cfg: ModelConfig, max_positions: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.max_positions = max_positions
+        self.register_buffer("cos_sin_cache", self.build_rope_cache(dtype), persistent=False)
+
+    def build_rope_cache(self, dtype: torch.dtype) -> torch.Tensor:
+        """[max_positions, head_dim]: cos half then sin half (HF rotary semantics)."""
+        cfg = self.cfg
+        return build_cos_sin_cache(cfg.head_dim, self.max_positions, cfg.rope_theta, cfg.rope_scaling, dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata, backend: Backend) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        rope = backend.rope_inputs(positions, self.cos_sin_cache)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(x, residual, rope, kv_cache, meta, backend)
+        return self.norm(x, backend, residual)[0]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load HF-named tensors, fusing q/k/v and gate/up; every parameter must be filled."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            target, shard = _map_name(name.removeprefix("model."), self.cfg)
+            if target is None:
+                continue
+            if target not in params:
+                raise ValueError(f"checkpoint tensor {name!r} has no place in {self.cfg.architecture}")
+            _copy_shard(params[target], tensor, shard, self.cfg)
+            loaded.add(f"{target}:{shard}")
+            if target == "embed_tokens.weight" and self.cfg.tie_word_embeddings:
+                _copy_shard(params["lm_head.weight"], tensor, None, self.cfg)
+                loaded.add("lm_head.weight:None")
+        missing = [n for n in params if not any(key.startswith(n + ":") for key in loaded)]
+        if missing:
+            raise ValueError(f"checkpoint is missing tensors for: {', '.join(missing[:8])}")
+
+
+_FUSED = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+          "gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up")}
+
+
+def _map_name(name: str, cfg: ModelConfig) -> tuple[str | None, str | None]:
+    if "rotary_emb" in name:
+        return None, None
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part in _FUSED:
+            fused, shard = _FUSED[part]
+            return ".".join(parts[:i] + [fused] + parts[i + 1 :]), shard
+    return name, None
+
+
+def _copy_shard(param: torch.Tensor, tensor: torch.Tensor, shard: str | None, cfg: ModelConfig) -> None:
+    if shard is None:
+        rows = (0, param.shape[0])
+    else:
+        q, kv, inter = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size
+        rows = {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv), "gate": (0, inter), "up": (inter, 2 * inter)}[shard]
+    dst = param.data[rows[0] : rows[1]]
+    if dst.shape != tensor.shape:
+        raise ValueError(f"weight shape mismatch for {shard or 'tensor'}: expected {tuple(dst.shape)}, got {tuple(tensor.shape)}")
+    dst.copy_(tensor.to(dst.dtype))

@@ -1,0 +1,116 @@
+"""Sampler: penalties, greedy/temperature/top-k/top-p/min-p sampling with per-request seeds, logprobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from services.engine.core.outputs import Logprobs
+from services.engine.core.sampling_params import SamplingParams
+
+_SEED_STRIDE = 1_000_003
+
+
+@dataclass
+class SamplingRow:
+    """What the sampler needs about one request in the batch."""
+
+    params: SamplingParams
+    prompt_ids: list[int]
+    output_ids: list[int]
+    stop_ids: tuple[int, ...]  # eos + stop_token_ids, masked while min_tokens is not reached
+
+
+class Sampler:
+    """Samples one token per row from fp32 logits [B, V]."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> tuple[list[int], list[Logprobs | None]]:
+        logits = logits.float()
+        want_lp = [r.params.logprobs is not None for r in rows]
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
+        logits = self._process(logits, rows)
+        tokens = self._sample(logits, rows)
+        lps: list[Logprobs | None] = [None] * len(rows)
+        if raw_logprobs is not None:
+            for i, row in enumerate(rows):
+                if want_lp[i]:
+                    lps[i] = batch_logprobs(raw_logprobs[i : i + 1], [tokens[i]], row.params.logprobs or 0)[0]
+        return tokens, lps
+
+    @staticmethod
+    def _process(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        for i, row in enumerate(rows):
+            p = row.params
+            if p.needs_penalties:
+                logits[i] = _apply_penalties(logits[i], row)
+            if row.stop_ids and len(row.output_ids) < p.min_tokens:
+                logits[i, list(row.stop_ids)] = float("-inf")
+        return logits
+
+    def _sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
+        tokens = logits.argmax(dim=-1)
+        random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
+        if random_rows:
+            idx = torch.tensor(random_rows)
+            probs = _filtered_probs(logits[idx], [rows[i].params for i in random_rows])
+            noise = torch.empty_like(probs)
+            for j, i in enumerate(random_rows):
+                noise[j] = self._noise(rows[i], probs.shape[1])
+            # Exponential race: argmax p/q with q ~ Exp(1) draws from p, reproducibly per row.
+            tokens[idx] = (probs / noise).argmax(dim=-1)
+        return tokens.tolist()
+
+    def _noise(self, row: SamplingRow, vocab: int) -> torch.Tensor:
+        if row.params.seed is None:
+            return torch.empty(vocab).exponential_(generator=self.generator)
+        step_seed = (row.params.seed * _SEED_STRIDE + len(row.output_ids)) % (2**63)
+        return torch.empty(vocab).exponential_(generator=torch.Generator().manual_seed(step_seed))
+
+
+def _apply_penalties(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
+    p = row.params
+    if p.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(row.prompt_ids) | set(row.output_ids)), dtype=torch.long)
+        vals = logits[seen]
+        logits[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+    if row.output_ids and (p.frequency_penalty or p.presence_penalty):
+        counts = torch.bincount(torch.tensor(row.output_ids), minlength=logits.shape[0])[: logits.shape[0]]
+        logits = logits - p.frequency_penalty * counts - p.presence_penalty * (counts > 0).float()
+    return logits
+
+
+def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    temps = torch.tensor([p.temperature for p in params]).unsqueeze(1)
+    logits = logits / temps
+    for j, p in enumerate(params):
+        if p.top_k_enabled and p.top_k < logits.shape[1]:
+            kth = torch.topk(logits[j], p.top_k).values[-1]
+            logits[j] = logits[j].masked_fill(logits[j] < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    top_p = torch.tensor([p.top_p for p in params])
+    if (top_p < 1.0).any():
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        drop = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p[:, None]
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(1, order, sorted_p)
+    min_p = torch.tensor([p.min_p for p in params])
+    if (min_p > 0).any():
+        threshold = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
+        probs = probs.masked_fill(probs < threshold, 0.0)
+    return probs
+
+
+def batch_logprobs(lp: torch.Tensor, tokens: list[int], n: int) -> list[Logprobs]:
+    """Logprob, rank and top-n alternatives of ``tokens[i]`` under row i of log-probabilities ``lp`` [R, V]."""
+    target = torch.tensor(tokens, dtype=torch.long, device=lp.device)[:, None]
+    token_lp = lp.gather(1, target)
+    ranks = ((lp > token_lp).sum(dim=-1) + 1).tolist()
+    tops: list[tuple[tuple[int, float], ...]] = [()] * len(tokens)
+    if n > 0:
+        vals, ids = torch.topk(lp, n, dim=-1)
+        tops = [tuple(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), vals.tolist(), strict=True)]
+    return [Logprobs(v, r, t) for v, r, t in zip(token_lp[:, 0].tolist(), ranks, tops, strict=True)]

@@ -1,0 +1,26 @@
+"""GET /kv/handshake: a prefill engine's NIXL agent metadata, block layout and KV compatibility, for decode."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+
+from services.common.errors import OpenAIError
+from services.common.kv_transfer import HANDSHAKE_PATH
+from services.engine.kv_transfer.nixl_transfer import NixlTransfer
+
+
+def handshake_router(transfer: NixlTransfer | None) -> APIRouter:
+    """The side-channel route decode engines call before their first NIXL READ from this engine."""
+    router = APIRouter()
+
+    @router.get(HANDSHAKE_PATH)
+    async def kv_handshake() -> Response:
+        if transfer is None:
+            err = OpenAIError(404, "this prefill engine has no NIXL agent (--no-nixl, or NIXL unavailable): its "
+                              "KV reaches decode through the kvstore", "invalid_request_error", None,
+                              "kv_transfer_unavailable")
+            return JSONResponse(err.body(), err.status)
+        return Response(transfer.handshake_json(), media_type="application/json")
+
+    return router

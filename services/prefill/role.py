@@ -1,0 +1,52 @@
+"""PrefillRole: lease connector + kvstore offload, the handshake route, and do_remote_decode admission."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.common.kv_transfer import DEFAULT_LEASE_S, KVTransferParams
+from services.common.roles import RoleName
+from services.engine.core.kv_connector import KVConnector
+from services.engine.entrypoints.role import parse_kv_transfer_params
+from services.engine.kv_transfer.context import KVTransferContext
+from services.engine.kv_transfer.nixl_transfer import NixlTransfer
+from services.prefill.handshake import handshake_router
+from services.prefill.lease_connector import LeaseConnector
+
+
+class PrefillSettings(BaseModel):
+    """Where decode engines reach this engine, and how long a prompt's blocks wait for them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = "127.0.0.1"  # advertised in kv_transfer_params (remote_host)
+    port: int = Field(8000, ge=1, le=65535)
+    lease_s: float = Field(DEFAULT_LEASE_S, gt=0)
+
+
+class PrefillRole:
+    """``kvferry serve --role prefill``."""
+
+    name: RoleName = "prefill"
+
+    def __init__(self, settings: PrefillSettings) -> None:
+        self.settings = settings
+        self.transfer: NixlTransfer | None = None
+
+    def connectors(self, ctx: KVTransferContext) -> Sequence[KVConnector]:
+        s = self.settings
+        self.transfer = ctx.transfer(purpose=self.name)
+        lease = LeaseConnector(self.transfer, s.host, s.port, ctx.block_size, s.lease_s)
+        return [lease, *ctx.kvstore(offload=True)]
+
+    def routes(self) -> Sequence[APIRouter]:
+        return (handshake_router(self.transfer),)
+
+    async def admit(self, raw: dict[str, Any] | None, n: int) -> KVTransferParams | None:
+        if raw is None:
+            return None
+        return parse_kv_transfer_params(raw, n, self.name, unsupported="do_remote_prefill")

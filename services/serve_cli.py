@@ -1,0 +1,50 @@
+"""``kvferry serve``'s composition root: the engine's CLI with the role packages plugged in per ``--role``.
+
+Above the engine and the role packages (like ``up_cli``): the engine never imports ``services.prefill``
+or ``services.decode``; this module hands it one factory per role.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from services.engine.entrypoints import cli as engine_cli
+from services.engine.entrypoints.role import AggregatedRole, EngineRole
+
+
+def _prefill(args: argparse.Namespace) -> EngineRole:
+    from services.common.kv_transfer import DEFAULT_LEASE_S
+    from services.prefill.role import PrefillRole, PrefillSettings
+
+    url = engine_cli.advertised_url(args.host, args.port, args.advertise_url)
+    host = url.removeprefix("http://").rsplit(":", 1)[0]
+    lease = DEFAULT_LEASE_S if args.kv_lease is None else args.kv_lease
+    return PrefillRole(PrefillSettings(host=host, port=args.port, lease_s=lease))
+
+
+def _not_prefill(args: argparse.Namespace) -> None:
+    if args.kv_lease is not None:
+        raise ValueError(f"--kv-lease: applies to --role prefill only (this engine is --role {args.role})")
+
+
+def _decode(args: argparse.Namespace) -> EngineRole:
+    from services.decode.role import DecodeRole
+
+    _not_prefill(args)
+    return DecodeRole()
+
+
+def _aggregated(args: argparse.Namespace) -> EngineRole:
+    _not_prefill(args)
+    return AggregatedRole()
+
+
+ROLE_FACTORIES: Mapping[str, engine_cli.RoleFactory] = MappingProxyType(
+    {"both": _aggregated, "prefill": _prefill, "decode": _decode})
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``serve`` to the ``kvferry`` parser."""
+    return engine_cli.add_parser(subparsers, ROLE_FACTORIES)
