@@ -98,7 +98,12 @@ def ref_rms_norm(
     """HF Llama RMSNorm (normalize in fp32, cast to x.dtype, times weight); with residual: r = x + residual."""
     if residual is not None:
         r = x + residual
-        return ref_rms_norm(r, weight, eps), r
+        return _rms_norm(r, weight, eps), r
+    return _rms_norm(x, weight, eps)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm without a residual (see ref_rms_norm)."""
     xf = x.float()
     normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
     return (weight * normed.to(x.dtype)).to(x.dtype)
@@ -155,12 +160,13 @@ def build_cos_sin_cache(
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """[max_pos, head_dim] cache (cos half, then sin half) equal to HF LlamaRotaryEmbedding's cos/sin."""
-    rope_type = (rope_scaling or {}).get("rope_type", (rope_scaling or {}).get("type", "default"))
+    scaling = rope_scaling or {}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if rope_type == "linear":
-        inv_freq = inv_freq / rope_scaling["factor"]
+        inv_freq = inv_freq / scaling["factor"]
     elif rope_type == "llama3":
-        inv_freq = _llama3_inv_freq(inv_freq, rope_scaling)
+        inv_freq = _llama3_inv_freq(inv_freq, scaling)
     elif rope_type != "default":
         raise ValueError(f"unsupported rope_scaling type {rope_type!r} (have: default, linear, llama3)")
     freqs = torch.arange(max_pos, dtype=torch.int64).float()[:, None] * inv_freq[None, :]

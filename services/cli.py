@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 
 # (name, "module:function that adds the sub-parser", help). Modules import only when chosen, so

@@ -64,6 +64,8 @@ class PullConnector:
         local = list(block_ids[first:])
         remote = params.remote_block_ids[first : first + len(local)]
         try:
+            if self.transfer is None or params.remote_engine_id is None:
+                raise KVTransferError("no NIXL agent or no peer to read from")
             handle = self.transfer.read_blocks(params.remote_engine_id, remote, local[: len(remote)],
                                                (params.remote_request_id or "").encode())
         except KVTransferError as exc:
@@ -83,10 +85,10 @@ class PullConnector:
         return False, None
 
     def get_finished(self) -> FinishedTransfers:
-        received, failed = set(), self._failed
-        self._failed = set()
+        received: set[str] = set()
+        failed, self._failed = self._failed, set()
         for rid, load in list(self._loads.items()):
-            state = self.transfer.poll(load.handle)
+            state = self.transfer.poll(load.handle) if self.transfer is not None else TransferState.ERROR
             if state is TransferState.PENDING:
                 continue
             del self._loads[rid]

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -94,7 +94,7 @@ class AsyncLLM:
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
                        cache_salt: str | None = None, priority: int = 0,
-                       kv_transfer_params: KVTransferParams | None = None) -> AsyncIterator[RequestOutput]:
+                       kv_transfer_params: KVTransferParams | None = None) -> AsyncGenerator[RequestOutput, None]:
         """Yield a RequestOutput per engine step for this request; cancelling the iteration aborts it."""
         if not self.is_alive:
             raise EngineDeadError("the engine loop is not running")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from services.engine.core.config import EngineConfig
 from services.engine.core.sampling_params import SamplingParams
@@ -52,6 +52,7 @@ class LLM:
     def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]], params: SamplingParams | None = None,
              add_generation_prompt: bool = True) -> list[RequestOutput]:
         """Apply the model's chat template to each conversation, then generate."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [self.tokenizer.encode_chat(c, add_generation_prompt) for c in conversations]
+        single = bool(messages) and isinstance(messages[0], dict)
+        conversations = cast(list[list[dict[str, Any]]], [messages] if single else messages)
+        prompts: list[Prompt] = [self.tokenizer.encode_chat(c, add_generation_prompt) for c in conversations]
         return self.generate(prompts, params)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from services.common.hashing import BlockHashExtras
 from services.common.kv_transfer import KVTransferParams
+from services.common.protocol_common import FinishReason
 from services.common.tokenizer import Tokenizer
 from services.engine.core.config import EngineConfig
 from services.engine.core.outputs import EngineCoreOutput, Logprobs
@@ -26,7 +27,7 @@ class CompletionOutput:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[Logprobs] | None = None
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
 
 

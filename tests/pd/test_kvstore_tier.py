@@ -13,10 +13,11 @@ import pytest
 from services.common.hashing import BlockHasher
 from services.common.kvstore_client import KVStoreClient
 from services.common.prom_text import scan_samples
+from tests.engine.entrypoints.helpers import MODEL, free_port
+from tests.engine_harness import start_in_process
 from tests.kvstore_server import KVStoreProcess, kvstore_process, running_kvstore
 from tests.pd.test_pd_flow import complete, prompts
 from tests.redis_server import redis_server  # noqa: F401 - fixture
-from tests.server.helpers import MODEL, free_port, start_server
 
 ARGS = ("--block-size", "16", "--num-kv-blocks", "256", "--max-model-len", "512")
 
@@ -51,11 +52,11 @@ def _blocks(server, direction: str, path: str) -> float:
     return server.metrics().get(f'kvferry_kv_transfer_blocks_total{{direction="{direction}",path="{path}"}}', 0)
 
 
-def test_second_engine_gets_the_prefix_from_the_store(llama_dir: Path, tmp_path: Path, kvstore: str,
+def test_second_engine_gets_the_prefix_from_the_store(llama_dir: Path, kvstore: str,
                                                       store_process: KVStoreProcess) -> None:
     """Both sides have NIXL: the store pins the prefix and the engine READs the slots (no gRPC Get)."""
-    a = start_server(llama_dir, tmp_path, "--kvstore-url", kvstore, *ARGS)
-    b = start_server(llama_dir, tmp_path, "--kvstore-url", kvstore, *ARGS)
+    a = start_in_process(llama_dir, "--kvstore-url", kvstore, *ARGS)
+    b = start_in_process(llama_dir, "--kvstore-url", kvstore, *ARGS)
     try:
         prompt = prompts(1, seed=21)[0] + list(range(3, 120))
         first = complete(a, prompt)
@@ -74,11 +75,11 @@ def test_second_engine_gets_the_prefix_from_the_store(llama_dir: Path, tmp_path:
         b.stop()
 
 
-def test_pd_without_nixl_moves_kv_through_the_store(llama_dir: Path, tmp_path: Path, kvstore: str,
+def test_pd_without_nixl_moves_kv_through_the_store(llama_dir: Path, kvstore: str,
                                                     store_process: KVStoreProcess) -> None:
-    prefill = start_server(llama_dir, tmp_path, "--role", "prefill", "--no-nixl", "--kvstore-url", kvstore, *ARGS)
-    decode = start_server(llama_dir, tmp_path, "--role", "decode", "--no-nixl", "--kvstore-url", kvstore, *ARGS)
-    aggregated = start_server(llama_dir, tmp_path, *ARGS)
+    prefill = start_in_process(llama_dir, "--role", "prefill", "--no-nixl", "--kvstore-url", kvstore, *ARGS)
+    decode = start_in_process(llama_dir, "--role", "decode", "--no-nixl", "--kvstore-url", kvstore, *ARGS)
+    aggregated = start_in_process(llama_dir, *ARGS)
     try:
         for prompt in prompts(6, seed=22):
             params = complete(prefill, prompt, {"do_remote_decode": True}, max_tokens=1)["kv_transfer_params"]
@@ -93,9 +94,9 @@ def test_pd_without_nixl_moves_kv_through_the_store(llama_dir: Path, tmp_path: P
             s.stop()
 
 
-def test_engine_keeps_serving_when_the_store_is_down(llama_dir: Path, tmp_path: Path) -> None:
+def test_engine_keeps_serving_when_the_store_is_down(llama_dir: Path) -> None:
     dead = f"grpc://127.0.0.1:{free_port()}"
-    server = start_server(llama_dir, tmp_path, "--kvstore-url", dead, *ARGS)
+    server = start_in_process(llama_dir, "--kvstore-url", dead, *ARGS)
     try:
         for prompt in prompts(3, seed=23):
             assert complete(server, prompt)["choices"][0]["finish_reason"] == "length"
@@ -106,13 +107,13 @@ def test_engine_keeps_serving_when_the_store_is_down(llama_dir: Path, tmp_path: 
         server.stop()
 
 
-def test_kvstore_reports_its_blocks_to_the_prefix_index(llama_dir: Path, tmp_path: Path, redis_server) -> None:  # noqa: F811
+def test_kvstore_reports_its_blocks_to_the_prefix_index(llama_dir: Path, redis_server) -> None:  # noqa: F811
     from services.common.prefix_index import PrefixIndex
     from services.router.scheduling.context import RequestContext
     from services.router.scheduling.endpoint import Endpoint
 
     with running_kvstore("--redis-url", redis_server.url, capacity_gb="0.05") as target:
-        engine = start_server(llama_dir, tmp_path, "--kvstore-url", f"grpc://{target}", *ARGS)
+        engine = start_in_process(llama_dir, "--kvstore-url", f"grpc://{target}", *ARGS)
         try:
             prompt = prompts(1, seed=31)[0] + list(range(3, 100))
             complete(engine, prompt)

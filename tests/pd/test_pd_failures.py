@@ -7,8 +7,9 @@ from pathlib import Path
 
 import httpx
 
+from tests.engine.entrypoints.helpers import MODEL
+from tests.engine_harness import start_in_process
 from tests.pd.test_pd_flow import complete, pd_pair, prompts  # noqa: F401 - fixture
-from tests.server.helpers import MODEL, start_server
 
 ARGS = ("--block-size", "16", "--num-kv-blocks", "128", "--max-model-len", "512")
 
@@ -20,7 +21,7 @@ def _failures(server, reason: str) -> float:
 def test_unread_lease_expires_and_frees_blocks_then_decode_recomputes(llama_dir: Path, tmp_path: Path,
                                                                        pd_pair) -> None:  # noqa: F811
     _, decode, aggregated = pd_pair
-    prefill = start_server(llama_dir, tmp_path, "--role", "prefill", "--kv-lease", "1", *ARGS)
+    prefill = start_in_process(llama_dir, "--role", "prefill", "--kv-lease", "1", *ARGS)
     try:
         prompt = prompts(1, seed=11)[0] + list(range(3, 60))
         params = complete(prefill, prompt, {"do_remote_decode": True}, max_tokens=1)["kv_transfer_params"]
@@ -36,10 +37,10 @@ def test_unread_lease_expires_and_frees_blocks_then_decode_recomputes(llama_dir:
         prefill.stop()
 
 
-def test_incompatible_engines_refuse_kv_at_handshake(llama_dir: Path, tmp_path: Path) -> None:
-    prefill = start_server(llama_dir, tmp_path, "--role", "prefill", *ARGS)
-    decode = start_server(llama_dir, tmp_path, "--role", "decode", "--block-size", "32", "--num-kv-blocks", "64",
-                          "--max-model-len", "512")
+def test_incompatible_engines_refuse_kv_at_handshake(llama_dir: Path) -> None:
+    prefill = start_in_process(llama_dir, "--role", "prefill", *ARGS)
+    decode = start_in_process(llama_dir, "--role", "decode", "--block-size", "32", "--num-kv-blocks", "64",
+                              "--max-model-len", "512")
     try:
         prompt = list(range(3, 70))
         params = complete(prefill, prompt, {"do_remote_decode": True}, max_tokens=1)["kv_transfer_params"]

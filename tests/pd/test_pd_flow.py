@@ -1,4 +1,4 @@
-"""Disaggregated prefill/decode over NIXL between two real `kvferry serve` processes.
+"""Disaggregated prefill/decode over NIXL between two real engines (in-process apps on real sockets).
 
 The two-step flow is driven by a small test client (the router builds the real orchestrator):
 prefill with `max_tokens=1` and `do_remote_decode`, then decode with the returned params.
@@ -13,19 +13,19 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.helpers import MODEL, ServerProcess, start_server
+from tests.engine.entrypoints.helpers import MODEL, EngineEndpoint
+from tests.engine_harness import start_in_process
 
 NEW_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
-def pd_pair(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, ...]]:
-    logs = tmp_path_factory.mktemp("pd-logs")
+def pd_pair(llama_dir: Path) -> Iterator[tuple[EngineEndpoint, ...]]:
     common = ("--block-size", "16", "--num-kv-blocks", "512", "--max-model-len", "512")
     servers = [
-        start_server(llama_dir, logs, "--role", "prefill", "--kv-lease", "20", *common),
-        start_server(llama_dir, logs, "--role", "decode", *common),
-        start_server(llama_dir, logs, *common),
+        start_in_process(llama_dir, "--role", "prefill", "--kv-lease", "20", *common),
+        start_in_process(llama_dir, "--role", "decode", *common),
+        start_in_process(llama_dir, *common),
     ]
     yield tuple(servers)
     for s in servers:
@@ -38,7 +38,7 @@ def prompts(n: int = 32, seed: int = 3) -> list[list[int]]:
     return [[rng.randrange(3, 400) for _ in range(k)] for k in lengths]
 
 
-def complete(server: ServerProcess, prompt: list[int], kv: dict | None = None, max_tokens: int = NEW_TOKENS) -> dict:
+def complete(server: EngineEndpoint, prompt: list[int], kv: dict | None = None, max_tokens: int = NEW_TOKENS) -> dict:
     body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
     if kv is not None:
         body["kv_transfer_params"] = kv
@@ -47,7 +47,7 @@ def complete(server: ServerProcess, prompt: list[int], kv: dict | None = None, m
     return r.json()
 
 
-def disaggregated(prefill: ServerProcess, decode: ServerProcess, prompt: list[int]) -> tuple[dict, dict]:
+def disaggregated(prefill: EngineEndpoint, decode: EngineEndpoint, prompt: list[int]) -> tuple[dict, dict]:
     first = complete(prefill, prompt, {"do_remote_decode": True}, max_tokens=1)
     params = first["kv_transfer_params"]
     assert params is not None and params["do_remote_prefill"] is True
@@ -76,10 +76,10 @@ def test_disaggregated_equals_aggregated_and_kv_is_transferred(pd_pair) -> None:
     assert expected_blocks > 0
 
 
-def test_prefill_died_decode_recomputes_correctly(llama_dir: Path, tmp_path: Path, pd_pair) -> None:
+def test_prefill_died_decode_recomputes_correctly(llama_dir: Path, pd_pair) -> None:
     _, decode, aggregated = pd_pair
-    doomed = start_server(llama_dir, tmp_path, "--role", "prefill", "--block-size", "16", "--num-kv-blocks", "128",
-                          "--max-model-len", "512")
+    doomed = start_in_process(llama_dir, "--role", "prefill", "--block-size", "16", "--num-kv-blocks", "128",
+                              "--max-model-len", "512")
     prompt = prompts(1, seed=9)[0] + list(range(3, 80))
     params = complete(doomed, prompt, {"do_remote_decode": True}, max_tokens=1)["kv_transfer_params"]
     doomed.stop()

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.engine.entrypoints.helpers import ServerProcess
 from tests.redis_server import RedisServer, redis_server  # noqa: F401 - the fixture
 from tests.router.stack import start_engines
-from tests.server.helpers import ServerProcess
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server.helpers import MODEL, REPO, ServerProcess, free_port, start_server
+from tests.engine.entrypoints.helpers import MODEL, REPO, ServerProcess, free_port, start_server
 
 BLOCK = 16
 

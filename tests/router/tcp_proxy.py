@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from tests.server.helpers import free_port
+from tests.engine.entrypoints.helpers import free_port
 
 
 class TcpProxy:

@@ -15,8 +15,8 @@ import pytest
 
 from services.router.discovery import DiscoverySettings, KubernetesDiscovery, pod_endpoint
 from services.router.endpoints import EndpointSpec
+from tests.engine.entrypoints.helpers import MODEL, REPO, ServerProcess, free_port
 from tests.operator.cluster import Cluster
-from tests.server.helpers import MODEL, REPO, ServerProcess, free_port
 
 NS, POOL = "llm", "tiny"
 

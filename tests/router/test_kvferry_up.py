@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.helpers import REPO
+from tests.engine.entrypoints.helpers import REPO
 
 
 def _pids_alive(pids: list[int]) -> list[int]:

@@ -15,9 +15,9 @@ import pytest
 
 from services.common.hashing import BlockHasher
 from services.common.prefix_index import PrefixIndex
+from tests.engine.entrypoints.helpers import MODEL, ServerProcess
 from tests.redis_server import RedisServer
 from tests.router.stack import BLOCK, RouterProcess, start_router
-from tests.server.helpers import MODEL, ServerProcess
 
 PREFIX_BLOCKS = 4
 

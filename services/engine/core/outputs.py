@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from services.common.protocol_common import FinishReason
 from services.engine.core.sampling_params import SamplingParams
 
 
@@ -73,11 +75,11 @@ class EngineCoreOutput:
     req_id: str
     new_token_ids: tuple[int, ...]
     new_logprobs: tuple[Logprobs, ...] = ()
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
     error: str | None = None
-    kv_transfer_params: dict | None = None  # prefill: where the prompt's blocks are (for a decode engine)
+    kv_transfer_params: dict[str, Any] | None = None  # prefill: where the prompt's blocks are (for a decode engine)
     queue_time_s: float | None = None  # arrival in the engine to first scheduled
     prompt_logprobs: tuple[Logprobs | None, ...] | None = None  # with the first token; None for prompt token 0
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 from services.common.kv_transfer import KVTransferParams
+from services.common.protocol_common import FinishReason
 from services.engine.core.outputs import Logprobs
 from services.engine.core.sampling_params import SamplingParams
 
@@ -26,6 +28,11 @@ class RequestStatus(enum.Enum):
         return self in _FINISHED
 
     @property
+    def finish_reason(self) -> FinishReason | None:
+        """The API's finish_reason of a finished status; None while the request is not finished."""
+        return _FINISH_REASONS.get(self)
+
+    @property
     def completed(self) -> bool:
         """Finished by a stop condition or the length limit (not aborted, not failed): its KV is whole."""
         return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
@@ -40,6 +47,8 @@ _FINISHED = frozenset(
     }
 )
 _S = RequestStatus
+_FINISH_REASONS: Mapping[RequestStatus, FinishReason] = MappingProxyType({
+    _S.FINISHED_STOPPED: "stop", _S.FINISHED_LENGTH: "length", _S.FINISHED_ABORTED: "abort", _S.FINISHED_ERROR: "error"})
 _ALLOWED: dict[RequestStatus, frozenset[RequestStatus]] = {
     _S.WAITING: frozenset({_S.RUNNING, _S.WAITING_FOR_REMOTE_KV}) | _FINISHED,
     _S.WAITING_FOR_REMOTE_KV: frozenset({_S.WAITING, _S.RUNNING}) | _FINISHED,

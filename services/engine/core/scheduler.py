@@ -8,6 +8,7 @@ from collections import deque
 
 from pydantic import BaseModel, Field
 
+from services.engine.core.block_pool import KVCacheBlock
 from services.engine.core.kv_cache_manager import KVCacheManager
 from services.engine.core.kv_connector import FinishedTransfers, KVConnector, NullConnector
 from services.engine.core.outputs import (
@@ -201,7 +202,10 @@ class Scheduler:
         self.num_preemptions += 1
         self._known_to_runner.discard(request.request_id)
         plan.preempted.add(request.request_id)
-        self.waiting.appendleft(request)
+        # Behind the waiting requests that hold received KV: they cannot be preempted, only run.
+        holders = next((i for i, r in enumerate(self.waiting) if r.request_id not in self.kv.req_to_blocks),
+                       len(self.waiting))
+        self.waiting.insert(holders, request)
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
         skipped: list[Request] = []
@@ -219,7 +223,8 @@ class Scheduler:
         """Local prefix hit, then external tokens from the connector, then blocks for all of it."""
         rid = request.request_id
         holds_kv = rid in self.kv.req_to_blocks  # it received its KV: num_computed_tokens counts it
-        computed, num_local, num_external, load_async = [], 0, 0, False
+        computed: list[KVCacheBlock] = []
+        num_local, num_external, load_async = 0, 0, False
         if not holds_kv:
             computed, num_local = self.kv.get_computed_blocks(request)
             if not request.needs_prompt_logprobs:  # every prompt token must then be computed here
@@ -300,7 +305,7 @@ class Scheduler:
                         req_id,
                         tuple(new_tokens),
                         (lp,) if lp is not None else (),
-                        finish_reason=status.value if status else None,
+                        finish_reason=status.finish_reason if status else None,
                         stop_reason=request.stop_reason,
                         num_cached_tokens=max(request.num_cached_tokens, 0),
                         kv_transfer_params=kv_out,

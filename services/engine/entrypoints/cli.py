@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import socket
@@ -23,6 +24,8 @@ from services.common.errors import config_problem
 from services.common.roles import RoleName, parse_role_name
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
+
     from services.common.kv_event_publisher import KVEventPublisher
     from services.engine.core.config import EngineConfig
     from services.engine.entrypoints.role import EngineRole
@@ -136,27 +139,42 @@ def _publisher(args: argparse.Namespace) -> KVEventPublisher | None:
     return KVEventPublisher(args.redis_url, engine_id, url)
 
 
-def run(args: argparse.Namespace, roles: Mapping[str, RoleFactory]) -> int:
-    """Load the model, serve until SIGTERM/SIGINT, drain, exit 0 (1 when the model cannot load)."""
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+class ServeError(Exception):
+    """A start-up failure with the exit code ``kvferry serve`` reports it with (2: flags, 1: the model)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def build(args: argparse.Namespace, roles: Mapping[str, RoleFactory]) -> tuple[FastAPI, ServerSettings]:
+    """The role, the engine (model loaded) and its app from parsed flags; raises ServeError."""
     try:
         role = roles[args.role](args)
         engine_config, settings = _configs(args)
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
-        print(f"kvferry serve: error: {config_problem(exc)}", file=sys.stderr)
-        return 2
+        raise ServeError(2, config_problem(exc)) from exc
     from services.engine.async_llm import AsyncLLM
     from services.engine.entrypoints.api_server import build_app
 
     try:
         llm = AsyncLLM(engine_config, publisher=_publisher(args), connectors=role.connectors)
     except (ValueError, OSError) as exc:
-        print(f"kvferry serve: error: cannot load {engine_config.model}: {exc}", file=sys.stderr)
-        return 1
-    app = build_app(llm, settings, role)
+        raise ServeError(1, f"cannot load {engine_config.model}: {exc}") from exc
+    return build_app(llm, settings, role), settings
+
+
+def run(args: argparse.Namespace, roles: Mapping[str, RoleFactory]) -> int:
+    """Load the model, serve until SIGTERM/SIGINT, drain, exit 0 (1 when the model cannot load)."""
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        app, settings = build(args, roles)
+    except ServeError as exc:
+        print(f"kvferry serve: error: {exc}", file=sys.stderr)
+        return exc.code
     # The app fails what is left at --drain-timeout itself; uvicorn's own cut is only a backstop.
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                            timeout_graceful_shutdown=settings.drain_timeout + _BACKSTOP_S)
+                            timeout_graceful_shutdown=math.ceil(settings.drain_timeout + _BACKSTOP_S))
     server = DrainingServer(config, on_exit=app.state.ctx.state.begin_drain)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _ignore)

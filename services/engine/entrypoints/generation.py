@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 
@@ -14,7 +14,8 @@ from services.engine.async_llm import EngineDeadError
 from services.engine.entrypoints.serving import ServingContext, SubRequest, engine_error, request_timeout
 from services.engine.llm_engine import RequestOutput
 
-_DONE = object()
+_DONE = None  # a sub-request's pump ended
+_Item = RequestOutput | Exception | None
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class Generation:
         self._ctx, self.subs, self._options = ctx, subs, options
         self.finals: dict[int, RequestOutput] = {}
         self._timers = {s.index: ctx.metrics.timer(len(s.prompt_ids)) for s in subs}
-        self._queue: asyncio.Queue = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[int, _Item]] = asyncio.Queue()
 
     async def _pump(self, sub: SubRequest) -> None:
         timer = self._timers[sub.index]
@@ -58,7 +59,7 @@ class Generation:
         finally:
             self._queue.put_nowait((sub.index, _DONE))
 
-    async def stream(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+    async def stream(self) -> AsyncGenerator[tuple[int, RequestOutput], None]:
         """Yield ``(choice index, output)`` per engine output until every sub-request finished."""
         timeout = self._ctx.settings.request_timeout
         deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
@@ -92,7 +93,7 @@ class Generation:
         """End this request from outside (drain timeout): ``stream()`` raises ``error`` next."""
         self._queue.put_nowait((-1, error))
 
-    async def _next(self, deadline: float | None) -> tuple[int, object]:
+    async def _next(self, deadline: float | None) -> tuple[int, _Item]:
         async with asyncio.timeout_at(deadline):
             return await self._queue.get()
 

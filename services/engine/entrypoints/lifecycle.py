@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -104,7 +104,7 @@ class SSEResponse(StreamingResponse):
     Closing the iterator closes the generation it reads from, which aborts the engine requests.
     """
 
-    def __init__(self, events: AsyncIterator[bytes], headers: dict[str, str] | None = None) -> None:
+    def __init__(self, events: AsyncGenerator[bytes, None], headers: dict[str, str] | None = None) -> None:
         super().__init__(events, media_type=SSE_CONTENT_TYPE, headers=headers)
         self._events = events
 
@@ -112,4 +112,4 @@ class SSEResponse(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await self._events.aclose()  # type: ignore[attr-defined]
+            await self._events.aclose()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
 from starlette.requests import Request
@@ -73,7 +73,7 @@ def _choice(ctx: ServingContext, body: ChatCompletionRequest, index: int, out: C
 
 
 async def _events(ctx: ServingContext, body: ChatCompletionRequest, gen: Generation,
-                  stream: StreamContext) -> AsyncIterator[bytes]:
+                  stream: StreamContext) -> AsyncGenerator[bytes, None]:
     """Role chunk per choice, content chunks, an empty-delta chunk with finish_reason, usage, [DONE]."""
     sent = {sub.index: 0 for sub in gen.subs}
     try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 
@@ -97,7 +97,7 @@ class _ChoiceCursor:
 
 
 async def _events(ctx: ServingContext, body: CompletionRequest, gen: Generation, prompts: list[_Prompt],
-                  stream: StreamContext) -> AsyncIterator[bytes]:
+                  stream: StreamContext) -> AsyncGenerator[bytes, None]:
     cursors = {sub.index: _ChoiceCursor() for sub in gen.subs}
     echo_pending = {sub.index: prompts[sub.prompt] for sub in gen.subs} if body.echo else {}
     try:

@@ -91,8 +91,8 @@ class KVStoreConnector:
         for fetch in self.tier.finished_fetches():
             if fetch.request_id in self._lookups:
                 self._lookups[fetch.request_id] = fetch
-        received, failed = set(), self._failed
-        self._failed = set()
+        received: set[str] = set()
+        failed, self._failed = self._failed, set()
         for rid, num_blocks in self.tier.finished_reads():
             (received if num_blocks else failed).add(rid)
         if not received and not failed:

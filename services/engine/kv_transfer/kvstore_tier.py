@@ -84,13 +84,13 @@ class KVStoreTier:
         return time.monotonic() >= self._down_until
 
     # ------------------------------------------------------------------ engine thread
-    def fetch(self, request_id: str, first_block: int, keys: list[BlockKey]) -> None:
+    def fetch(self, request_id: str, first_block: int, keys: Sequence[BlockKey]) -> None:
         """Ask for ``keys`` (the blocks from ``first_block`` on); poll ``finished_fetches``."""
         self._pending.add(request_id)
         self._jobs.put(("get", request_id, first_block, keys))
 
     def finished_fetches(self) -> list[Fetch]:
-        out = []
+        out: list[Fetch] = []
         while True:
             try:
                 fetch = self._done.get_nowait()
@@ -114,12 +114,17 @@ class KVStoreTier:
         False (counted, logged) when it cannot start: the request then computes those blocks itself.
         """
         try:
-            handle = self._transfer.read_blocks(fetch.peer, fetch.slots, block_ids)
+            handle = self._nixl().read_blocks(fetch.peer, fetch.slots, block_ids)
         except KVTransferError as exc:
             self._read_failed(fetch.request_id, str(exc))
             return False
         self._reads[fetch.request_id] = (handle, len(block_ids))
         return True
+
+    def _nixl(self) -> NixlTransfer:
+        if self._transfer is None:
+            raise KVTransferError(f"no NIXL agent: blocks from {self.url} arrive over gRPC")
+        return self._transfer
 
     def has_pending_reads(self) -> bool:
         return bool(self._reads)
@@ -132,7 +137,7 @@ class KVStoreTier:
         """(request id, blocks read; 0 when the read failed) of the reads that ended since the last call."""
         out = []
         for request_id, (handle, num_blocks) in list(self._reads.items()):
-            state = self._transfer.poll(handle).name  # TransferState: DONE | PENDING | ERROR
+            state = self._nixl().poll(handle).name  # TransferState: DONE | PENDING | ERROR
             if state == "PENDING":
                 continue
             del self._reads[request_id]
@@ -170,7 +175,7 @@ class KVStoreTier:
             else:
                 self._put(job[1])
 
-    def _get(self, request_id: str, first: int, keys: list[BlockKey]) -> Fetch:
+    def _get(self, request_id: str, first: int, keys: Sequence[BlockKey]) -> Fetch:
         if not self.available:
             return Fetch(request_id, first)
         try:
@@ -182,7 +187,7 @@ class KVStoreTier:
             self._trip(request_id, exc)
             return Fetch(request_id, first)
 
-    def _pin(self, keys: list[BlockKey]) -> list[int]:
+    def _pin(self, keys: Sequence[BlockKey]) -> list[int]:
         """Slots of the verified prefix; a failure forgets the handshake (a restarted store has a new arena)."""
         try:
             return self._client.pin_prefix(keys, ttl_s=_PIN_TTL_S)

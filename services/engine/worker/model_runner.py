@@ -3,62 +3,25 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from services.engine.core.outputs import Logprobs, ModelRunnerOutput, SchedulerOutput
-from services.engine.core.sampling_params import SamplingParams
-from services.engine.worker.attention.metadata import AttentionMetadata
+from services.engine.worker.attention import ComputeBackend
+from services.engine.worker.input_batch import CachedRequestState, PromptLogprobRows, build_inputs
 from services.engine.worker.model_config import ModelConfig
+from services.engine.worker.models.interface import CausalLM
 from services.engine.worker.sampler import Sampler, SamplingRow, batch_logprobs
 
 log = logging.getLogger(__name__)
 _PROMPT_LOGITS_SLICE = 512  # prompt rows per logits matrix when scoring prompt tokens
 
 
-@dataclass
-class CachedRequestState:
-    """The runner's copy of a request: all tokens so far and its block table."""
-
-    prompt_ids: list[int]
-    output_ids: list[int]
-    params: SamplingParams
-    block_ids: list[int]
-    num_computed: int
-    stop_ids: tuple[int, ...] = ()
-    token_ids: list[int] = field(default_factory=list)
-
-
-@dataclass
-class StepInputs:
-    """The flattened batch of one step."""
-
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    meta: AttentionMetadata
-    sample_rows: list[int]  # index into the scheduled requests of those that sample
-    logits_idx: torch.Tensor  # token rows whose hidden state feeds the sampler
-    prompt_rows: list[PromptLogprobRows] = field(default_factory=list)
-
-
-@dataclass
-class PromptLogprobRows:
-    """Token rows of one request's prompt chunk whose logits score the next prompt token."""
-
-    req_id: str
-    first: int  # index in the prompt of the first token scored
-    hidden_idx: list[int]
-    targets: list[int]
-    top_n: int
-
-
 class ModelRunner:
     """Runs a model over the paged KV cache (one block-major tensor, see allocate_kv_cache)."""
 
-    def __init__(self, model: torch.nn.Module, cfg: ModelConfig, kv_cache: torch.Tensor, block_size: int,
-                 backend: Any, device: torch.device, eos_ids: tuple[int, ...], seed: int = 0) -> None:
+    def __init__(self, model: CausalLM, cfg: ModelConfig, kv_cache: torch.Tensor, block_size: int,
+                 backend: ComputeBackend, device: torch.device, eos_ids: tuple[int, ...], seed: int = 0) -> None:
         self.model, self.cfg, self.kv_cache = model, cfg, kv_cache
         self.block_size, self.backend, self.device = block_size, backend, device
         self.eos_ids = eos_ids
@@ -82,38 +45,6 @@ class ModelRunner:
             state.block_ids.extend(cached.new_block_ids)
             state.num_computed = cached.num_computed_tokens
 
-    def _prepare(self, sched: SchedulerOutput) -> StepInputs:
-        bs = self.block_size
-        ids: list[int] = []
-        pos: list[int] = []
-        slots: list[int] = []
-        q_lens, seq_lens, tables, sample_rows, logits_idx = [], [], [], [], []
-        prompt_rows: list[PromptLogprobRows] = []
-        for row, (req_id, n) in enumerate(sched.num_scheduled_tokens):
-            st = self.states[req_id]
-            start, end = st.num_computed, st.num_computed + n
-            ids.extend(st.token_ids[start:end])
-            positions = range(start, end)
-            pos.extend(positions)
-            blocks = st.block_ids
-            slots.extend(blocks[p // bs] * bs + p % bs for p in positions)
-            if st.params.prompt_logprobs is not None and start < len(st.prompt_ids) - 1:
-                prompt_rows.append(_prompt_rows(req_id, st, start, end, len(ids) - n))
-            q_lens.append(n)
-            seq_lens.append(end)
-            tables.append(blocks)
-            if end == len(st.token_ids):
-                sample_rows.append(row)
-                logits_idx.append(len(ids) - 1)
-        meta = self.backend.build_metadata(q_lens, seq_lens, tables, slots, bs, self.device)
-        return StepInputs(
-            input_ids=torch.tensor(ids, dtype=torch.long, device=self.device),
-            positions=torch.tensor(pos, dtype=torch.long, device=self.device),
-            meta=meta, sample_rows=sample_rows,
-            logits_idx=torch.tensor(logits_idx, dtype=torch.long, device=self.device),
-            prompt_rows=prompt_rows,
-        )
-
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step; an exception fails this step's requests instead of the engine."""
@@ -122,7 +53,7 @@ class ModelRunner:
         if not req_ids:
             return ModelRunnerOutput((), (), ())
         try:
-            inputs = self._prepare(sched)
+            inputs = build_inputs(sched, self.states, self.backend, self.block_size, self.device)
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta, self.backend)
             prompt_lps = tuple(self._prompt_logprobs(hidden, rows) for rows in inputs.prompt_rows)
             sampled: list[tuple[int, ...]] = [()] * len(req_ids)
@@ -158,13 +89,6 @@ class ModelRunner:
     def _row(self, req_id: str) -> SamplingRow:
         st = self.states[req_id]
         return SamplingRow(st.params, st.prompt_ids, st.output_ids, st.stop_ids)
-
-
-def _prompt_rows(req_id: str, st: CachedRequestState, start: int, end: int, base: int) -> PromptLogprobRows:
-    """Positions start..end of the prompt that have a next prompt token (the last one has none)."""
-    last = min(end, len(st.prompt_ids) - 1)
-    return PromptLogprobRows(req_id, start + 1, [base + p - start for p in range(start, last)],
-                             st.prompt_ids[start + 1 : last + 1], st.params.prompt_logprobs or 0)
 
 
 def kv_cache_shape(cfg: ModelConfig, num_blocks: int, block_size: int) -> tuple[int, ...]:

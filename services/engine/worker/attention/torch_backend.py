@@ -31,10 +31,10 @@ class PrefillSeq:
 class TorchAttentionMetadata(AttentionMetadata):
     """The generic metadata plus this backend's per-step plan (built once, used by every layer)."""
 
-    decode_token_idx: torch.Tensor | None = None  # [Bd] token rows of single-token queries
-    decode_block_tables: torch.Tensor | None = None  # [Bd, max_blocks] int64
-    decode_bias: torch.Tensor | None = None  # [Bd, 1, 1, max_blocks*block_size]: 0 attend, -inf padding
-    prefills: list[PrefillSeq] | None = None
+    decode_token_idx: torch.Tensor  # [Bd] token rows of single-token queries
+    decode_block_tables: torch.Tensor  # [Bd, max_blocks] int64
+    decode_bias: torch.Tensor  # [Bd, 1, 1, max_blocks*block_size]: 0 attend, -inf padding
+    prefills: list[PrefillSeq]
 
 
 def _torch_plan(meta: AttentionMetadata) -> TorchAttentionMetadata:
@@ -114,8 +114,10 @@ class TorchBackend:
         return F.silu(gate) * up
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, layer: int,
-                  meta: TorchAttentionMetadata, scale: float) -> torch.Tensor:
+                  meta: AttentionMetadata, scale: float) -> torch.Tensor:
         """q [T,Hq,D], k/v [T,Hkv,D] of this step. Returns [T,Hq,D]."""
+        if not isinstance(meta, TorchAttentionMetadata):
+            raise TypeError("TorchBackend.attention needs the metadata its own build_metadata made")
         n_blocks, n_layers, _, bs, hkv, d = kv_cache.shape
         self._write(k, v, kv_cache, layer, meta)
         block_rows = kv_cache.view(n_blocks * n_layers * 2, bs * hkv * d)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from services.engine.worker.attention.metadata import AttentionMetadata, build_metadata
@@ -29,8 +31,8 @@ class TritonBackend:
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
                  residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
-            return self._rms_norm(x, weight, eps), x
-        return self._rms_norm(x, weight, eps, residual)
+            return cast(torch.Tensor, self._rms_norm(x, weight, eps)), x
+        return cast(tuple[torch.Tensor, torch.Tensor], self._rms_norm(x, weight, eps, residual))
 
     @staticmethod
     def rope_inputs(positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -27,7 +27,7 @@ def build_tokenizer_json(
     if model != "gpt2":
         raise ValueError(f"GGUF tokenizer model {model!r} is not supported (supported: gpt2 byte-level BPE)")
     vocab = {tok: i for i, tok in enumerate(tokens)}
-    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    pairs = [(left, right) for left, right in (m.split(" ", 1) for m in merges)]
     tok = Tokenizer(BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
     tok.pre_tokenizer = _pre_tokenizer(pre)
     tok.decoder = decoders.ByteLevel()

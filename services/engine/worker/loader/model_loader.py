@@ -6,12 +6,14 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import torch
 from tqdm import tqdm
 
 from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models import get_model_class
+from services.engine.worker.models.interface import CausalLM
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +59,14 @@ def load_model_config(path: str | Path) -> ModelConfig:
 
 
 def load_model(path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
-               max_positions: int) -> torch.nn.Module:
+               max_positions: int) -> CausalLM:
     """Instantiate the registered class for ``cfg.architecture`` and fill it with the checkpoint."""
     cls = get_model_class(cfg.architecture)
     with torch.device("meta"):
         model = cls(cfg, max_positions, dtype)
     model = model.to_empty(device=device).to(dtype)
-    model.cos_sin_cache = model.build_rope_cache(dtype).to(device)
+    lm = cast(CausalLM, model)
+    model.cos_sin_cache = lm.build_rope_cache(dtype).to(device)
     p = Path(path)
     if p.suffix == ".gguf":
         from services.engine.worker.loader.gguf import GGUFCheckpoint
@@ -73,6 +76,7 @@ def load_model(path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: t
         tensors = iter_safetensors(p)
     total = sum(1 for _ in model.parameters())
     bar = tqdm(tensors, desc=f"loading {p.name}", unit="tensor", leave=False, disable=None, total=None)
-    model.load_weights(bar)
+    lm.load_weights(bar)
     log.info("loaded %s (%d parameter tensors, %s) on %s", p.name, total, dtype, device)
-    return model.eval()
+    model.eval()
+    return lm

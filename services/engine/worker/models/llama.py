@@ -9,10 +9,9 @@ import torch
 from torch import nn
 
 from kernels.reference import build_cos_sin_cache
-from services.engine.worker.attention.metadata import AttentionMetadata
+from services.engine.worker.attention import AttentionMetadata
+from services.engine.worker.attention import ComputeBackend as Backend
 from services.engine.worker.model_config import ModelConfig
-
-Backend = Any  # TorchBackend | TritonBackend: rms_norm, rope_inputs, rotary, silu_and_mul, attention
 
 
 class RMSNorm(nn.Module):
@@ -78,6 +77,8 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     """The Llama family. Weights use HF names except fused qkv_proj / gate_up_proj (see load_weights)."""
+
+    cos_sin_cache: torch.Tensor
 
     def __init__(self, cfg: ModelConfig, max_positions: int, dtype: torch.dtype) -> None:
         super().__init__()

@@ -10,7 +10,7 @@ import openai
 import pytest
 import torch
 
-from tests.server.helpers import MODEL
+from tests.engine.entrypoints.helpers import MODEL
 
 PROMPT = [11, 57, 203, 98, 31, 77, 140, 6, 19, 250, 45, 88]
 

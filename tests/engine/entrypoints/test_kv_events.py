@@ -7,8 +7,8 @@ from pathlib import Path
 
 from services.common.hashing import BlockHasher
 from services.common.prefix_index import PrefixIndex
+from tests.engine.entrypoints.helpers import MODEL, start_server
 from tests.redis_server import redis_server  # noqa: F401 - fixture
-from tests.server.helpers import MODEL, start_server
 
 
 def test_engine_publishes_blocks_and_deregisters_on_exit(llama_dir: Path, tmp_path: Path, redis_server) -> None:  # noqa: F811

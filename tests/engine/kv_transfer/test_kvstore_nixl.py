@@ -14,10 +14,10 @@ pytest.importorskip("grpc")
 from services.common.hashing import BlockHasher  # noqa: E402
 from services.common.kvstore_client import KVStoreClient, KVStoreUnavailable  # noqa: E402
 from services.engine.kv_transfer.nixl_transfer import NixlTransfer, TransferState  # noqa: E402
+from tests.engine.kv_transfer.nixl_peer import BLOCK_SIZE, compat, make_cache  # noqa: E402
 from tests.kvstore_server import running_kvstore  # noqa: E402
-from tests.transfer.nixl_peer import BLOCK_SIZE, compat, make_cache  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

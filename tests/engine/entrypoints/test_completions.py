@@ -7,7 +7,7 @@ import random
 import httpx
 import openai
 
-from tests.server.helpers import MODEL
+from tests.engine.entrypoints.helpers import MODEL
 
 GREEDY = {"temperature": 0.0, "extra_body": {"ignore_eos": True}}
 

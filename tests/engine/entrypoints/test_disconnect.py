@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from services.common.sse import aiter_sse
-from tests.server.helpers import ServerProcess
+from tests.engine.entrypoints.helpers import ServerProcess
 
 RUNNING, WAITING, USAGE = "kvferry_num_requests_running", "kvferry_num_requests_waiting", "kvferry_kv_cache_usage_ratio"
 ABORTED = 'kvferry_request_success_total{finish_reason="abort"}'

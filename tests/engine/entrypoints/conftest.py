@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.helpers import API_KEY, ServerProcess, start_server
+from tests.engine.entrypoints.helpers import API_KEY, ServerProcess, start_server
 
 
 @pytest.fixture(scope="session")

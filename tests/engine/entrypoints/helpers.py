@@ -1,7 +1,12 @@
-"""Helpers for the server tests: start a real ``kvferry serve`` subprocess and read its metrics."""
+"""Helpers for the server tests: start a real ``kvferry serve`` subprocess and read its metrics.
+
+``EngineEndpoint`` is what tests use of an engine (URL, clients, metrics); ``ServerProcess`` is one
+in its own process, ``tests.engine_harness.InProcessEngine`` one in the test process.
+"""
 
 from __future__ import annotations
 
+import abc
 import os
 import signal
 import socket
@@ -14,7 +19,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 API_KEY = "sk-kvferry-test"
 MODEL = "tiny-llama"
 
@@ -25,14 +30,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@dataclass
-class ServerProcess:
-    """One ``kvferry serve`` subprocess and its log file."""
+class EngineEndpoint(abc.ABC):
+    """An engine's HTTP side as tests see it; subclasses provide ``url``, ``api_key``, ``log_text``, ``stop``."""
 
-    proc: subprocess.Popen
     url: str
-    log: Path
-    api_key: str | None = None
+    api_key: str | None
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -60,6 +62,24 @@ class ServerProcess:
             if time.monotonic() > deadline:
                 raise AssertionError(f"metrics never satisfied the condition: {m}")
             time.sleep(0.05)
+
+    @abc.abstractmethod
+    def log_text(self) -> str:
+        """What the engine logged so far."""
+
+    @abc.abstractmethod
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        """Stop it (drain first); the exit code, 0 when it stopped cleanly."""
+
+
+@dataclass
+class ServerProcess(EngineEndpoint):
+    """One ``kvferry serve`` subprocess and its log file."""
+
+    proc: subprocess.Popen
+    url: str
+    log: Path
+    api_key: str | None = None
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import openai
 
-from tests.server.helpers import MODEL
+from tests.engine.entrypoints.helpers import MODEL
 
 MESSAGES = [
     {"role": "system", "content": "you are a test"},

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from services.common.sse import iter_sse
-from tests.server.helpers import REPO, ServerProcess, start_server
+from tests.engine.entrypoints.helpers import REPO, ServerProcess, start_server
 
 ERRORED = 'kvferry_request_success_total{finish_reason="error"}'
 LONG = {"prompt": "tick tock", "max_tokens": 1000, "ignore_eos": True}

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from services.common.protocol import ChatCompletionResponse, CompletionResponse
 from services.common.sse import parse_sse
-from tests.server.helpers import MODEL, start_server
+from tests.engine.entrypoints.helpers import MODEL, start_server
 
 JUNK = [None, True, False, -1, 0, 1, 2, 1.5, -0.5, 1e308, 10**20, 2**63, "", "x", "5", [], {}, [1], {"a": 1}]
 # field -> (valid values, values that are invalid for this field in particular)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.server.helpers import MODEL, ServerProcess
+from tests.engine.entrypoints.helpers import MODEL, ServerProcess
 
 CMPL, CHAT = "/v1/completions", "/v1/chat/completions"
 MSG = [{"role": "user", "content": "hi"}]

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from services.cli import main
-from tests.server.helpers import API_KEY, MODEL, ServerProcess
+from tests.engine.entrypoints.helpers import API_KEY, MODEL, ServerProcess
 
 COUNTERS = ("kvferry_prompt_tokens_total", "kvferry_generation_tokens_total", "kvferry_prefix_cache_queries_total",
             "kvferry_prefix_cache_hits_total", "kvferry_time_to_first_token_seconds_count",

@@ -19,18 +19,18 @@ from services.common.kv_transfer import KVIncompatibleError, KVTransferError
 pytest.importorskip("nixl")
 
 from services.engine.kv_transfer.nixl_transfer import NixlConfig, NixlTransfer, TransferState  # noqa: E402
-from tests.transfer.nixl_peer import compat, make_cache  # noqa: E402
+from tests.engine.kv_transfer.nixl_peer import compat, make_cache  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PEER_BLOCKS = 64
 ADDRESS = "127.0.0.1:9"  # the peer's (pretend) side-channel address
 
 
 class Peer:
-    """A tests.transfer.nixl_peer process; talks JSON lines over stdin/stdout."""
+    """A tests.engine.kv_transfer.nixl_peer process; talks JSON lines over stdin/stdout."""
 
     def __init__(self, seed: int, *extra: str) -> None:
-        cmd = [sys.executable, "-m", "tests.transfer.nixl_peer", "--seed", str(seed), "--num-blocks", str(PEER_BLOCKS), *extra]
+        cmd = [sys.executable, "-m", "tests.engine.kv_transfer.nixl_peer", "--seed", str(seed), "--num-blocks", str(PEER_BLOCKS), *extra]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.seed = seed
         self.handshake = self._read()["handshake"]

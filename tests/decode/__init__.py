@@ -1,0 +1,1 @@
+"""Tests of services.decode: the pull connector and its admission step."""

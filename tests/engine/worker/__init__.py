@@ -1,0 +1,1 @@
+"""Tests of services.engine.worker: sampler, inputs, loaders, backends."""

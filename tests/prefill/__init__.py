@@ -1,0 +1,1 @@
+"""Tests of services.prefill: the lease connector and the handshake route."""
