@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from services.bench.client import LoadRun, Target, run_load  # noqa: E402
 from services.bench.datasets import BenchRequest, plain_token_space, shared_prefix_dataset  # noqa: E402
 from services.bench.stats import summarize  # noqa: E402
+from tests.engine.entrypoints.helpers import MODEL, ServerProcess, start_server  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
 from tests.router.stack import RouterProcess, start_router  # noqa: E402
-from tests.server.helpers import MODEL, ServerProcess, start_server  # noqa: E402
 
 STRATEGIES = ("prefix-aware", "round-robin", "least-load")
 BLOCK = 16

@@ -91,6 +91,10 @@ class StatusBuilder:
             if template.get("annotations", {}).get(CONFIG_HASH_ANNOTATION) != config_hash:
                 stale.append(role)
         conditions = list(self.previous.get("conditions", []))
+        if not any(c.get("type") == "Degraded" for c in conditions):
+            # Degraded belongs to the reconcile handler; this refresh may have read the pool before
+            # reconcile's first status patch landed, and must not drop the condition when it patches.
+            conditions = set_condition(conditions, "Degraded", False, "NoProblemSeen", "", generation, now)
         not_ready = [f"{r} missing" for r in missing] + unready
         conditions = set_condition(conditions, "Ready", not not_ready, "AllRolesReady" if not not_ready
                                    else "RolesNotReady", "; ".join(not_ready), generation, now)
