@@ -30,6 +30,7 @@ model: $(STAMP)
 lint: setup
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
 test: setup lint

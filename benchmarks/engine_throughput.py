@@ -61,8 +61,14 @@ def run_hf(model, prompts: list[list[int]], out_len: int) -> float:
     ids = torch.tensor(prompts)  # equal lengths: no padding needed
     start = time.perf_counter()
     with torch.inference_mode():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=out_len,
-                             min_new_tokens=out_len, do_sample=False, pad_token_id=0)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=out_len,
+            min_new_tokens=out_len,
+            do_sample=False,
+            pad_token_id=0,
+        )
     elapsed = time.perf_counter() - start
     assert out.shape[1] == ids.shape[1] + out_len
     return elapsed
@@ -83,20 +89,30 @@ def bench_model(name: str, n: int, out_len: int) -> list[dict]:
         gen = n * out_len
         t_kv = run_kvferry(llm, prompts, out_len)
         t_hf = run_hf(hf, prompts, out_len)
-        rows.append({
-            "model": f"llama-{name}", "workload": wl, "num_prompts": n,
-            "kvferry_s": t_kv, "hf_s": t_hf,
-            "kvferry_out_tok_s": gen / t_kv, "hf_out_tok_s": gen / t_hf,
-            "kvferry_total_tok_s": (gen + prompt_tokens) / t_kv, "hf_total_tok_s": (gen + prompt_tokens) / t_hf,
-            "ratio": t_hf / t_kv,
-        })
+        rows.append(
+            {
+                "model": f"llama-{name}",
+                "workload": wl,
+                "num_prompts": n,
+                "kvferry_s": t_kv,
+                "hf_s": t_hf,
+                "kvferry_out_tok_s": gen / t_kv,
+                "hf_out_tok_s": gen / t_hf,
+                "kvferry_total_tok_s": (gen + prompt_tokens) / t_kv,
+                "hf_total_tok_s": (gen + prompt_tokens) / t_hf,
+                "ratio": t_hf / t_kv,
+            }
+        )
         print_row(rows[-1])
     return rows
 
 
 def print_row(r: dict) -> None:
-    print(f"| {r['model']:<12} | {r['workload']:<26} | {r['kvferry_out_tok_s']:>9.0f} | {r['hf_out_tok_s']:>9.0f} | "
-          f"{r['kvferry_total_tok_s']:>9.0f} | {r['hf_total_tok_s']:>9.0f} | {r['ratio']:>5.2f}x |", flush=True)
+    print(
+        f"| {r['model']:<12} | {r['workload']:<26} | {r['kvferry_out_tok_s']:>9.0f} | {r['hf_out_tok_s']:>9.0f} | "
+        f"{r['kvferry_total_tok_s']:>9.0f} | {r['hf_total_tok_s']:>9.0f} | {r['ratio']:>5.2f}x |",
+        flush=True,
+    )
 
 
 def main() -> int:
@@ -105,15 +121,27 @@ def main() -> int:
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-    ap.add_argument("--result-json", default=str(Path(__file__).parent / "results" / "engine_throughput.json"))
+    ap.add_argument(
+        "--result-json", default=str(Path(__file__).parent / "results" / "engine_throughput.json")
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print("| model        | workload                   | kvferry out tok/s | HF out tok/s | kvferry total tok/s | "
-          "HF total tok/s | speed-up |")
+    print(
+        "| model        | workload                   | kvferry out tok/s | HF out tok/s | kvferry total tok/s | "
+        "HF total tok/s | speed-up |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|")
-    rows = [r for m in args.models.split(",") for r in bench_model(m.strip(), args.num_prompts, args.output_len)]
-    meta = {"machine": platform.machine(), "cpus": os.cpu_count(), "threads": args.threads,
-            "torch": torch.__version__, "device": "cpu", "command": " ".join(sys.argv)}
+    rows = [
+        r for m in args.models.split(",") for r in bench_model(m.strip(), args.num_prompts, args.output_len)
+    ]
+    meta = {
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "device": "cpu",
+        "command": " ".join(sys.argv),
+    }
     Path(args.result_json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.result_json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     print(f"wrote {args.result_json}")

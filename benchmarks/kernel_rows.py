@@ -55,14 +55,31 @@ def copy_bandwidth(shapes: Shapes) -> float:
     return 2 * n / (ms * 1e-3)
 
 
-def _timed_row(shapes: Shapes, kernel: str, tokens: int, fn: Callable, ref: Callable, nbytes: int, flops: int,
-               copy_bw: float) -> dict:
+def _timed_row(
+    shapes: Shapes,
+    kernel: str,
+    tokens: int,
+    fn: Callable,
+    ref: Callable,
+    nbytes: int,
+    flops: int,
+    copy_bw: float,
+) -> dict:
     """A pointwise row: kernel vs its torch reference, bytes/s as a fraction of copy bandwidth."""
     ms, ref_ms = bench_ms(shapes, fn), bench_ms(shapes, ref)
     bw = nbytes / (ms * 1e-3)
-    return {"kernel": kernel, "tokens": tokens, "ms": ms, "torch_ms": ref_ms, "bytes": nbytes, "flops": flops,
-            "bytes_per_s": bw, "fraction_of_copy_bw": bw / copy_bw, "speedup_vs_torch": ref_ms / ms,
-            "limit": "DRAM bandwidth (one read and one write of each element)"}
+    return {
+        "kernel": kernel,
+        "tokens": tokens,
+        "ms": ms,
+        "torch_ms": ref_ms,
+        "bytes": nbytes,
+        "flops": flops,
+        "bytes_per_s": bw,
+        "fraction_of_copy_bw": bw / copy_bw,
+        "speedup_vs_torch": ref_ms / ms,
+        "limit": "DRAM bandwidth (one read and one write of each element)",
+    }
 
 
 def pointwise_rows(shapes: Shapes, tokens: int, copy_bw: float) -> list[dict]:
@@ -77,27 +94,66 @@ def pointwise_rows(shapes: Shapes, tokens: int, copy_bw: float) -> list[dict]:
     h, inter, hq, hkv, d = shapes.hidden, shapes.intermediate, shapes.hq, shapes.hkv, shapes.head_dim
     x, res = torch.randn(tokens, h, dtype=dt, device=dev), torch.randn(tokens, h, dtype=dt, device=dev)
     w = torch.rand(h, dtype=dt, device=dev)
-    rows = [_timed_row(shapes, "rms_norm+residual", tokens, lambda: rms_norm(x, w, 1e-5, res),
-                       lambda: ref.ref_rms_norm(x, w, 1e-5, res), (4 * tokens * h + h) * es, 5 * tokens * h, copy_bw)]
+    rows = [
+        _timed_row(
+            shapes,
+            "rms_norm+residual",
+            tokens,
+            lambda: rms_norm(x, w, 1e-5, res),
+            lambda: ref.ref_rms_norm(x, w, 1e-5, res),
+            (4 * tokens * h + h) * es,
+            5 * tokens * h,
+            copy_bw,
+        )
+    ]
     pos = torch.randint(0, 8192, (tokens,), device=dev)
     cache = ref.build_cos_sin_cache(d, 8192, 500000.0, None, dt).to(dev)
     q, k = torch.randn(tokens, hq, d, dtype=dt, device=dev), torch.randn(tokens, hkv, d, dtype=dt, device=dev)
     qk = (hq + hkv) * d
-    rows.append(_timed_row(shapes, "rotary", tokens, lambda: rotary_embedding(pos, q, k, cache),
-                           lambda: ref.ref_rotary_embedding(pos, q, k, cache, True),
-                           (2 * tokens * qk + 2 * tokens * d) * es, 3 * tokens * qk, copy_bw))
+    rows.append(
+        _timed_row(
+            shapes,
+            "rotary",
+            tokens,
+            lambda: rotary_embedding(pos, q, k, cache),
+            lambda: ref.ref_rotary_embedding(pos, q, k, cache, True),
+            (2 * tokens * qk + 2 * tokens * d) * es,
+            3 * tokens * qk,
+            copy_bw,
+        )
+    )
     gate_up = torch.randn(tokens, 2 * inter, dtype=dt, device=dev)
-    rows.append(_timed_row(shapes, "silu_and_mul", tokens, lambda: silu_and_mul(gate_up),
-                           lambda: ref.ref_silu_and_mul(gate_up), 3 * tokens * inter * es, 6 * tokens * inter,
-                           copy_bw))
+    rows.append(
+        _timed_row(
+            shapes,
+            "silu_and_mul",
+            tokens,
+            lambda: silu_and_mul(gate_up),
+            lambda: ref.ref_silu_and_mul(gate_up),
+            3 * tokens * inter * es,
+            6 * tokens * inter,
+            copy_bw,
+        )
+    )
     num_blocks = -(-tokens // shapes.block_size)
     kv = torch.zeros(num_blocks, 1, 2, shapes.block_size, hkv, d, dtype=dt, device=dev)
     slots = torch.randperm(num_blocks * shapes.block_size, device=dev)[:tokens]
-    kk, vv = torch.randn(tokens, hkv, d, dtype=dt, device=dev), torch.randn(tokens, hkv, d, dtype=dt, device=dev)
-    rows.append(_timed_row(shapes, "reshape_and_cache", tokens,
-                           lambda: reshape_and_cache(kk, vv, kv[:, 0, 0], kv[:, 0, 1], slots),
-                           lambda: ref.ref_reshape_and_cache(kk, vv, kv[:, 0, 0], kv[:, 0, 1], slots),
-                           4 * tokens * hkv * d * es + 8 * tokens, 0, copy_bw))
+    kk, vv = (
+        torch.randn(tokens, hkv, d, dtype=dt, device=dev),
+        torch.randn(tokens, hkv, d, dtype=dt, device=dev),
+    )
+    rows.append(
+        _timed_row(
+            shapes,
+            "reshape_and_cache",
+            tokens,
+            lambda: reshape_and_cache(kk, vv, kv[:, 0, 0], kv[:, 0, 1], slots),
+            lambda: ref.ref_reshape_and_cache(kk, vv, kv[:, 0, 0], kv[:, 0, 1], slots),
+            4 * tokens * hkv * d * es + 8 * tokens,
+            0,
+            copy_bw,
+        )
+    )
     return rows
 
 
@@ -121,11 +177,16 @@ def weight_bytes_read(model: torch.nn.Module, batch: int) -> int:
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     emb = model.embed_tokens.weight
     tied = model.lm_head.weight.data_ptr() == emb.data_ptr()
-    return total if tied else total - emb.numel() * emb.element_size() + batch * emb.shape[1] * emb.element_size()
+    return (
+        total
+        if tied
+        else total - emb.numel() * emb.element_size() + batch * emb.shape[1] * emb.element_size()
+    )
 
 
-def decode_step_row(shapes: Shapes, model: torch.nn.Module, backend: object, batch: int, context: int,
-                    copy_bw: float) -> dict:
+def decode_step_row(
+    shapes: Shapes, model: torch.nn.Module, backend: object, batch: int, context: int, copy_bw: float
+) -> dict:
     """One engine decode step (all layers + logits) of `batch` sequences at `context` vs its bandwidth floor."""
     from services.engine.worker.model_runner import kv_cache_shape
 
@@ -139,7 +200,9 @@ def decode_step_row(shapes: Shapes, model: torch.nn.Module, backend: object, bat
     kv_cache.normal_()
     order = torch.randperm(batch * per_seq).view(batch, per_seq).tolist()
     slots = [blocks[context // bs] * bs + context % bs for blocks in order]
-    meta = backend.build_metadata([1] * batch, [context + 1] * batch, order, slots, bs, torch.device(shapes.device))
+    meta = backend.build_metadata(
+        [1] * batch, [context + 1] * batch, order, slots, bs, torch.device(shapes.device)
+    )
     ids = torch.randint(0, cfg.vocab_size, (batch,), device=shapes.device)
     pos = torch.full((batch,), context, dtype=torch.long, device=shapes.device)
 
@@ -150,8 +213,16 @@ def decode_step_row(shapes: Shapes, model: torch.nn.Module, backend: object, bat
     ms = bench_ms(shapes, step)
     w_bytes = weight_bytes_read(model, batch)
     floor_ms = (w_bytes + kv_bytes) / copy_bw * 1e3
-    return {"kernel": "decode_step", "batch": batch, "context": context, "ms": ms, "floor_ms": floor_ms,
-            "fraction_of_floor": floor_ms / ms, "weight_bytes": w_bytes, "kv_bytes": kv_bytes,
-            "flops": 2 * batch * w_bytes // shapes.dtype.itemsize + 4 * batch * context * cfg.num_attention_heads
-            * cfg.head_dim * cfg.num_hidden_layers,
-            "limit": "weight + KV bytes over DRAM bandwidth; eager launches (~10 per layer) at small batch"}
+    return {
+        "kernel": "decode_step",
+        "batch": batch,
+        "context": context,
+        "ms": ms,
+        "floor_ms": floor_ms,
+        "fraction_of_floor": floor_ms / ms,
+        "weight_bytes": w_bytes,
+        "kv_bytes": kv_bytes,
+        "flops": 2 * batch * w_bytes // shapes.dtype.itemsize
+        + 4 * batch * context * cfg.num_attention_heads * cfg.head_dim * cfg.num_hidden_layers,
+        "limit": "weight + KV bytes over DRAM bandwidth; eager launches (~10 per layer) at small batch",
+    }

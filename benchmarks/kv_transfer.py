@@ -52,8 +52,14 @@ def kv_shape(layout: str, num_blocks: int) -> tuple[int, ...]:
 def compat(layout: str) -> KVCompat:
     layers, heads, dim, dtype = LAYOUTS[layout]
     nbytes = layers * 2 * BLOCK_SIZE * heads * dim * torch.empty((), dtype=dtype).element_size()
-    return KVCompat(model_id=layout, block_size=BLOCK_SIZE, hash_version=HASH_VERSION, dtype=str(dtype).split(".")[-1],
-                    bytes_per_block=nbytes, kv_layout=block_major_layout(layers, BLOCK_SIZE, heads, dim))
+    return KVCompat(
+        model_id=layout,
+        block_size=BLOCK_SIZE,
+        hash_version=HASH_VERSION,
+        dtype=str(dtype).split(".")[-1],
+        bytes_per_block=nbytes,
+        kv_layout=block_major_layout(layers, BLOCK_SIZE, heads, dim),
+    )
 
 
 def source_cache(layout: str, num_blocks: int) -> torch.Tensor:
@@ -67,7 +73,9 @@ def source_cache(layout: str, num_blocks: int) -> torch.Tensor:
 def run_peer(layout: str, num_blocks: int, delay_us: int) -> int:
     """The prefill side: register a cache, print the handshake, idle until stdin closes."""
     torch.set_num_threads(1)
-    with NixlTransfer(source_cache(layout, num_blocks), compat(layout), config=NixlConfig(progress_delay_us=delay_us)) as t:
+    with NixlTransfer(
+        source_cache(layout, num_blocks), compat(layout), config=NixlConfig(progress_delay_us=delay_us)
+    ) as t:
         print(t.handshake_json(), flush=True)
         sys.stdin.read()
     return 0
@@ -90,7 +98,9 @@ def run_idle_probe(delay_us: int, seconds: float = 1.5) -> int:
 
 
 def idle_cpu(delay_us: int) -> float:
-    out = subprocess.run([sys.executable, __file__, "--idle-probe", str(delay_us)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--idle-probe", str(delay_us)], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])["cpu_per_s"]
 
 
@@ -120,11 +130,19 @@ class RawNixl:
         self.reg = nb.nixlRegDList(nb.DRAM_SEG, [(local.data_ptr(), local.shape[0] * bpb, 0, "")])
         self.agent.registerMem(self.reg, [])
         name = self.agent.loadRemoteMD(hs.agent_metadata)
-        self.local = self.agent.prepXferDlist(nb.NIXL_INIT_AGENT, nb.nixlXferDList(nb.DRAM_SEG, block_descs(local.data_ptr(), local.shape[0], bpb, 0)), [])
-        self.remote = self.agent.prepXferDlist(name, nb.nixlXferDList(nb.DRAM_SEG, block_descs(hs.base_addr, hs.num_blocks, bpb, 0)), [])
+        self.local = self.agent.prepXferDlist(
+            nb.NIXL_INIT_AGENT,
+            nb.nixlXferDList(nb.DRAM_SEG, block_descs(local.data_ptr(), local.shape[0], bpb, 0)),
+            [],
+        )
+        self.remote = self.agent.prepXferDlist(
+            name, nb.nixlXferDList(nb.DRAM_SEG, block_descs(hs.base_addr, hs.num_blocks, bpb, 0)), []
+        )
 
     def read(self, remote_ids: np.ndarray, local_ids: np.ndarray) -> None:
-        req = self.agent.makeXferReq(self.nb.NIXL_READ, self.local, local_ids, self.remote, remote_ids, "", [])
+        req = self.agent.makeXferReq(
+            self.nb.NIXL_READ, self.local, local_ids, self.remote, remote_ids, "", []
+        )
         status = self.agent.postXferReq(req, "")
         while status == self.nb.NIXL_IN_PROG:
             status = self.agent.getXferStatus(req)
@@ -148,15 +166,24 @@ def bench_layout(layout: str, tokens: list[int], repeats: int, delay_us: int) ->
     num_blocks = max(tokens) // BLOCK_SIZE + 64
     bpb = compat(layout).bytes_per_block
     kvstore, target = start_kvstore(sum(tokens) // BLOCK_SIZE * (bpb + 64) * 1.1 / 1e9, bpb)
-    peer = subprocess.Popen([sys.executable, __file__, "--peer", layout, str(num_blocks), str(delay_us)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    peer = subprocess.Popen(
+        [sys.executable, __file__, "--peer", layout, str(num_blocks), str(delay_us)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         hs = KVHandshake.model_validate_json(peer.stdout.readline())
         local = torch.zeros(kv_shape(layout, num_blocks), dtype=LAYOUTS[layout][3])
         source = source_cache(layout, num_blocks)
-        with NixlTransfer(local, compat(layout), config=NixlConfig(progress_delay_us=delay_us)) as ours, \
-                KVStoreClient(target) as client:
-            ids = {"peer": ours.add_peer(hs), "kvstore": ours.add_peer(client.nixl_handshake(compat(layout).model_dump_json()))}
+        with (
+            NixlTransfer(local, compat(layout), config=NixlConfig(progress_delay_us=delay_us)) as ours,
+            KVStoreClient(target) as client,
+        ):
+            ids = {
+                "peer": ours.add_peer(hs),
+                "kvstore": ours.add_peer(client.nixl_handshake(compat(layout).model_dump_json())),
+            }
             raw = RawNixl(local, hs, delay_us)
             return [bench_prompt(layout, n, repeats, ours, ids, raw, client, local, source) for n in tokens]
     finally:
@@ -166,8 +193,17 @@ def bench_layout(layout: str, tokens: list[int], repeats: int, delay_us: int) ->
         kvstore.wait(timeout=10)
 
 
-def bench_prompt(layout: str, n_tokens: int, repeats: int, ours: NixlTransfer, ids: dict[str, str], raw: RawNixl,
-                 client: KVStoreClient, local: torch.Tensor, source: torch.Tensor) -> dict:
+def bench_prompt(
+    layout: str,
+    n_tokens: int,
+    repeats: int,
+    ours: NixlTransfer,
+    ids: dict[str, str],
+    raw: RawNixl,
+    client: KVStoreClient,
+    local: torch.Tensor,
+    source: torch.Tensor,
+) -> dict:
     n = n_tokens // BLOCK_SIZE
     rng = random.Random(n)
     remote_ids = rng.sample(range(source.shape[0]), n)
@@ -200,18 +236,26 @@ def bench_prompt(layout: str, n_tokens: int, repeats: int, ours: NixlTransfer, i
     client.put((h, t, b) for (h, t), b in zip(keys, blobs, strict=True))
     put_s = time.perf_counter() - t0
     rounds = max(repeats, min(200, (32 << 20) // nbytes))  # small transfers: more rounds, steadier medians
-    secs = timed({
-        "raw_nixl": lambda: raw.read(r_arr, l_arr),
-        "nixl_transfer": lambda: nixl_read(ids["peer"], remote_ids),
-        "kvstore_nixl": kvstore_nixl,
-        "grpc_kvstore": lambda: grpc_get(client, keys, local, dst_idx),
-        "inprocess_copy": copy,
-    }, rounds)
+    secs = timed(
+        {
+            "raw_nixl": lambda: raw.read(r_arr, l_arr),
+            "nixl_transfer": lambda: nixl_read(ids["peer"], remote_ids),
+            "kvstore_nixl": kvstore_nixl,
+            "grpc_kvstore": lambda: grpc_get(client, keys, local, dst_idx),
+            "inprocess_copy": copy,
+        },
+        rounds,
+    )
     if not torch.equal(local[local_ids], source[remote_ids]):
         raise RuntimeError("blocks differ after the transfers")
     return {
-        "layout": layout, "tokens": n_tokens, "blocks": n, "bytes": nbytes, "rounds": rounds,
-        "seconds": secs, "gbps": {k: nbytes / s / 1e9 for k, s in secs.items()},
+        "layout": layout,
+        "tokens": n_tokens,
+        "blocks": n,
+        "bytes": nbytes,
+        "rounds": rounds,
+        "seconds": secs,
+        "gbps": {k: nbytes / s / 1e9 for k, s in secs.items()},
         "grpc_put_gbps": nbytes / put_s / 1e9,
         "nixl_vs_raw": secs["raw_nixl"] / secs["nixl_transfer"],
     }
@@ -222,7 +266,11 @@ def bench_prompt(layout: str, n_tokens: int, repeats: int, ours: NixlTransfer, i
 
 def print_table(rows: list[dict], idle: dict[str, float]) -> None:
     cols = ["raw_nixl", "nixl_transfer", "kvstore_nixl", "grpc_kvstore", "inprocess_copy"]
-    print(f"{'layout':8} {'tokens':>6} {'MiB':>7} " + " ".join(f"{c + ' GB/s':>19}" for c in cols) + f" {'ours/raw':>8}")
+    print(
+        f"{'layout':8} {'tokens':>6} {'MiB':>7} "
+        + " ".join(f"{c + ' GB/s':>19}" for c in cols)
+        + f" {'ours/raw':>8}"
+    )
     for r in rows:
         gb = " ".join(f"{r['gbps'][c]:>8.2f} ({r['seconds'][c] * 1e3:6.2f}ms)" for c in cols)
         print(f"{r['layout']:8} {r['tokens']:>6} {r['bytes'] / 2**20:>7.1f} {gb} {r['nixl_vs_raw']:>8.0%}")
@@ -230,8 +278,25 @@ def print_table(rows: list[dict], idle: dict[str, float]) -> None:
 
 
 def start_kvstore(capacity_gb: float, slot_bytes: int) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "kvstore", "--port", "0", "--capacity-gb", str(capacity_gb),
-                             "--slot-bytes", str(slot_bytes), "--log-level", "warning"], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "services.cli",
+            "kvstore",
+            "--port",
+            "0",
+            "--capacity-gb",
+            str(capacity_gb),
+            "--slot-bytes",
+            str(slot_bytes),
+            "--log-level",
+            "warning",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     return proc, proc.stdout.readline().split()[-1]
 
 
@@ -244,17 +309,29 @@ def main() -> int:
     p.add_argument("--tokens", default="512,2048,8192")
     p.add_argument("--layouts", default="tiny,smollm2")
     p.add_argument("--repeats", type=int, default=15)
-    p.add_argument("--delay-us", type=int, default=NixlConfig().progress_delay_us, help="agents' progress delay")
+    p.add_argument(
+        "--delay-us", type=int, default=NixlConfig().progress_delay_us, help="agents' progress delay"
+    )
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "kv_transfer.json")
     args = p.parse_args()
     torch.set_num_threads(1)
     tokens = [int(t) for t in args.tokens.split(",")]
     idle = {"stock_delay_0us": idle_cpu(0), f"ours_delay_{args.delay_us}us": idle_cpu(args.delay_us)}
-    rows = [r for layout in args.layouts.split(",") for r in bench_layout(layout, tokens, args.repeats, args.delay_us)]
+    rows = [
+        r
+        for layout in args.layouts.split(",")
+        for r in bench_layout(layout, tokens, args.repeats, args.delay_us)
+    ]
     print_table(rows, idle)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"machine": platform.platform(), "cpus": torch.get_num_threads(), "delay_us": args.delay_us, "repeats": args.repeats,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "nixl_path_goal": ">= 70% of raw NIXL READ"}
+    meta = {
+        "machine": platform.platform(),
+        "cpus": torch.get_num_threads(),
+        "delay_us": args.delay_us,
+        "repeats": args.repeats,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "nixl_path_goal": ">= 70% of raw NIXL READ",
+    }
     args.out.write_text(json.dumps({"meta": meta, "idle_cpu": idle, "rows": rows}, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0

@@ -35,8 +35,20 @@ def _free_port() -> int:
 
 def start(model: str, *args: str) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    cmd = [sys.executable, "-m", "services.cli", "serve", model, "--port", str(port), "--served-model-name", "m",
-           "--log-level", "warning", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "services.cli",
+        "serve",
+        model,
+        "--port",
+        str(port),
+        "--served-model-name",
+        "m",
+        "--log-level",
+        "warning",
+        *args,
+    ]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
@@ -52,7 +64,14 @@ def start(model: str, *args: str) -> tuple[subprocess.Popen, str]:
 
 
 def first_token_s(url: str, prompt: list[int], kv: dict | None = None) -> float:
-    body = {"model": "m", "prompt": prompt, "max_tokens": 4, "temperature": 0, "stream": True, "ignore_eos": True}
+    body = {
+        "model": "m",
+        "prompt": prompt,
+        "max_tokens": 4,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
     if kv:
         body["kv_transfer_params"] = kv
     start_t = time.perf_counter()
@@ -65,8 +84,13 @@ def first_token_s(url: str, prompt: list[int], kv: dict | None = None) -> float:
 
 def disaggregated_ttft(prefill: str, decode: str, prompt: list[int]) -> tuple[float, float]:
     start_t = time.perf_counter()
-    body = {"model": "m", "prompt": prompt, "max_tokens": 1, "temperature": 0,
-            "kv_transfer_params": {"do_remote_decode": True}}
+    body = {
+        "model": "m",
+        "prompt": prompt,
+        "max_tokens": 1,
+        "temperature": 0,
+        "kv_transfer_params": {"do_remote_decode": True},
+    }
     params = httpx.post(f"{prefill}/v1/completions", json=body, timeout=300).json()["kv_transfer_params"]
     prefill_s = time.perf_counter() - start_t
     return prefill_s + first_token_s(decode, prompt, params), prefill_s
@@ -99,14 +123,25 @@ def main() -> int:
             disaggregated_ttft(pre, dec, prompts[0][:64])
             agg_s = [first_token_s(agg, p) for p in prompts]
             dis = [disaggregated_ttft(pre, dec, p) for p in prompts]
-            row = {"prompt_tokens": n, "aggregated_ttft_p50_s": statistics.median(agg_s),
-                   "disaggregated_ttft_p50_s": statistics.median(d for d, _ in dis),
-                   "prefill_p50_s": statistics.median(p for _, p in dis)}
+            row = {
+                "prompt_tokens": n,
+                "aggregated_ttft_p50_s": statistics.median(agg_s),
+                "disaggregated_ttft_p50_s": statistics.median(d for d, _ in dis),
+                "prefill_p50_s": statistics.median(p for _, p in dis),
+            }
             row["ratio"] = row["disaggregated_ttft_p50_s"] / row["aggregated_ttft_p50_s"]
             rows.append(row)
-            print(f"| {n} | {row['aggregated_ttft_p50_s'] * 1e3:.0f} ms | {row['disaggregated_ttft_p50_s'] * 1e3:.0f} ms"
-                  f" | {row['prefill_p50_s'] * 1e3:.0f} ms | {row['ratio']:.2f}x |", flush=True)
-        meta = {"model": args.model, "repeats": args.repeats, "cpus": os.cpu_count(), "command": " ".join(sys.argv)}
+            print(
+                f"| {n} | {row['aggregated_ttft_p50_s'] * 1e3:.0f} ms | {row['disaggregated_ttft_p50_s'] * 1e3:.0f} ms"
+                f" | {row['prefill_p50_s'] * 1e3:.0f} ms | {row['ratio']:.2f}x |",
+                flush=True,
+            )
+        meta = {
+            "model": args.model,
+            "repeats": args.repeats,
+            "cpus": os.cpu_count(),
+            "command": " ".join(sys.argv),
+        }
         Path(args.result_json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
         print(f"wrote {args.result_json}")
     finally:

@@ -49,8 +49,10 @@ def default_model() -> Path:
 def prefix_counters(engines: list[ServerProcess]) -> tuple[float, float]:
     """Summed (hits, queries) prompt tokens of every engine's prefix cache."""
     m = [e.metrics() for e in engines]
-    return (sum(x.get("kvferry_prefix_cache_hits_total", 0.0) for x in m),
-            sum(x.get("kvferry_prefix_cache_queries_total", 0.0) for x in m))
+    return (
+        sum(x.get("kvferry_prefix_cache_hits_total", 0.0) for x in m),
+        sum(x.get("kvferry_prefix_cache_queries_total", 0.0) for x in m),
+    )
 
 
 def best_hit_rate(args: argparse.Namespace) -> float:
@@ -61,33 +63,65 @@ def best_hit_rate(args: argparse.Namespace) -> float:
 
 
 def dataset(args: argparse.Namespace, seed: int) -> list[BenchRequest]:
-    return shared_prefix_dataset(plain_token_space(args.vocab), args.num_prefixes * args.per_prefix,
-                                 args.suffix_len, args.output_len, args.prefix_len, args.num_prefixes, seed)
+    return shared_prefix_dataset(
+        plain_token_space(args.vocab),
+        args.num_prefixes * args.per_prefix,
+        args.suffix_len,
+        args.output_len,
+        args.prefix_len,
+        args.num_prefixes,
+        seed,
+    )
 
 
-async def load(routers: list[RouterProcess], requests: list[BenchRequest], args: argparse.Namespace,
-               seed: int) -> LoadRun:
+async def load(
+    routers: list[RouterProcess], requests: list[BenchRequest], args: argparse.Namespace, seed: int
+) -> LoadRun:
     """Requests alternate over the routers; each router's share keeps its own Poisson arrivals."""
     k = len(routers)
-    runs = await asyncio.gather(*(
-        run_load(Target(r.url, MODEL), requests[i::k], args.request_rate / k, args.max_concurrency, seed + i,
-                 progress=False) for i, r in enumerate(routers)))
+    runs = await asyncio.gather(
+        *(
+            run_load(
+                Target(r.url, MODEL),
+                requests[i::k],
+                args.request_rate / k,
+                args.max_concurrency,
+                seed + i,
+                progress=False,
+            )
+            for i, r in enumerate(routers)
+        )
+    )
     return LoadRun([x for run in runs for x in run.results], max(run.duration for run in runs))
 
 
-def measure(name: str, routers: list[RouterProcess], engines: list[ServerProcess], args: argparse.Namespace,
-            seed: int) -> dict:
+def measure(
+    name: str, routers: list[RouterProcess], engines: list[ServerProcess], args: argparse.Namespace, seed: int
+) -> dict:
     h0, q0 = prefix_counters(engines)
     run = asyncio.run(load(routers, dataset(args, seed), args, seed))
     h1, q1 = prefix_counters(engines)
     s = summarize(run)
     hit = (h1 - h0) / (q1 - q0) if q1 > q0 else 0.0
-    row = {"run": name, "routers": len(routers), "completed": s.completed, "failed": s.failed,
-           "hit_rate": hit, "best_hit_rate": best_hit_rate(args), "hit_vs_best": hit / best_hit_rate(args),
-           "ttft_p50_ms": s.ttft_ms.p50, "ttft_p99_ms": s.ttft_ms.p99, "e2e_p50_ms": s.e2e_ms.p50,
-           "req_per_s": s.request_throughput, "out_tok_per_s": s.output_throughput}
-    print(f"  {name:<28} hit {hit:6.1%}  ttft p50 {s.ttft_ms.p50:8.1f} ms  p99 {s.ttft_ms.p99:8.1f} ms  "
-          f"{s.request_throughput:5.2f} req/s  failed {s.failed}", flush=True)
+    row = {
+        "run": name,
+        "routers": len(routers),
+        "completed": s.completed,
+        "failed": s.failed,
+        "hit_rate": hit,
+        "best_hit_rate": best_hit_rate(args),
+        "hit_vs_best": hit / best_hit_rate(args),
+        "ttft_p50_ms": s.ttft_ms.p50,
+        "ttft_p99_ms": s.ttft_ms.p99,
+        "e2e_p50_ms": s.e2e_ms.p50,
+        "req_per_s": s.request_throughput,
+        "out_tok_per_s": s.output_throughput,
+    }
+    print(
+        f"  {name:<28} hit {hit:6.1%}  ttft p50 {s.ttft_ms.p50:8.1f} ms  p99 {s.ttft_ms.p99:8.1f} ms  "
+        f"{s.request_throughput:5.2f} req/s  failed {s.failed}",
+        flush=True,
+    )
     return row
 
 
@@ -104,23 +138,35 @@ def overhead(router: RouterProcess, args: argparse.Namespace) -> dict:
             route_ms.append(float(response.headers["x-kvferry-route-ms"]))
     m = router.metrics()
     lookups = m.get("kvferry_router_index_lookup_seconds_count", 0.0)
-    lookup_mean = 1000 * m.get("kvferry_router_index_lookup_seconds_sum", 0.0) / lookups if lookups else math.nan
+    lookup_mean = (
+        1000 * m.get("kvferry_router_index_lookup_seconds_sum", 0.0) / lookups if lookups else math.nan
+    )
     p50, p90, p99 = np.percentile(route_ms[5:], (50, 90, 99))  # the first few warm connections and caches
-    return {"requests": len(route_ms), "prompt_tokens": args.prefix_len + args.suffix_len,
-            "route_p50_ms": float(p50), "route_p90_ms": float(p90), "route_p99_ms": float(p99),
-            "route_max_ms": max(route_ms[5:]), "index_lookup_mean_ms": lookup_mean,
-            "index_fallbacks": m.get('kvferry_router_fallbacks_total{kind="index"}', 0.0)}
+    return {
+        "requests": len(route_ms),
+        "prompt_tokens": args.prefix_len + args.suffix_len,
+        "route_p50_ms": float(p50),
+        "route_p90_ms": float(p90),
+        "route_p99_ms": float(p99),
+        "route_max_ms": max(route_ms[5:]),
+        "index_lookup_mean_ms": lookup_mean,
+        "index_fallbacks": m.get('kvferry_router_fallbacks_total{kind="index"}', 0.0),
+    }
 
 
 def table(rows: list[dict], over: dict) -> str:
     head = f"{'run':<28} {'hit rate':>9} {'of best':>8} {'TTFT p50':>10} {'TTFT p99':>10} {'req/s':>7} {'tok/s':>7}"
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r['run']:<28} {r['hit_rate']:>9.1%} {r['hit_vs_best']:>8.1%} {r['ttft_p50_ms']:>8.1f}ms "
-                     f"{r['ttft_p99_ms']:>8.1f}ms {r['req_per_s']:>7.2f} {r['out_tok_per_s']:>7.1f}")
-    lines.append(f"router overhead ({over['prompt_tokens']}-token prompts, Redis lookup included): "
-                 f"p50 {over['route_p50_ms']:.3f} ms, p99 {over['route_p99_ms']:.3f} ms "
-                 f"(index lookup mean {over['index_lookup_mean_ms']:.3f} ms)")
+        lines.append(
+            f"{r['run']:<28} {r['hit_rate']:>9.1%} {r['hit_vs_best']:>8.1%} {r['ttft_p50_ms']:>8.1f}ms "
+            f"{r['ttft_p99_ms']:>8.1f}ms {r['req_per_s']:>7.2f} {r['out_tok_per_s']:>7.1f}"
+        )
+    lines.append(
+        f"router overhead ({over['prompt_tokens']}-token prompts, Redis lookup included): "
+        f"p50 {over['route_p50_ms']:.3f} ms, p99 {over['route_p99_ms']:.3f} ms "
+        f"(index lookup mean {over['index_lookup_mean_ms']:.3f} ms)"
+    )
     return "\n".join(lines)
 
 
@@ -138,7 +184,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--num-kv-blocks", type=int, default=1024)
     p.add_argument("--vocab", type=int, default=400, help="prompt token ids are drawn from [0, vocab)")
     p.add_argument("--overhead-requests", type=int, default=100)
-    p.add_argument("--overhead-only", action="store_true", help="skip the strategy runs; measure the overhead only")
+    p.add_argument(
+        "--overhead-only", action="store_true", help="skip the strategy runs; measure the overhead only"
+    )
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "routing.json")
     return p.parse_args()
 
@@ -158,15 +206,25 @@ def main() -> None:
         urls = [e.url for e in engines]
         for name in ("prefix-aware",) if args.overhead_only else (*STRATEGIES, "prefix-aware-2"):
             strategy = name.removesuffix("-2")
-            routers[name] = start_router(model, work, urls, "--strategy", strategy, "--index-budget-ms", "20",
-                                         redis_url=redis.url)
-        print(f"{args.engines} engines, {args.num_prefixes} prefixes x {args.per_prefix} requests, "
-              f"{args.prefix_len}+{args.suffix_len} tokens in, {args.output_len} out, {args.request_rate} req/s")
+            routers[name] = start_router(
+                model, work, urls, "--strategy", strategy, "--index-budget-ms", "20", redis_url=redis.url
+            )
+        print(
+            f"{args.engines} engines, {args.num_prefixes} prefixes x {args.per_prefix} requests, "
+            f"{args.prefix_len}+{args.suffix_len} tokens in, {args.output_len} out, {args.request_rate} req/s"
+        )
         rows = []
         if not args.overhead_only:
             rows = [measure(s, [routers[s]], engines, args, seed=10 + i) for i, s in enumerate(STRATEGIES)]
-            rows.append(measure("prefix-aware, 2 routers", [routers["prefix-aware"], routers["prefix-aware-2"]],
-                                engines, args, seed=20))
+            rows.append(
+                measure(
+                    "prefix-aware, 2 routers",
+                    [routers["prefix-aware"], routers["prefix-aware-2"]],
+                    engines,
+                    args,
+                    seed=20,
+                )
+            )
         over = overhead(routers["prefix-aware"], args)
     finally:
         for r in routers.values():
@@ -179,9 +237,16 @@ def main() -> None:
         print(json.dumps(over, indent=2))
         return
     pa, rr = rows[0], rows[1]
-    result = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-              "model": str(model), "machine": platform.machine(), "runs": rows, "overhead": over,
-              "ttft_p50_speedup_vs_round_robin": rr["ttft_p50_ms"] / pa["ttft_p50_ms"] if pa["ttft_p50_ms"] else None}
+    result = {
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "model": str(model),
+        "machine": platform.machine(),
+        "runs": rows,
+        "overhead": over,
+        "ttft_p50_speedup_vs_round_robin": rr["ttft_p50_ms"] / pa["ttft_p50_ms"]
+        if pa["ttft_p50_ms"]
+        else None,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")

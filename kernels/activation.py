@@ -7,8 +7,15 @@ import triton.language as tl
 
 @triton.jit
 def _silu_and_mul_kernel(
-    x_ptr, out_ptr, num_tokens, inter, s_xt, s_xc, s_ot,
-    BLOCK_T: tl.constexpr, BLOCK_I: tl.constexpr,
+    x_ptr,
+    out_ptr,
+    num_tokens,
+    inter,
+    s_xt,
+    s_xc,
+    s_ot,
+    BLOCK_T: tl.constexpr,
+    BLOCK_I: tl.constexpr,
 ):
     """Program (token tile, column tile): out = silu(x[:, :I]) * x[:, I:] in fp32."""
     rows = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
@@ -31,5 +38,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     block_i = min(1024, triton.next_power_of_2(inter))
     block_t = max(1, min(16, 4096 // block_i, triton.next_power_of_2(num_tokens)))
     grid = (triton.cdiv(num_tokens, block_t), triton.cdiv(inter, block_i))
-    _silu_and_mul_kernel[grid](x, out, num_tokens, inter, *x.stride(), out.stride(0), BLOCK_T=block_t, BLOCK_I=block_i)
+    _silu_and_mul_kernel[grid](
+        x, out, num_tokens, inter, *x.stride(), out.stride(0), BLOCK_T=block_t, BLOCK_I=block_i
+    )
     return out

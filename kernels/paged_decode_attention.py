@@ -22,11 +22,41 @@ LOG2E = math.log2(math.e)
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
-    qk_scale, head_dim, group, num_heads, num_splits,
-    s_qb, s_qh, s_qd, s_kb, s_ko, s_kh, s_kd, s_vb, s_vo, s_vh, s_vd, s_bt, s_ob, s_oh, s_od,
-    PAGE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    SINGLE_SPLIT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    qk_scale,
+    head_dim,
+    group,
+    num_heads,
+    num_splits,
+    s_qb,
+    s_qh,
+    s_qd,
+    s_kb,
+    s_ko,
+    s_kh,
+    s_kd,
+    s_vb,
+    s_vo,
+    s_vh,
+    s_vd,
+    s_bt,
+    s_ob,
+    s_oh,
+    s_od,
+    PAGE: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SINGLE_SPLIT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """Program (b, kv_head, split): all query heads of the group over one slice of the context."""
     b, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -67,22 +97,37 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_reduce_kernel(
-    part_out_ptr, part_lse_ptr, out_ptr, head_dim, num_heads, num_splits, s_ob, s_oh, s_od,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    head_dim,
+    num_heads,
+    num_splits,
+    s_ob,
+    s_oh,
+    s_od,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     """Program (b, head): merge the splits' partial outputs, weighted by their log2-sum-exp."""
     b, head = tl.program_id(0), tl.program_id(1)
     sp, dim = tl.arange(0, BLOCK_S), tl.arange(0, BLOCK_D)
     row = (b * num_heads + head) * num_splits + sp
     lse = tl.load(part_lse_ptr + row, mask=sp < num_splits, other=float("-inf"))
-    parts = tl.load(part_out_ptr + row[:, None] * BLOCK_D + dim[None, :], mask=(sp < num_splits)[:, None], other=0.0)
+    parts = tl.load(
+        part_out_ptr + row[:, None] * BLOCK_D + dim[None, :], mask=(sp < num_splits)[:, None], other=0.0
+    )
     m = tl.max(lse, 0)
     w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))
     o = tl.sum(parts * w[:, None], 0) / tl.maximum(tl.sum(w, 0), 1e-30)
-    tl.store(out_ptr + b * s_ob + head * s_oh + dim * s_od, o.to(out_ptr.dtype.element_ty), mask=dim < head_dim)
+    tl.store(
+        out_ptr + b * s_ob + head * s_oh + dim * s_od, o.to(out_ptr.dtype.element_ty), mask=dim < head_dim
+    )
 
 
-def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int, block_n: int = 64) -> int:
+def choose_num_splits(
+    batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int, block_n: int = 64
+) -> int:
     """Enough (b, kv_head, split) programs to fill the device twice, but >= 4 key tiles per split."""
     want = triton.cdiv(2 * num_sms, batch * num_kv_heads)
     useful = triton.cdiv(max_seq_len, 4 * block_n)
@@ -125,17 +170,44 @@ def paged_decode_attention(
     part_out = torch.empty((batch, num_heads, num_splits, block_d), device=query.device, dtype=torch.float32)
     part_lse = torch.empty((batch, num_heads, num_splits), device=query.device, dtype=torch.float32)
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-        query, key_cache, value_cache, block_tables, seq_lens, out, part_out, part_lse,
-        scale * LOG2E, head_dim, group, num_heads, num_splits,
-        *query.stride(), *key_cache.stride(), *value_cache.stride(), block_tables.stride(0), *out.stride(),
-        PAGE=page, BLOCK_G=padded_dim(group), BLOCK_N=block_n, BLOCK_D=block_d,
-        SINGLE_SPLIT=num_splits == 1, UPCAST=upcast_loads(query.dtype), PRECISION=dot_precision(query.dtype),
-        num_warps=4, num_stages=2,
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        seq_lens,
+        out,
+        part_out,
+        part_lse,
+        scale * LOG2E,
+        head_dim,
+        group,
+        num_heads,
+        num_splits,
+        *query.stride(),
+        *key_cache.stride(),
+        *value_cache.stride(),
+        block_tables.stride(0),
+        *out.stride(),
+        PAGE=page,
+        BLOCK_G=padded_dim(group),
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        SINGLE_SPLIT=num_splits == 1,
+        UPCAST=upcast_loads(query.dtype),
+        PRECISION=dot_precision(query.dtype),
+        num_warps=4,
+        num_stages=2,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(batch, num_heads)](
-            part_out, part_lse, out, head_dim, num_heads, num_splits, *out.stride(),
-            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+            part_out,
+            part_lse,
+            out,
+            head_dim,
+            num_heads,
+            num_splits,
+            *out.stride(),
+            BLOCK_S=triton.next_power_of_2(num_splits),
+            BLOCK_D=block_d,
         )
     return out
-

@@ -22,11 +22,38 @@ LOG2E = math.log2(math.e)
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr, out_ptr,
-    qk_scale, head_dim, group, q_per_tile,
-    s_qt, s_qh, s_qd, s_kb, s_ko, s_kh, s_kd, s_vb, s_vo, s_vh, s_vd, s_bt, s_ot, s_oh, s_od,
-    PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    qk_scale,
+    head_dim,
+    group,
+    q_per_tile,
+    s_qt,
+    s_qh,
+    s_qd,
+    s_kb,
+    s_ko,
+    s_kh,
+    s_kd,
+    s_vb,
+    s_vo,
+    s_vh,
+    s_vd,
+    s_bt,
+    s_ot,
+    s_oh,
+    s_od,
+    PAGE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """Program (b, tile, kv_head): rows are q_per_tile query tokens x the group's query heads."""
     b, tile, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -43,7 +70,9 @@ def _prefill_kernel(
     heads = kv_head * group + r % group
     q_mask = row_ok[:, None] & (dim < head_dim)[None, :]
     q_rows = (q_start + tok).to(tl.int64)
-    q = tl.load(q_ptr + q_rows[:, None] * s_qt + heads[:, None] * s_qh + dim[None, :] * s_qd, mask=q_mask, other=0.0)
+    q = tl.load(
+        q_ptr + q_rows[:, None] * s_qt + heads[:, None] * s_qh + dim[None, :] * s_qd, mask=q_mask, other=0.0
+    )
     if UPCAST:
         q = q.to(tl.float32)
 
@@ -107,11 +136,29 @@ def paged_prefill_attention(
     q_per_tile = block_m // group
     grid = (batch, triton.cdiv(max_query_len, q_per_tile), num_kv_heads)
     _prefill_kernel[grid](
-        query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, out,
-        scale * LOG2E, head_dim, group, q_per_tile,
-        *query.stride(), *key_cache.stride(), *value_cache.stride(), block_tables.stride(0), *out.stride(),
-        PAGE=page, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        UPCAST=upcast_loads(query.dtype), PRECISION=dot_precision(query.dtype),
-        num_warps=num_warps, num_stages=2,
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        query_start_loc,
+        seq_lens,
+        out,
+        scale * LOG2E,
+        head_dim,
+        group,
+        q_per_tile,
+        *query.stride(),
+        *key_cache.stride(),
+        *value_cache.stride(),
+        block_tables.stride(0),
+        *out.stride(),
+        PAGE=page,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        UPCAST=upcast_loads(query.dtype),
+        PRECISION=dot_precision(query.dtype),
+        num_warps=num_warps,
+        num_stages=2,
     )
     return out

@@ -24,9 +24,7 @@ def ref_reshape_and_cache(
     value_cache[blocks, offsets] = value[valid].to(value_cache.dtype)
 
 
-def gather_kv(
-    cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
-) -> torch.Tensor:
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
     """The first `seq_len` positions of one sequence as a dense [seq_len, Hkv, D] tensor."""
     block_size = cache.shape[1]
     num_blocks = -(-seq_len // block_size)
@@ -34,9 +32,7 @@ def gather_kv(
     return cache[blocks].flatten(0, 1)[:seq_len]
 
 
-def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, first_pos: int
-) -> torch.Tensor:
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, first_pos: int) -> torch.Tensor:
     """Causal GQA attention in fp32: q [Q, Hq, D] at positions first_pos.., k/v [L, Hkv, D] -> [Q, Hq, D]."""
     group = q.shape[1] // k.shape[1]
     k = k.float().repeat_interleave(group, dim=1)

@@ -11,13 +11,31 @@ from kernels._common import padded_dim
 
 @triton.jit
 def _reshape_and_cache_kernel(
-    key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, slot_ptr,
-    num_tokens, num_heads, head_dim,
-    stride_kt, stride_kh, stride_kd,
-    stride_vt, stride_vh, stride_vd,
-    stride_cb, stride_co, stride_ch, stride_cd,
-    stride_vcb, stride_vco, stride_vch, stride_vcd,
-    BLOCK_SIZE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    key_ptr,
+    value_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    slot_ptr,
+    num_tokens,
+    num_heads,
+    head_dim,
+    stride_kt,
+    stride_kh,
+    stride_kd,
+    stride_vt,
+    stride_vh,
+    stride_vd,
+    stride_cb,
+    stride_co,
+    stride_ch,
+    stride_cd,
+    stride_vcb,
+    stride_vco,
+    stride_vch,
+    stride_vcd,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     """One program copies BLOCK_T tokens of one KV head; tokens with slot < 0 are skipped."""
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -52,8 +70,19 @@ def reshape_and_cache(
     block_t = max(1, min(64, 4096 // block_d, triton.next_power_of_2(num_tokens)))
     grid = (triton.cdiv(num_tokens, block_t), num_heads)
     _reshape_and_cache_kernel[grid](
-        key, value, key_cache, value_cache, slot_mapping,
-        num_tokens, num_heads, head_dim,
-        *key.stride(), *value.stride(), *key_cache.stride(), *value_cache.stride(),
-        BLOCK_SIZE=key_cache.shape[1], BLOCK_T=block_t, BLOCK_D=block_d,
+        key,
+        value,
+        key_cache,
+        value_cache,
+        slot_mapping,
+        num_tokens,
+        num_heads,
+        head_dim,
+        *key.stride(),
+        *value.stride(),
+        *key_cache.stride(),
+        *value_cache.stride(),
+        BLOCK_SIZE=key_cache.shape[1],
+        BLOCK_T=block_t,
+        BLOCK_D=block_d,
     )

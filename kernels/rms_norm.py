@@ -7,9 +7,23 @@ import triton.language as tl
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, num_rows, hidden, eps,
-    s_xr, s_xc, s_rr, s_rc, s_or, s_ror,
-    HAS_RESIDUAL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    res_out_ptr,
+    num_rows,
+    hidden,
+    eps,
+    s_xr,
+    s_xc,
+    s_rr,
+    s_rc,
+    s_or,
+    s_ror,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
 ):
     """Program: BLOCK_T whole rows. Normalize in fp32, round to the input dtype, then times weight."""
     rows = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
@@ -24,7 +38,11 @@ def _rms_norm_kernel(
     inv_rms = 1.0 / tl.sqrt(tl.sum(x * x, 1) / hidden + eps)
     normed = (x * inv_rms[:, None]).to(out_ptr.dtype.element_ty).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=cols < hidden, other=0.0).to(tl.float32)
-    tl.store(out_ptr + rows[:, None] * s_or + cols[None, :], (normed * w[None, :]).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        out_ptr + rows[:, None] * s_or + cols[None, :],
+        (normed * w[None, :]).to(out_ptr.dtype.element_ty),
+        mask=mask,
+    )
 
 
 def rms_norm(
@@ -39,9 +57,21 @@ def rms_norm(
     block_t = max(1, min(16, 4096 // block_h, triton.next_power_of_2(max(num_rows, 1))))
     if num_rows:
         _rms_norm_kernel[(triton.cdiv(num_rows, block_t),)](
-            x, res_in, weight, out, res_out, num_rows, hidden, eps,
-            *x.stride(), *res_in.stride(), out.stride(0), res_out.stride(0),
-            HAS_RESIDUAL=residual is not None, BLOCK_T=block_t, BLOCK_H=block_h,
+            x,
+            res_in,
+            weight,
+            out,
+            res_out,
+            num_rows,
+            hidden,
+            eps,
+            *x.stride(),
+            *res_in.stride(),
+            out.stride(0),
+            res_out.stride(0),
+            HAS_RESIDUAL=residual is not None,
+            BLOCK_T=block_t,
+            BLOCK_H=block_h,
             num_warps=max(1, min(16, block_t * block_h // 512)),
         )
     return (out, res_out) if residual is not None else out

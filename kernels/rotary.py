@@ -7,9 +7,22 @@ import triton.language as tl
 
 @triton.jit
 def _rotary_kernel(
-    pos_ptr, x_ptr, cache_ptr, out_ptr, num_tokens, half,
-    s_xt, s_xh, s_xd, s_ot, s_oh, s_od, s_c,
-    IS_NEOX: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr,
+    pos_ptr,
+    x_ptr,
+    cache_ptr,
+    out_ptr,
+    num_tokens,
+    half,
+    s_xt,
+    s_xh,
+    s_xd,
+    s_ot,
+    s_oh,
+    s_od,
+    s_c,
+    IS_NEOX: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_R: tl.constexpr,
 ):
     """Program (token tile, head): rotate the first 2 * half dims in fp32 by the cached cos/sin."""
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -35,7 +48,9 @@ def _rotary_kernel(
     tl.store(o_row + d2[None, :] * s_od, (x2 * cos + x1 * sin).to(dtype), mask=mask)
 
 
-def _rotate(positions: torch.Tensor, x: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool) -> torch.Tensor:
+def _rotate(
+    positions: torch.Tensor, x: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool
+) -> torch.Tensor:
     """Rotated copy of x [T, H, D]; dims past the cache's rotary dim are copied unchanged."""
     num_tokens, num_heads, head_dim = x.shape
     rot_dim = cos_sin_cache.shape[1]
@@ -47,9 +62,18 @@ def _rotate(positions: torch.Tensor, x: torch.Tensor, cos_sin_cache: torch.Tenso
     block_r = triton.next_power_of_2(rot_dim // 2)
     block_t = max(1, min(64, 2048 // block_r, triton.next_power_of_2(num_tokens)))
     _rotary_kernel[(triton.cdiv(num_tokens, block_t), num_heads)](
-        positions, x, cos_sin_cache, out, num_tokens, rot_dim // 2,
-        *x.stride(), *out.stride(), cos_sin_cache.stride(0),
-        IS_NEOX=is_neox, BLOCK_T=block_t, BLOCK_R=block_r,
+        positions,
+        x,
+        cos_sin_cache,
+        out,
+        num_tokens,
+        rot_dim // 2,
+        *x.stride(),
+        *out.stride(),
+        cos_sin_cache.stride(0),
+        IS_NEOX=is_neox,
+        BLOCK_T=block_t,
+        BLOCK_R=block_r,
     )
     return out
 

@@ -42,7 +42,8 @@ def _aggregated(args: argparse.Namespace) -> EngineRole:
 
 
 ROLE_FACTORIES: Mapping[str, engine_cli.RoleFactory] = MappingProxyType(
-    {"both": _aggregated, "prefill": _prefill, "decode": _decode})
+    {"both": _aggregated, "prefill": _prefill, "decode": _decode}
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

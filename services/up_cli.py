@@ -101,9 +101,14 @@ class LocalStack:
     def spawn(self, name: str, cmd: list[str], health_url: str | None = None) -> Child:
         log = self.log_dir / f"{name}.log"
         with log.open("wb") as sink:
-            proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    preexec_fn=_die_with_parent,  # noqa: PLW1509 - single-threaded here
-                                    env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+            proc = subprocess.Popen(
+                cmd,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - single-threaded here
+                env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+            )
         child = Child(name, proc, log, health_url)
         self.children.append(child)
         return child
@@ -118,13 +123,20 @@ class LocalStack:
             for child in list(pending):
                 if child.proc.poll() is not None:
                     tail = child.log.read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"{child.name} exited with {child.proc.returncode}; log {child.log}:\n{tail}")
+                    raise RuntimeError(
+                        f"{child.name} exited with {child.proc.returncode}; log {child.log}:\n{tail}"
+                    )
                 if child.ready():
                     pending.remove(child)
-                    print(f"  {child.name:<10} ready   ({time.monotonic() - t0:5.1f}s)  log: {child.log}", flush=True)
+                    print(
+                        f"  {child.name:<10} ready   ({time.monotonic() - t0:5.1f}s)  log: {child.log}",
+                        flush=True,
+                    )
             if time.monotonic() - t0 > self.settings.startup_timeout_s:
-                raise RuntimeError(f"not healthy after {self.settings.startup_timeout_s:.0f}s: "
-                                   f"{', '.join(c.name for c in pending)}")
+                raise RuntimeError(
+                    f"not healthy after {self.settings.startup_timeout_s:.0f}s: "
+                    f"{', '.join(c.name for c in pending)}"
+                )
             time.sleep(0.25)
 
     def stop(self, timeout_s: float = 30.0) -> None:
@@ -152,8 +164,24 @@ def start_redis(stack: LocalStack) -> str:
     """A throwaway ``redis-server`` without persistence; returns its URL."""
     port = free_port()
     binary = "redis-server"
-    stack.spawn("redis", [binary, "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no",
-                          "--dir", str(stack.log_dir), "--protected-mode", "no"])
+    stack.spawn(
+        "redis",
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            HOST,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(stack.log_dir),
+            "--protected-mode",
+            "no",
+        ],
+    )
     url = f"redis://{HOST}:{port}/0"
     import redis
 
@@ -175,8 +203,22 @@ def start_kvstore(stack: LocalStack, redis_url: str) -> str:
     from services.common.kvstore_client import KVStoreClient, KVStoreUnavailable
 
     port, metrics_port = free_port(), free_port()
-    stack.spawn("kvstore", _kvferry("kvstore", "--host", HOST, "--port", str(port), "--metrics-port", str(metrics_port),
-                                    "--capacity-gb", str(stack.settings.kvstore_capacity_gb), "--redis-url", redis_url))
+    stack.spawn(
+        "kvstore",
+        _kvferry(
+            "kvstore",
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--metrics-port",
+            str(metrics_port),
+            "--capacity-gb",
+            str(stack.settings.kvstore_capacity_gb),
+            "--redis-url",
+            redis_url,
+        ),
+    )
     url = f"grpc://{HOST}:{port}"
     with KVStoreClient(url) as client:
         try:
@@ -190,8 +232,9 @@ def start_kvstore(stack: LocalStack, redis_url: str) -> str:
 def engine_plan(s: UpSettings) -> list[tuple[str, RoleName]]:
     """(child name, role) of every engine to start."""
     if s.prefill:
-        return [(f"prefill-{i}", "prefill") for i in range(s.prefill)] + \
-               [(f"decode-{i}", "decode") for i in range(s.decode)]
+        return [(f"prefill-{i}", "prefill") for i in range(s.prefill)] + [
+            (f"decode-{i}", "decode") for i in range(s.decode)
+        ]
     return [(f"engine-{i}", "both") for i in range(s.engines)]
 
 
@@ -204,9 +247,25 @@ def start_pool(stack: LocalStack, redis_url: str, kvstore_url: str | None) -> st
     for name, role in engine_plan(s):
         port = free_port()
         url = f"http://{HOST}:{port}"
-        cmd = _kvferry("serve", str(s.model), "--host", HOST, "--port", str(port), "--redis-url", redis_url,
-                       "--engine-id", name, "--served-model-name", s.name, "--block-size", str(s.block_size),
-                       *(["--role", role] if role != "both" else []), *tier, *s.serve_args)
+        cmd = _kvferry(
+            "serve",
+            str(s.model),
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--redis-url",
+            redis_url,
+            "--engine-id",
+            name,
+            "--served-model-name",
+            s.name,
+            "--block-size",
+            str(s.block_size),
+            *(["--role", role] if role != "both" else []),
+            *tier,
+            *s.serve_args,
+        )
         children.append(stack.spawn(name, cmd, f"{url}/health"))
         engines.append((url, role))
     print(f"  loading {s.name} in {len(children)} engine(s) ...", flush=True)
@@ -215,19 +274,41 @@ def start_pool(stack: LocalStack, redis_url: str, kvstore_url: str | None) -> st
     pool = [arg for url, role in engines for arg in (flag[role], url)]
     port = s.port or free_port()
     url = f"http://{HOST}:{port}"
-    router = stack.spawn("router", _kvferry("router", "--host", HOST, "--port", str(port), "--redis-url", redis_url,
-                                            "--tokenizer", str(s.model), "--model-name", s.name, "--block-size",
-                                            str(s.block_size), "--strategy", s.strategy, *pool),
-                         f"{url}/health")
+    router = stack.spawn(
+        "router",
+        _kvferry(
+            "router",
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--redis-url",
+            redis_url,
+            "--tokenizer",
+            str(s.model),
+            "--model-name",
+            s.name,
+            "--block-size",
+            str(s.block_size),
+            "--strategy",
+            s.strategy,
+            *pool,
+        ),
+        f"{url}/health",
+    )
     stack.wait_ready([router])
     return url
 
 
 def _banner(s: UpSettings, url: str) -> str:
-    body = json.dumps({"model": s.name, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32})
-    return (f"\nkvferry is up: OpenAI API at {url}/v1 (model {s.name!r})\n\n"
-            f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n    -d '{body}'\n\n"
-            "Press Ctrl-C to stop.\n")
+    body = json.dumps(
+        {"model": s.name, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32}
+    )
+    return (
+        f"\nkvferry is up: OpenAI API at {url}/v1 (model {s.name!r})\n\n"
+        f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n    -d '{body}'\n\n"
+        "Press Ctrl-C to stop.\n"
+    )
 
 
 def run_stack(s: UpSettings) -> int:
@@ -250,8 +331,10 @@ def run_stack(s: UpSettings) -> int:
         while not stack.stopping:
             dead = stack.first_exited()
             if dead is not None:
-                print(f"kvferry up: {dead.name} exited with {dead.proc.returncode}; stopping (log {dead.log})",
-                      flush=True)
+                print(
+                    f"kvferry up: {dead.name} exited with {dead.proc.returncode}; stopping (log {dead.log})",
+                    flush=True,
+                )
                 code = 1
                 break
             time.sleep(0.5)
@@ -295,10 +378,20 @@ def default_model() -> Path:
 def run(args: argparse.Namespace) -> int:
     try:
         model = Path(args.model) if args.model else default_model()
-        s = UpSettings(model=model.resolve(), engines=args.engines, prefill=args.prefill, decode=args.decode,
-                       port=args.port, redis_url=args.redis_url, kvstore=args.kvstore,
-                       kvstore_capacity_gb=args.kvstore_capacity_gb, block_size=args.block_size, strategy=args.strategy,
-                       serve_args=shlex.split(args.serve_args), log_dir=args.log_dir)
+        s = UpSettings(
+            model=model.resolve(),
+            engines=args.engines,
+            prefill=args.prefill,
+            decode=args.decode,
+            port=args.port,
+            redis_url=args.redis_url,
+            kvstore=args.kvstore,
+            kvstore_capacity_gb=args.kvstore_capacity_gb,
+            block_size=args.block_size,
+            strategy=args.strategy,
+            serve_args=shlex.split(args.serve_args),
+            log_dir=args.log_dir,
+        )
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
         print(f"kvferry up: error: {config_problem(exc)}", file=sys.stderr)
         return 2

@@ -12,7 +12,50 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-_WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "paris", "is", "the", "capital", "of", "france", "and", "kvferry", "moves", "blocks", "of", "cache", "between", "prefill", "and", "decode", "engines", "über", "naïve", "café", "東京", "🚀", "numbers", "0123456789", "code", "def", "return", "class", "import", "print", "hello", "world"]
+_WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "paris",
+    "is",
+    "the",
+    "capital",
+    "of",
+    "france",
+    "and",
+    "kvferry",
+    "moves",
+    "blocks",
+    "of",
+    "cache",
+    "between",
+    "prefill",
+    "and",
+    "decode",
+    "engines",
+    "über",
+    "naïve",
+    "café",
+    "東京",
+    "🚀",
+    "numbers",
+    "0123456789",
+    "code",
+    "def",
+    "return",
+    "class",
+    "import",
+    "print",
+    "hello",
+    "world",
+]
 
 
 def _corpus(n: int = 3000) -> list[str]:
@@ -30,19 +73,36 @@ def build_tokenizer(out: Path, vocab_size: int = 512) -> int:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(_corpus(), trainer)
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "chat_template": CHAT_TEMPLATE, "bos_token": "<|im_start|>", "eos_token": "<|im_end|>",
-    }))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "chat_template": CHAT_TEMPLATE,
+                "bos_token": "<|im_start|>",
+                "eos_token": "<|im_end|>",
+            }
+        )
+    )
     return tok.get_vocab_size()
 
 
-def build_checkpoint(out: Path, kind: str, seed: int = 0, hidden: int = 64, layers: int = 2, heads: int = 4,
-                     vocab_size: int | None = None) -> Path:
+def build_checkpoint(
+    out: Path,
+    kind: str,
+    seed: int = 0,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    vocab_size: int | None = None,
+) -> Path:
     """Write a random-weight checkpoint (tiny by default): kind is 'llama', 'qwen2' or 'mistral'."""
     import torch
     from transformers import (
@@ -55,17 +115,41 @@ def build_checkpoint(out: Path, kind: str, seed: int = 0, hidden: int = 64, laye
     )
 
     vocab = max(build_tokenizer(out), vocab_size or 0)
-    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                  num_attention_heads=heads, max_position_embeddings=1024, rms_norm_eps=1e-6,
-                  initializer_range=0.1, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-6,
+        initializer_range=0.1,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     if kind == "llama":
-        cfg = LlamaConfig(num_key_value_heads=2, rope_theta=10000.0, **common, rope_scaling={
-            "rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 64})
+        cfg = LlamaConfig(
+            num_key_value_heads=2,
+            rope_theta=10000.0,
+            **common,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 4.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        )
         cls = LlamaForCausalLM
     elif kind == "qwen2":
-        cfg = Qwen2Config(num_key_value_heads=1, tie_word_embeddings=True, rope_theta=10000.0,
-                          rope_scaling={"rope_type": "linear", "factor": 2.0}, **common)
+        cfg = Qwen2Config(
+            num_key_value_heads=1,
+            tie_word_embeddings=True,
+            rope_theta=10000.0,
+            rope_scaling={"rope_type": "linear", "factor": 2.0},
+            **common,
+        )
         cls = Qwen2ForCausalLM
     elif kind == "mistral":
         cfg = MistralConfig(num_key_value_heads=2, sliding_window=None, **common)

@@ -52,8 +52,9 @@ class InProcessEngine(EngineEndpoint):
             root.setLevel(logging.INFO)
         app, settings = build(build_parser(argv).parse_args(argv), ROLE_FACTORIES)
         self._state = app.state.ctx.state
-        config = uvicorn.Config(app, log_level="warning", access_log=False,
-                                timeout_graceful_shutdown=settings.drain_timeout + 5)
+        config = uvicorn.Config(
+            app, log_level="warning", access_log=False, timeout_graceful_shutdown=settings.drain_timeout + 5
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._serve, name=f"engine-{port}", daemon=True)
         self._thread.start()

@@ -8,11 +8,28 @@ from pathlib import Path
 import numpy as np
 
 # quant type per tensor kind: covers Q8_0, Q4_0, Q4_1, F16 and F32
-QUANTS = {"token_embd": "Q8_0", "attn_q": "Q4_0", "attn_k": "Q4_0", "attn_v": "Q4_1", "attn_output": "Q4_1",
-          "ffn_gate": "F16", "ffn_up": "F16", "ffn_down": "Q8_0", "output": "Q8_0"}
-_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-          "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-          "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+QUANTS = {
+    "token_embd": "Q8_0",
+    "attn_q": "Q4_0",
+    "attn_k": "Q4_0",
+    "attn_v": "Q4_1",
+    "attn_output": "Q4_1",
+    "ffn_gate": "F16",
+    "ffn_up": "F16",
+    "ffn_down": "Q8_0",
+    "output": "Q8_0",
+}
+_NAMES = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
 
 
 def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -24,7 +41,9 @@ def _gguf_name(hf: str) -> tuple[str, str]:
         _, _, i, *rest = hf.split(".")
         kind = _NAMES[".".join(rest[:-1])]
         return f"blk.{i}.{kind}.{rest[-1]}", kind
-    kind = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}[hf.rsplit(".", 1)[0]]
+    kind = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}[
+        hf.rsplit(".", 1)[0]
+    ]
     return f"{kind}.{hf.rsplit('.', 1)[1]}", kind
 
 

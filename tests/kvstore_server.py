@@ -25,10 +25,22 @@ class KVStoreProcess:
 @contextmanager
 def kvstore_process(*args: str, capacity_gb: str = "0.01") -> Iterator[KVStoreProcess]:
     """Start the store (``args`` may override ``--port 0``), yield it, stop it with SIGTERM (it must exit 0)."""
-    cmd = [sys.executable, "-m", "services.cli", "kvstore", "--port", "0", "--capacity-gb", capacity_gb,
-           "--log-level", "warning", *args]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    cmd = [
+        sys.executable,
+        "-m",
+        "services.cli",
+        "kvstore",
+        "--port",
+        "0",
+        "--capacity-gb",
+        capacity_gb,
+        "--log-level",
+        "warning",
+        *args,
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
     try:
         line = proc.stdout.readline()
         assert "listening on" in line, line

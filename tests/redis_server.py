@@ -39,8 +39,23 @@ class RedisServer:
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2)
 
     def start(self, timeout: float = 10.0) -> None:
-        args = [REDIS_BIN, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-                "no", "--dir", str(self.workdir), "--protected-mode", "no", "--enable-debug-command", "local"]
+        args = [
+            REDIS_BIN,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.workdir),
+            "--protected-mode",
+            "no",
+            "--enable-debug-command",
+            "local",
+        ]
         log = open(self.workdir / "redis.log", "ab")  # noqa: SIM115 - kept open by the child
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         log.close()
@@ -52,7 +67,9 @@ class RedisServer:
                 return
             except redis.ConnectionError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server did not start: {(self.workdir / 'redis.log').read_text()}") from None
+                    raise RuntimeError(
+                        f"redis-server did not start: {(self.workdir / 'redis.log').read_text()}"
+                    ) from None
                 time.sleep(0.02)
 
     def stop(self) -> None:

@@ -51,18 +51,28 @@ class AutoscalerMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         labels = ("namespace", "pool", "role")
-        self.desired = Gauge("kvferry_operator_desired_replicas", "Replicas the autoscaler wants", labels,
-                             registry=registry)
-        self.signal = Gauge("kvferry_operator_autoscale_signal", "Per-replica metric the decision used", labels,
-                            registry=registry)
-        self.decisions = Counter("kvferry_operator_scale_decisions", "Scaling actions taken",
-                                 (*labels, "direction"), registry=registry)
+        self.desired = Gauge(
+            "kvferry_operator_desired_replicas", "Replicas the autoscaler wants", labels, registry=registry
+        )
+        self.signal = Gauge(
+            "kvferry_operator_autoscale_signal",
+            "Per-replica metric the decision used",
+            labels,
+            registry=registry,
+        )
+        self.decisions = Counter(
+            "kvferry_operator_scale_decisions",
+            "Scaling actions taken",
+            (*labels, "direction"),
+            registry=registry,
+        )
 
 
 def _pod_ready(pod: dict[str, Any]) -> bool:
     conditions = pod.get("status", {}).get("conditions", [])
     return bool(pod.get("status", {}).get("podIP")) and any(
-        c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        c.get("type") == "Ready" and c.get("status") == "True" for c in conditions
+    )
 
 
 def _pod_port(pod: dict[str, Any]) -> int:
@@ -89,6 +99,7 @@ class Autoscaler:
         """GET /metrics of every pod concurrently; pods that fail to answer are left out."""
         timeout = aiohttp.ClientTimeout(total=self.config.scrape_timeout)
         async with aiohttp.ClientSession(timeout=timeout) as session:
+
             async def one(pod: dict[str, Any]) -> tuple[str, EngineSample | None]:
                 url = f"http://{pod['status']['podIP']}:{_pod_port(pod)}/metrics"
                 try:
@@ -97,6 +108,7 @@ class Autoscaler:
                         return pod["metadata"]["name"], parse_sample(await response.text(), time.monotonic())
                 except (aiohttp.ClientError, TimeoutError, ValueError):
                     return pod["metadata"]["name"], None
+
             results = await asyncio.gather(*(one(p) for p in pods))
         return {name: sample for name, sample in results if sample is not None}
 
@@ -108,26 +120,47 @@ class Autoscaler:
             return out
         window = spec.scale_down_stabilization_seconds
         if spec.prefill is not None:
-            out["prefill"] = (ScalingPolicy("prefill", spec.prefill.min_replicas, spec.prefill.max_replicas,
-                                            spec.prefill.target.average_value, window), spec.prefill.target.metric)
+            out["prefill"] = (
+                ScalingPolicy(
+                    "prefill",
+                    spec.prefill.min_replicas,
+                    spec.prefill.max_replicas,
+                    spec.prefill.target.average_value,
+                    window,
+                ),
+                spec.prefill.target.metric,
+            )
         if spec.decode is not None:
             role = "decode" if pool.disaggregated else "engine"
-            out[role] = (ScalingPolicy(role, spec.decode.min_replicas, spec.decode.max_replicas,
-                                       spec.decode.target.average_value, window), spec.decode.target.metric)
+            out[role] = (
+                ScalingPolicy(
+                    role,
+                    spec.decode.min_replicas,
+                    spec.decode.max_replicas,
+                    spec.decode.target.average_value,
+                    window,
+                ),
+                spec.decode.target.metric,
+            )
         return out
 
     async def decide(self, pool: InferencePool, state: AutoscaleState, now: float) -> dict[str, Decision]:
         names = PoolNames(pool.metadata.name, pool.metadata.namespace)
-        deployments = {d["metadata"]["name"]: d for d in
-                       await self.client.list("Deployment", names.namespace, names.pool_selector_string())}
+        deployments = {
+            d["metadata"]["name"]: d
+            for d in await self.client.list("Deployment", names.namespace, names.pool_selector_string())
+        }
         decisions: dict[str, Decision] = {}
         for role, (policy, metric) in self.policies(pool).items():
             deployment = deployments.get(names.child(role))
             if deployment is None:
                 continue
             current = int(deployment.get("spec", {}).get("replicas", 1))
-            pods = [p for p in await self.client.list("Pod", names.namespace, names.selector_string(role))
-                    if _pod_ready(p) and not _draining(p)]
+            pods = [
+                p
+                for p in await self.client.list("Pod", names.namespace, names.selector_string(role))
+                if _pod_ready(p) and not _draining(p)
+            ]
             samples = await self.scrape(pods)
             signal = role_signal(metric, samples, state.samples)
             state.samples.update(samples)
@@ -138,32 +171,60 @@ class Autoscaler:
                 self.metrics.signal.labels(names.namespace, names.pool, role).set(signal)
         band = pool.spec.autoscaling.prefill_decode_ratio if pool.spec.autoscaling else None
         if band is not None and "prefill" in decisions and "decode" in decisions:
-            decisions["prefill"] = apply_ratio_band(decisions["prefill"], decisions["decode"].desired,
-                                                    band.min, band.max, self.policies(pool)["prefill"][0])
+            decisions["prefill"] = apply_ratio_band(
+                decisions["prefill"],
+                decisions["decode"].desired,
+                band.min,
+                band.max,
+                self.policies(pool)["prefill"][0],
+            )
         return decisions
 
     async def _set_replicas(self, names: PoolNames, role: str, replicas: int) -> None:
-        await self.client.apply({"apiVersion": "apps/v1", "kind": "Deployment",
-                                 "metadata": {"name": names.child(role), "namespace": names.namespace},
-                                 "spec": {"replicas": replicas}}, AUTOSCALER_FIELD_MANAGER)
+        await self.client.apply(
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": names.child(role), "namespace": names.namespace},
+                "spec": {"replicas": replicas},
+            },
+            AUTOSCALER_FIELD_MANAGER,
+        )
 
     async def _mark(self, names: PoolNames, pods: list[str], draining: bool) -> None:
-        value = {DRAINING_ANNOTATION: DRAINING_VALUE, DELETION_COST_ANNOTATION: "-1000"} if draining else {
-            DRAINING_ANNOTATION: None, DELETION_COST_ANNOTATION: None}
+        value = (
+            {DRAINING_ANNOTATION: DRAINING_VALUE, DELETION_COST_ANNOTATION: "-1000"}
+            if draining
+            else {DRAINING_ANNOTATION: None, DELETION_COST_ANNOTATION: None}
+        )
         for pod in pods:
             await self.client.merge_patch("Pod", names.namespace, pod, {"metadata": {"annotations": value}})
 
-    async def _start_drain(self, names: PoolNames, decision: Decision, state: AutoscaleState, now: float) -> list[str]:
+    async def _start_drain(
+        self, names: PoolNames, decision: Decision, state: AutoscaleState, now: float
+    ) -> list[str]:
         pods = await self.client.list("Pod", names.namespace, names.selector_string(decision.role))
-        pods.sort(key=lambda p: (_pod_ready(p), state.samples.get(p["metadata"]["name"], EngineSample(0)).running,
-                                 p["metadata"].get("creationTimestamp", "")))
+        pods.sort(
+            key=lambda p: (
+                _pod_ready(p),
+                state.samples.get(p["metadata"]["name"], EngineSample(0)).running,
+                p["metadata"].get("creationTimestamp", ""),
+            )
+        )
         victims = [p["metadata"]["name"] for p in pods[: decision.current - decision.desired]]
         await self._mark(names, victims, draining=True)
         state.drains[decision.role] = Drain(tuple(victims), now, decision.desired)
         return victims
 
-    async def act(self, pool: InferencePool, decision: Decision, state: AutoscaleState, now: float,
-                  post: EventPoster, logger: logging.Logger | logging.LoggerAdapter) -> bool:
+    async def act(
+        self,
+        pool: InferencePool,
+        decision: Decision,
+        state: AutoscaleState,
+        now: float,
+        post: EventPoster,
+        logger: logging.Logger | logging.LoggerAdapter,
+    ) -> bool:
         """Carry out one decision; True when replicas changed in the cluster."""
         names = PoolNames(pool.metadata.name, pool.metadata.namespace)
         labels = (names.namespace, names.pool, decision.role)
@@ -183,7 +244,11 @@ class Autoscaler:
             if self.config.drain_seconds > 0:
                 return False
             drain = state.drains[decision.role]
-        if decision.direction == "down" and drain is not None and now - drain.since < self.config.drain_seconds:
+        if (
+            decision.direction == "down"
+            and drain is not None
+            and now - drain.since < self.config.drain_seconds
+        ):
             return False
         await self._set_replicas(names, decision.role, decision.desired)
         state.drains.pop(decision.role, None)
@@ -192,8 +257,13 @@ class Autoscaler:
         post("ScaledUp" if decision.direction == "up" else "ScaledDown", message)
         return True
 
-    async def tick(self, pool: InferencePool, state: AutoscaleState, post: EventPoster,
-                   logger: logging.Logger | logging.LoggerAdapter) -> list[str]:
+    async def tick(
+        self,
+        pool: InferencePool,
+        state: AutoscaleState,
+        post: EventPoster,
+        logger: logging.Logger | logging.LoggerAdapter,
+    ) -> list[str]:
         """Decide and act for every autoscaled role; returns the roles whose replicas changed."""
         now = time.monotonic()
         changed = []

@@ -24,7 +24,9 @@ def render_command(args: argparse.Namespace) -> int:
     documents = []
     for pool in pools:
         if args.namespace:
-            pool = pool.model_copy(update={"metadata": pool.metadata.model_copy(update={"namespace": args.namespace})})
+            pool = pool.model_copy(
+                update={"metadata": pool.metadata.model_copy(update={"namespace": args.namespace})}
+            )
         documents += PoolRenderer(pool, images).render()
     sys.stdout.write(yaml.safe_dump_all(documents, sort_keys=False, width=120))
     return 0
@@ -32,12 +34,17 @@ def render_command(args: argparse.Namespace) -> int:
 
 def add_render_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register `kvferry render POOL.yaml`."""
-    parser = subparsers.add_parser("render", help="print the manifests of an InferencePool",
-                                   description="Print the Kubernetes manifests an InferencePool owns "
-                                               "(for GitOps review, or to deploy without the operator).")
+    parser = subparsers.add_parser(
+        "render",
+        help="print the manifests of an InferencePool",
+        description="Print the Kubernetes manifests an InferencePool owns "
+        "(for GitOps review, or to deploy without the operator).",
+    )
     parser.add_argument("file", help="YAML file with one or more InferencePool documents")
     parser.add_argument("--namespace", "-n", help="override metadata.namespace")
-    parser.add_argument("--registry", default=ImageSet().registry, help="image registry (default: %(default)s)")
+    parser.add_argument(
+        "--registry", default=ImageSet().registry, help="image registry (default: %(default)s)"
+    )
     parser.add_argument("--version", help="image tag (default: this kvferry's version)")
     parser.set_defaults(func=render_command)
     return parser
@@ -51,9 +58,12 @@ def operator_command(args: argparse.Namespace) -> int:
     try:
         config = OperatorConfig.from_env(
             namespaces=tuple(args.namespace) if args.namespace else None,
-            status_interval=args.status_interval, autoscale_interval=args.autoscale_interval,
-            metrics_port=args.metrics_port, liveness_port=args.liveness_port,
-            standalone=False if args.peering else None)
+            status_interval=args.status_interval,
+            autoscale_interval=args.autoscale_interval,
+            metrics_port=args.metrics_port,
+            liveness_port=args.liveness_port,
+            standalone=False if args.peering else None,
+        )
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -63,11 +73,18 @@ def operator_command(args: argparse.Namespace) -> int:
 
 def add_operator_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register `kvferry operator`."""
-    parser = subparsers.add_parser("operator", help="run the InferencePool operator",
-                                   description="Run the kopf operator that turns InferencePools into pods. "
-                                               "Credentials: in-cluster service account, else $KUBECONFIG.")
-    parser.add_argument("--namespace", "-n", action="append",
-                        help="watch only this namespace (repeatable; default: all namespaces)")
+    parser = subparsers.add_parser(
+        "operator",
+        help="run the InferencePool operator",
+        description="Run the kopf operator that turns InferencePools into pods. "
+        "Credentials: in-cluster service account, else $KUBECONFIG.",
+    )
+    parser.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        help="watch only this namespace (repeatable; default: all namespaces)",
+    )
     parser.add_argument("--status-interval", type=float, help="seconds between status refreshes")
     parser.add_argument("--autoscale-interval", type=float, help="seconds between autoscaling decisions")
     parser.add_argument("--metrics-port", type=int, help="port of the operator's /metrics (0: off)")

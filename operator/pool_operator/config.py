@@ -47,6 +47,7 @@ class OperatorConfig(BaseModel):
         try:
             return cls.model_validate(values)
         except ValidationError as error:
-            details = "; ".join(f"{ENV_PREFIX}{'.'.join(map(str, e['loc'])).upper()}: {e['msg']}"
-                                for e in error.errors())
+            details = "; ".join(
+                f"{ENV_PREFIX}{'.'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in error.errors()
+            )
             raise ValueError(f"invalid operator settings: {details}") from None

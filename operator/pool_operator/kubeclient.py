@@ -25,8 +25,16 @@ KINDS: dict[str, tuple[str, str]] = {
     "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
     "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies"),
 }
-CHILD_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Deployment",
-               "PodDisruptionBudget", "NetworkPolicy")
+CHILD_KINDS = (
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+    "ConfigMap",
+    "Service",
+    "Deployment",
+    "PodDisruptionBudget",
+    "NetworkPolicy",
+)
 
 
 class KubeApiError(Exception):
@@ -87,51 +95,80 @@ class KubeClient:
         headers = {"Accept": "application/json", "User-Agent": "kvferry-operator"}
         if info.token:
             headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
-        session = aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=timeout),
-                                        connector=aiohttp.TCPConnector(ssl=context))
+        session = aiohttp.ClientSession(
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=timeout),
+            connector=aiohttp.TCPConnector(ssl=context),
+        )
         return cls(info.server.rstrip("/"), session)
 
     async def close(self) -> None:
         await self.session.close()
 
-    async def _request(self, method: str, path: str, *, params: dict[str, str] | None = None,
-                       body: Any = None, content_type: str = "application/json") -> dict[str, Any]:
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": content_type} if body is not None else {}
-        async with self.session.request(method, self.server + path, params=params, data=data,
-                                        headers=headers) as response:
+        async with self.session.request(
+            method, self.server + path, params=params, data=data, headers=headers
+        ) as response:
             text = await response.text()
             payload = json.loads(text) if text else {}
             if response.status >= 400:
-                raise KubeApiError(response.status, str(payload.get("reason", response.reason)),
-                                   str(payload.get("message", text[:200])))
+                raise KubeApiError(
+                    response.status,
+                    str(payload.get("reason", response.reason)),
+                    str(payload.get("message", text[:200])),
+                )
             return payload
 
     async def apply(self, manifest: dict[str, Any], field_manager: str) -> dict[str, Any]:
         """Server-side apply of one object (force: the operator owns what it renders)."""
         meta = manifest["metadata"]
         path = resource_path(manifest["kind"], meta["namespace"], meta["name"])
-        return await self._request("PATCH", path, params={"fieldManager": field_manager, "force": "true"},
-                                   body=manifest, content_type="application/apply-patch+yaml")
+        return await self._request(
+            "PATCH",
+            path,
+            params={"fieldManager": field_manager, "force": "true"},
+            body=manifest,
+            content_type="application/apply-patch+yaml",
+        )
 
     async def list(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         """Objects of a kind in a namespace matching a label selector."""
-        answer = await self._request("GET", resource_path(kind, namespace),
-                                     params={"labelSelector": label_selector})
+        answer = await self._request(
+            "GET", resource_path(kind, namespace), params={"labelSelector": label_selector}
+        )
         items = answer.get("items", [])
         api_version = KINDS[kind][0]
-        return [{**item, "apiVersion": item.get("apiVersion", api_version), "kind": item.get("kind", kind)}
-                for item in items]
+        return [
+            {**item, "apiVersion": item.get("apiVersion", api_version), "kind": item.get("kind", kind)}
+            for item in items
+        ]
 
-    async def merge_patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-        return await self._request("PATCH", resource_path(kind, namespace, name), body=patch,
-                                   content_type="application/merge-patch+json")
+    async def merge_patch(
+        self, kind: str, namespace: str, name: str, patch: dict[str, Any]
+    ) -> dict[str, Any]:
+        return await self._request(
+            "PATCH",
+            resource_path(kind, namespace, name),
+            body=patch,
+            content_type="application/merge-patch+json",
+        )
 
     async def delete(self, kind: str, namespace: str, name: str) -> None:
         """Delete one object; an already missing one is fine."""
         try:
-            await self._request("DELETE", resource_path(kind, namespace, name),
-                                body={"propagationPolicy": "Background"})
+            await self._request(
+                "DELETE", resource_path(kind, namespace, name), body={"propagationPolicy": "Background"}
+            )
         except KubeApiError as error:
             if error.status != 404:
                 raise

@@ -42,10 +42,17 @@ Quantity = Annotated[
     str,
     BeforeValidator(_quantity_or_str),
     Field(pattern=QUANTITY_PATTERN),
-    WithJsonSchema({"anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": True,
-                    "pattern": QUANTITY_PATTERN}),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "x-kubernetes-int-or-string": True,
+            "pattern": QUANTITY_PATTERN,
+        }
+    ),
 ]
-FreeForm = Annotated[dict[str, Any], WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True})]
+FreeForm = Annotated[
+    dict[str, Any], WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True})
+]
 
 
 class CrdModel(BaseModel):
@@ -65,7 +72,9 @@ class CrdModel(BaseModel):
     def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> dict[str, Any]:
         schema = handler.resolve_ref_schema(handler(core_schema))
         if "CEL_RULES" in cls.__dict__ and cls.CEL_RULES:
-            schema["x-kubernetes-validations"] = [{"rule": r.rule, "message": r.message} for r in cls.CEL_RULES]
+            schema["x-kubernetes-validations"] = [
+                {"rule": r.rule, "message": r.message} for r in cls.CEL_RULES
+            ]
         return schema
 
 
@@ -79,9 +88,13 @@ class SecretKeyRef(CrdModel):
 class PvcSource(CrdModel):
     """Model files on a PersistentVolumeClaim (mounted read-only)."""
 
-    CEL_RULES = (CelRule("!self.path.startsWith('/') && !self.path.contains('..')",
-                         "pvc.path must be relative and must not contain '..'",
-                         lambda s: not s.path.startswith("/") and ".." not in s.path),)
+    CEL_RULES = (
+        CelRule(
+            "!self.path.startsWith('/') && !self.path.contains('..')",
+            "pvc.path must be relative and must not contain '..'",
+            lambda s: not s.path.startswith("/") and ".." not in s.path,
+        ),
+    )
 
     claim_name: str = Field(pattern=DNS_SUBDOMAIN, max_length=253)
     path: str = Field("", max_length=1024, description="folder inside the volume, relative")
@@ -90,10 +103,13 @@ class PvcSource(CrdModel):
 class ModelSource(CrdModel):
     """Where the checkpoint lives: exactly one of pvc, hostPath, uri."""
 
-    CEL_RULES = (CelRule(
-        "(has(self.pvc) ? 1 : 0) + (has(self.hostPath) ? 1 : 0) + (has(self.uri) ? 1 : 0) == 1",
-        "exactly one of pvc, hostPath, uri must be set",
-        lambda s: sum(x is not None for x in (s.pvc, s.host_path, s.uri)) == 1),)
+    CEL_RULES = (
+        CelRule(
+            "(has(self.pvc) ? 1 : 0) + (has(self.hostPath) ? 1 : 0) + (has(self.uri) ? 1 : 0) == 1",
+            "exactly one of pvc, hostPath, uri must be set",
+            lambda s: sum(x is not None for x in (s.pvc, s.host_path, s.uri)) == 1,
+        ),
+    )
 
     pvc: PvcSource | None = None
     host_path: str | None = Field(None, pattern=r"^/", description="absolute path on the node")
@@ -103,9 +119,13 @@ class ModelSource(CrdModel):
 class ModelSpec(CrdModel):
     """The served model."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$", max_length=128, description="served model name")
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$", max_length=128, description="served model name"
+    )
     source: ModelSource
-    tokenizer: str | None = Field(None, description="tokenizer path inside the model source (default: the model)")
+    tokenizer: str | None = Field(
+        None, description="tokenizer path inside the model source (default: the model)"
+    )
 
 
 class EnvVar(CrdModel):
@@ -120,10 +140,15 @@ class EngineSpec(CrdModel):
     """Settings every engine of the pool shares."""
 
     CEL_RULES = (
-        CelRule("self.maxNumBatchedTokens >= self.maxNumSeqs", "maxNumBatchedTokens must be >= maxNumSeqs",
-                lambda s: s.max_num_batched_tokens >= s.max_num_seqs),
-        CelRule("self.blockSize == oldSelf.blockSize",
-                "blockSize is immutable: cached KV blocks and their hashes depend on it"),
+        CelRule(
+            "self.maxNumBatchedTokens >= self.maxNumSeqs",
+            "maxNumBatchedTokens must be >= maxNumSeqs",
+            lambda s: s.max_num_batched_tokens >= s.max_num_seqs,
+        ),
+        CelRule(
+            "self.blockSize == oldSelf.blockSize",
+            "blockSize is immutable: cached KV blocks and their hashes depend on it",
+        ),
     )
 
     image: str | None = Field(None, description="default: the operator's own engine image")
@@ -189,7 +214,9 @@ class RouterSpec(CrdModel):
     replicas: int = Field(1, ge=0)
     strategy: Literal["PrefixAware", "LeastLoad", "RoundRobin"] = "PrefixAware"
     weights: RouterWeights = Field(default_factory=RouterWeights, json_schema_extra={"default": {}})
-    pd_threshold: int = Field(256, ge=0, description="uncached prompt tokens above which prefill is split off")
+    pd_threshold: int = Field(
+        256, ge=0, description="uncached prompt tokens above which prefill is split off"
+    )
     service: ServiceSpec = Field(default_factory=ServiceSpec, json_schema_extra={"default": {}})
     api_key_secret_ref: SecretKeyRef | None = None
     resources: Resources | None = None
@@ -207,10 +234,13 @@ class KVStoreSpec(CrdModel):
 class RedisSpec(CrdModel):
     """The prefix index: an external Redis (url or secretRef) or one the operator runs (managed)."""
 
-    CEL_RULES = (CelRule(
-        "(has(self.url) ? 1 : 0) + (has(self.secretRef) ? 1 : 0) + (self.managed ? 1 : 0) == 1",
-        "exactly one of url, secretRef, managed: true must be set",
-        lambda s: (s.url is not None) + (s.secret_ref is not None) + s.managed == 1),)
+    CEL_RULES = (
+        CelRule(
+            "(has(self.url) ? 1 : 0) + (has(self.secretRef) ? 1 : 0) + (self.managed ? 1 : 0) == 1",
+            "exactly one of url, secretRef, managed: true must be set",
+            lambda s: (s.url is not None) + (s.secret_ref is not None) + s.managed == 1,
+        ),
+    )
 
     url: str | None = Field(None, pattern=r"^rediss?://.+")
     secret_ref: SecretKeyRef | None = None
@@ -228,17 +258,26 @@ class PrefillTarget(CrdModel):
 class DecodeTarget(CrdModel):
     """Per-replica target of the decode role (the engines, when Aggregated)."""
 
-    CEL_RULES = (CelRule("self.metric != 'KVCacheUsage' || self.averageValue <= 1.0",
-                         "a KVCacheUsage target is a ratio in (0, 1]",
-                         lambda s: s.metric != "KVCacheUsage" or s.average_value <= 1.0),)
+    CEL_RULES = (
+        CelRule(
+            "self.metric != 'KVCacheUsage' || self.averageValue <= 1.0",
+            "a KVCacheUsage target is a ratio in (0, 1]",
+            lambda s: s.metric != "KVCacheUsage" or s.average_value <= 1.0,
+        ),
+    )
 
     metric: Literal["KVCacheUsage", "ITLP90Seconds"]
     average_value: float = Field(gt=0)
 
 
 class _Bounds(CrdModel):
-    CEL_RULES = (CelRule("self.minReplicas <= self.maxReplicas", "minReplicas must be <= maxReplicas",
-                         lambda s: s.min_replicas <= s.max_replicas),)
+    CEL_RULES = (
+        CelRule(
+            "self.minReplicas <= self.maxReplicas",
+            "minReplicas must be <= maxReplicas",
+            lambda s: s.min_replicas <= s.max_replicas,
+        ),
+    )
 
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(ge=1)
@@ -261,8 +300,9 @@ class DecodeAutoscaling(_Bounds):
 class RatioBand(CrdModel):
     """Allowed prefill:decode replica ratio."""
 
-    CEL_RULES = (CelRule("self.min <= self.max", "prefillDecodeRatio.min must be <= max",
-                         lambda s: s.min <= s.max),)
+    CEL_RULES = (
+        CelRule("self.min <= self.max", "prefillDecodeRatio.min must be <= max", lambda s: s.min <= s.max),
+    )
 
     min: float = Field(gt=0)
     max: float = Field(gt=0)
@@ -281,15 +321,21 @@ class InferencePoolSpec(CrdModel):
     """A whole serving fleet."""
 
     CEL_RULES = (
-        CelRule("self.mode != 'Disaggregated' || has(self.prefill)",
-                "spec.prefill is required when mode is Disaggregated",
-                lambda s: s.mode != "Disaggregated" or s.prefill is not None),
-        CelRule("self.mode != 'Aggregated' || !has(self.prefill)",
-                "spec.prefill must be omitted when mode is Aggregated (spec.decode describes the engines)",
-                lambda s: s.mode != "Aggregated" or s.prefill is None),
-        CelRule("!has(self.autoscaling) || !has(self.autoscaling.prefill) || self.mode == 'Disaggregated'",
-                "autoscaling.prefill needs mode Disaggregated",
-                lambda s: s.autoscaling is None or s.autoscaling.prefill is None or s.mode == "Disaggregated"),
+        CelRule(
+            "self.mode != 'Disaggregated' || has(self.prefill)",
+            "spec.prefill is required when mode is Disaggregated",
+            lambda s: s.mode != "Disaggregated" or s.prefill is not None,
+        ),
+        CelRule(
+            "self.mode != 'Aggregated' || !has(self.prefill)",
+            "spec.prefill must be omitted when mode is Aggregated (spec.decode describes the engines)",
+            lambda s: s.mode != "Aggregated" or s.prefill is None,
+        ),
+        CelRule(
+            "!has(self.autoscaling) || !has(self.autoscaling.prefill) || self.mode == 'Disaggregated'",
+            "autoscaling.prefill needs mode Disaggregated",
+            lambda s: s.autoscaling is None or s.autoscaling.prefill is None or s.mode == "Disaggregated",
+        ),
     )
 
     model: ModelSpec
@@ -299,8 +345,9 @@ class InferencePoolSpec(CrdModel):
     decode: RoleSpec = Field(default_factory=RoleSpec, json_schema_extra={"default": {}})
     router: RouterSpec = Field(default_factory=RouterSpec, json_schema_extra={"default": {}})
     kvstore: KVStoreSpec = Field(default_factory=KVStoreSpec, json_schema_extra={"default": {}})
-    redis: RedisSpec = Field(default_factory=lambda: RedisSpec(managed=True),
-                             json_schema_extra={"default": {"managed": True}})
+    redis: RedisSpec = Field(
+        default_factory=lambda: RedisSpec(managed=True), json_schema_extra={"default": {"managed": True}}
+    )
     autoscaling: AutoscalingSpec | None = None
 
 

@@ -16,33 +16,57 @@ class NetworkPolicyBuilder:
         self.names = names
 
     def _pods(self, *roles: str) -> dict[str, Any]:
-        return {"matchLabels": {POOL_LABEL: self.names.pool},
-                "matchExpressions": [{"key": ROLE_LABEL, "operator": "In", "values": list(roles)}]}
+        return {
+            "matchLabels": {POOL_LABEL: self.names.pool},
+            "matchExpressions": [{"key": ROLE_LABEL, "operator": "In", "values": list(roles)}],
+        }
 
     def _policy(self, name: str, target: dict[str, Any], rules: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-                "metadata": {"name": self.names.child(name), "namespace": self.names.namespace,
-                             "labels": self.names.labels(None)},
-                "spec": {"podSelector": target, "policyTypes": ["Ingress"], "ingress": rules}}
+        return {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {
+                "name": self.names.child(name),
+                "namespace": self.names.namespace,
+                "labels": self.names.labels(None),
+            },
+            "spec": {"podSelector": target, "policyTypes": ["Ingress"], "ingress": rules},
+        }
 
     def engines(self) -> dict[str, Any]:
         """Router -> engines on HTTP; engine <-> engine on any port (KV transfer); operator scrapes /metrics."""
-        operator = {"namespaceSelector": {},
-                    "podSelector": {"matchLabels": {APP_NAME_LABEL: OPERATOR_APP_NAME}}}
+        operator = {
+            "namespaceSelector": {},
+            "podSelector": {"matchLabels": {APP_NAME_LABEL: OPERATOR_APP_NAME}},
+        }
         http = [{"protocol": "TCP", "port": HTTP_PORT}]
-        return self._policy("engines", self._pods(*ENGINE_POD_ROLES), [
-            {"from": [{"podSelector": self._pods("router")}, operator], "ports": http},
-            {"from": [{"podSelector": self._pods(*ENGINE_POD_ROLES)}]},
-        ])
+        return self._policy(
+            "engines",
+            self._pods(*ENGINE_POD_ROLES),
+            [
+                {"from": [{"podSelector": self._pods("router")}, operator], "ports": http},
+                {"from": [{"podSelector": self._pods(*ENGINE_POD_ROLES)}]},
+            ],
+        )
 
     def kvstore(self) -> dict[str, Any]:
         """Engines -> kvstore on any port: gRPC on KVSTORE_PORT and NIXL (UCX) reads of its arena."""
-        return self._policy("kvstore", self._pods("kvstore"), [
-            {"from": [{"podSelector": self._pods(*ENGINE_POD_ROLES)}]},
-        ])
+        return self._policy(
+            "kvstore",
+            self._pods("kvstore"),
+            [
+                {"from": [{"podSelector": self._pods(*ENGINE_POD_ROLES)}]},
+            ],
+        )
 
     def redis(self) -> dict[str, Any]:
-        return self._policy("redis", self._pods("redis"), [
-            {"from": [{"podSelector": self._pods("router", "kvstore", *ENGINE_POD_ROLES)}],
-             "ports": [{"protocol": "TCP", "port": REDIS_PORT}]},
-        ])
+        return self._policy(
+            "redis",
+            self._pods("redis"),
+            [
+                {
+                    "from": [{"podSelector": self._pods("router", "kvstore", *ENGINE_POD_ROLES)}],
+                    "ports": [{"protocol": "TCP", "port": REDIS_PORT}],
+                },
+            ],
+        )

@@ -51,7 +51,9 @@ class ScalingPolicy:
             return self.clamp(wanted), f"metric {metric:g} with no replicas"
         ratio = metric / self.target
         if abs(ratio - 1.0) <= self.tolerance:
-            return self.clamp(current), f"metric {metric:g} within {self.tolerance:.0%} of target {self.target:g}"
+            return self.clamp(
+                current
+            ), f"metric {metric:g} within {self.tolerance:.0%} of target {self.target:g}"
         up_limit = max(2 * current, current + 4)
         wanted = min(math.ceil(current * ratio - 1e-9), up_limit)
         return self.clamp(wanted), f"metric {metric:g} vs target {self.target:g} per replica"
@@ -59,8 +61,9 @@ class ScalingPolicy:
     def clamp(self, replicas: int) -> int:
         return max(self.min_replicas, min(self.max_replicas, replicas))
 
-    def decide(self, current: int, metric: float | None, history: tuple[Recommendation, ...],
-               now: float) -> Decision:
+    def decide(
+        self, current: int, metric: float | None, history: tuple[Recommendation, ...], now: float
+    ) -> Decision:
         """Scale up at once; scale down only to the highest recommendation of the stabilization window."""
         wanted, reason = self.raw(current, metric)
         window_start = now - self.stabilization_seconds
@@ -70,12 +73,15 @@ class ScalingPolicy:
         stable = max(r.replicas for r in kept)
         desired = self.clamp(min(current, stable))
         if desired > wanted:
-            reason += f"; scale-down held at {desired} by the {self.stabilization_seconds:g}s stabilization window"
+            reason += (
+                f"; scale-down held at {desired} by the {self.stabilization_seconds:g}s stabilization window"
+            )
         return Decision(self.role, current, desired, reason, kept)
 
 
-def apply_ratio_band(prefill: Decision, decode_replicas: int, low: float, high: float,
-                     policy: ScalingPolicy) -> Decision:
+def apply_ratio_band(
+    prefill: Decision, decode_replicas: int, low: float, high: float, policy: ScalingPolicy
+) -> Decision:
     """Keep prefill:decode within [low, high] by moving prefill (decode holds the KV, it leads)."""
     floor_, ceiling = math.ceil(low * decode_replicas - 1e-9), math.floor(high * decode_replicas + 1e-9)
     if floor_ > ceiling:
@@ -83,5 +89,7 @@ def apply_ratio_band(prefill: Decision, decode_replicas: int, low: float, high: 
     banded = policy.clamp(min(max(prefill.desired, floor_), ceiling))
     if banded == prefill.desired:
         return prefill
-    reason = f"{prefill.reason}; prefill:decode band [{low:g}, {high:g}] with {decode_replicas} decode -> {banded}"
+    reason = (
+        f"{prefill.reason}; prefill:decode band [{low:g}, {high:g}] with {decode_replicas} decode -> {banded}"
+    )
     return Decision(prefill.role, prefill.current, banded, reason, prefill.history)

@@ -27,8 +27,10 @@ class ReconcileResult:
     pruned: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
-        return (f"applied {len(self.applied)} ({', '.join(self.applied) or '-'}), "
-                f"unchanged {len(self.unchanged)}, pruned {len(self.pruned)} ({', '.join(self.pruned) or '-'})")
+        return (
+            f"applied {len(self.applied)} ({', '.join(self.applied) or '-'}), "
+            f"unchanged {len(self.unchanged)}, pruned {len(self.pruned)} ({', '.join(self.pruned) or '-'})"
+        )
 
 
 def _hash_of(obj: dict[str, Any]) -> str | None:
@@ -51,8 +53,9 @@ class Reconciler:
         return live
 
     @staticmethod
-    def check_immutable(manifests: list[dict[str, Any]], live: dict[tuple[str, str], dict[str, Any]],
-                        names: PoolNames) -> None:
+    def check_immutable(
+        manifests: list[dict[str, Any]], live: dict[tuple[str, str], dict[str, Any]], names: PoolNames
+    ) -> None:
         """Refuse a block size change even where the CRD's CEL rule did not run."""
         wanted = next(m for m in manifests if manifest_key(m) == ("ConfigMap", names.config_map))
         current = live.get(("ConfigMap", names.config_map))
@@ -60,10 +63,14 @@ class Reconciler:
             return
         old, new = current.get("data", {}).get("block-size"), wanted["data"]["block-size"]
         if old is not None and old != new:
-            raise SpecConflictError(f"spec.engine.blockSize is immutable (live pool uses {old}, spec asks {new}); "
-                                    "create a new pool instead")
+            raise SpecConflictError(
+                f"spec.engine.blockSize is immutable (live pool uses {old}, spec asks {new}); "
+                "create a new pool instead"
+            )
 
-    async def reconcile(self, pool: InferencePool, logger: logging.Logger | logging.LoggerAdapter) -> ReconcileResult:
+    async def reconcile(
+        self, pool: InferencePool, logger: logging.Logger | logging.LoggerAdapter
+    ) -> ReconcileResult:
         """Apply changed children in dependency order, then prune stale ones."""
         names = PoolNames(pool.metadata.name, pool.metadata.namespace)
         manifests = PoolRenderer(pool, self.config.images).render()

@@ -16,8 +16,16 @@ from services.common.pod_labels import APPLIED_HASH_ANNOTATION
 from services.common.roles import EnginePodRole
 
 # Apply order: identities and config first, then what uses them.
-KIND_ORDER = ("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Deployment",
-              "PodDisruptionBudget", "NetworkPolicy")
+KIND_ORDER = (
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+    "ConfigMap",
+    "Service",
+    "Deployment",
+    "PodDisruptionBudget",
+    "NetworkPolicy",
+)
 
 
 def content_hash(obj: Any) -> str:
@@ -32,8 +40,9 @@ def manifest_key(manifest: Manifest) -> tuple[str, str]:
 class PoolRenderer:
     """Renders every child of one pool; deterministic for a given pool, images and hash version."""
 
-    def __init__(self, pool: InferencePool, images: ImageSet | None = None,
-                 hash_version: int = HASH_VERSION) -> None:
+    def __init__(
+        self, pool: InferencePool, images: ImageSet | None = None, hash_version: int = HASH_VERSION
+    ) -> None:
         self.pool = pool
         self.names = PoolNames(pool.metadata.name, pool.metadata.namespace)
         self.images = images or ImageSet()
@@ -46,8 +55,12 @@ class PoolRenderer:
     def config_data(self) -> dict[str, str]:
         """The one pool-wide config every engine and the router read."""
         spec = self.pool.spec
-        return {"model-id": spec.model.name, "block-size": str(spec.engine.block_size),
-                "hash-version": str(self.hash_version), "mode": spec.mode}
+        return {
+            "model-id": spec.model.name,
+            "block-size": str(spec.engine.block_size),
+            "hash-version": str(self.hash_version),
+            "mode": spec.mode,
+        }
 
     def endpoint(self) -> str:
         return f"http://{self.names.router_service_host}:{self.pool.spec.router.service.port}"
@@ -63,45 +76,91 @@ class PoolRenderer:
     def _stamp(self, item: Manifest) -> None:
         meta = item["metadata"]
         if self.pool.metadata.uid:
-            meta["ownerReferences"] = [{"apiVersion": API_VERSION, "kind": KIND, "name": self.names.pool,
-                                        "uid": self.pool.metadata.uid, "controller": True,
-                                        "blockOwnerDeletion": True}]
+            meta["ownerReferences"] = [
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": KIND,
+                    "name": self.names.pool,
+                    "uid": self.pool.metadata.uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ]
         meta["annotations"] = {**meta.get("annotations", {}), APPLIED_HASH_ANNOTATION: content_hash(item)}
 
     def _meta(self, name: str, role: str | None) -> dict[str, Any]:
         return {"name": name, "namespace": self.names.namespace, "labels": self.names.labels(role)}
 
     def _identities(self) -> list[Manifest]:
-        engine_sa = {"apiVersion": "v1", "kind": "ServiceAccount",
-                     "metadata": self._meta(self.names.child("engine"), None),
-                     "automountServiceAccountToken": False}
-        router_sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": self._meta(self.names.child("router"),
-                                                                                          "router")}
-        role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                "metadata": self._meta(self.names.child("router"), "router"),
-                "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]}
-        binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                   "metadata": self._meta(self.names.child("router"), "router"),
-                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                               "name": self.names.child("router")},
-                   "subjects": [{"kind": "ServiceAccount", "name": self.names.child("router"),
-                                 "namespace": self.names.namespace}]}
+        engine_sa = {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": self._meta(self.names.child("engine"), None),
+            "automountServiceAccountToken": False,
+        }
+        router_sa = {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": self._meta(self.names.child("router"), "router"),
+        }
+        role = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": self._meta(self.names.child("router"), "router"),
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+        }
+        binding = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": self._meta(self.names.child("router"), "router"),
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": self.names.child("router"),
+            },
+            "subjects": [
+                {
+                    "kind": "ServiceAccount",
+                    "name": self.names.child("router"),
+                    "namespace": self.names.namespace,
+                }
+            ],
+        }
         return [engine_sa, router_sa, role, binding]
 
     def _config_map(self) -> Manifest:
-        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": self._meta(self.names.config_map, None),
-                "data": self.config_data()}
+        return {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": self._meta(self.names.config_map, None),
+            "data": self.config_data(),
+        }
 
-    def _service(self, role: str, port_name: str, port: int, headless: bool,
-                 service_port: int | None = None, service_type: str = "ClusterIP") -> Manifest:
-        spec: dict[str, Any] = {"type": service_type, "selector": self.names.selector(role),
-                                "ports": [{"name": port_name, "port": service_port or port,
-                                           "targetPort": port_name, "protocol": "TCP"}]}
+    def _service(
+        self,
+        role: str,
+        port_name: str,
+        port: int,
+        headless: bool,
+        service_port: int | None = None,
+        service_type: str = "ClusterIP",
+    ) -> Manifest:
+        spec: dict[str, Any] = {
+            "type": service_type,
+            "selector": self.names.selector(role),
+            "ports": [
+                {"name": port_name, "port": service_port or port, "targetPort": port_name, "protocol": "TCP"}
+            ],
+        }
         if headless:
             spec["clusterIP"] = "None"
             spec["publishNotReadyAddresses"] = False
-        return {"apiVersion": "v1", "kind": "Service", "metadata": self._meta(self.names.child(role), role),
-                "spec": spec}
+        return {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": self._meta(self.names.child(role), role),
+            "spec": spec,
+        }
 
     def _services(self) -> list[Manifest]:
         router = self.pool.spec.router.service
@@ -121,7 +180,11 @@ class PoolRenderer:
         for role in self.engine_roles:
             role_spec = spec.prefill if role == "prefill" else spec.decode
             assert role_spec is not None  # the spec's rules guarantee prefill when disaggregated
-            policy = None if autoscaling is None else (autoscaling.prefill if role == "prefill" else autoscaling.decode)
+            policy = (
+                None
+                if autoscaling is None
+                else (autoscaling.prefill if role == "prefill" else autoscaling.decode)
+            )
             items.append(builder.engine(role, role_spec, autoscaled=policy is not None))
         items.append(builder.router())
         if spec.kvstore.enabled:
@@ -131,10 +194,15 @@ class PoolRenderer:
         return items
 
     def _disruption_budgets(self) -> list[Manifest]:
-        return [{"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-                 "metadata": self._meta(self.names.child(role), role),
-                 "spec": {"maxUnavailable": 1, "selector": {"matchLabels": self.names.selector(role)}}}
-                for role in (*self.engine_roles, "router")]
+        return [
+            {
+                "apiVersion": "policy/v1",
+                "kind": "PodDisruptionBudget",
+                "metadata": self._meta(self.names.child(role), role),
+                "spec": {"maxUnavailable": 1, "selector": {"matchLabels": self.names.selector(role)}},
+            }
+            for role in (*self.engine_roles, "router")
+        ]
 
     def _network_policies(self) -> list[Manifest]:
         builder = NetworkPolicyBuilder(self.names)

@@ -141,5 +141,7 @@ def config_problem(exc: ValueError) -> str:
     """One line naming each bad field of a config/flags error (pydantic's ValidationError or a ValueError)."""
     errors = getattr(exc, "errors", None)
     if callable(errors):
-        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in errors(include_url=False))
+        return "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in errors(include_url=False)
+        )
     return str(exc)

@@ -58,7 +58,9 @@ class BlockHasher:
     def hash_block(self, parent: bytes, tokens: Sequence[int], extras: bytes = b"") -> bytes:
         """Hash one full block given its parent's hash."""
         if len(tokens) != self.block_size:
-            raise ValueError(f"only full blocks are hashed: got {len(tokens)} tokens, block_size={self.block_size}")
+            raise ValueError(
+                f"only full blocks are hashed: got {len(tokens)} tokens, block_size={self.block_size}"
+            )
         payload = parent + b"T" + struct.pack(f"<{len(tokens)}I", *tokens) + b"E" + extras
         return hashlib.sha256(payload).digest()
 

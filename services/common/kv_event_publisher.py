@@ -80,12 +80,19 @@ class KVEventPublisher:
     ("gpu") are filed under it, so a kvstore reuses the block pool's events unchanged.
     """
 
-    def __init__(self, redis_url: str, engine_id: str, engine_url: str, tier: Tier = "gpu",
-                 settings: PublisherSettings | None = None) -> None:
+    def __init__(
+        self,
+        redis_url: str,
+        engine_id: str,
+        engine_url: str,
+        tier: Tier = "gpu",
+        settings: PublisherSettings | None = None,
+    ) -> None:
         self.settings = settings or PublisherSettings()
         timeout = self.settings.redis_timeout_s
-        client = redis.Redis.from_url(redis_url, socket_timeout=timeout, socket_connect_timeout=timeout,
-                                      retry=Retry(NoBackoff(), 1))
+        client = redis.Redis.from_url(
+            redis_url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 1)
+        )
         self.index = PrefixIndex(client, self.settings.index)
         self.engine = EngineRef(engine_id, uuid.uuid4().hex, engine_url)
         self.stats = PublisherStats()

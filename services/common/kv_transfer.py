@@ -8,7 +8,9 @@ from typing import Self
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
 
 DEFAULT_LEASE_S = 30.0
-HANDSHAKE_PATH = "/kv/handshake"  # a prefill engine's side channel: GET it for its NIXL metadata (KVHandshake)
+HANDSHAKE_PATH = (
+    "/kv/handshake"  # a prefill engine's side channel: GET it for its NIXL metadata (KVHandshake)
+)
 
 
 class KVTransferError(RuntimeError):
@@ -20,7 +22,9 @@ class KVIncompatibleError(KVTransferError):
 
     def __init__(self, fields: dict[str, tuple[object, object]], peer: str = "peer") -> None:
         self.fields = fields
-        detail = "; ".join(f"{name}: local={mine!r} remote={theirs!r}" for name, (mine, theirs) in fields.items())
+        detail = "; ".join(
+            f"{name}: local={mine!r} remote={theirs!r}" for name, (mine, theirs) in fields.items()
+        )
         super().__init__(f"KV cache of {peer} is incompatible ({', '.join(fields)} differ): {detail}")
 
 
@@ -45,27 +49,38 @@ class KVTransferParams(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    do_remote_decode: bool = Field(False, description="Request to prefill: decode happens elsewhere; keep the KV.")
-    do_remote_prefill: bool = Field(False, description="Request to decode: the prompt's KV is on a remote engine.")
+    do_remote_decode: bool = Field(
+        False, description="Request to prefill: decode happens elsewhere; keep the KV."
+    )
+    do_remote_prefill: bool = Field(
+        False, description="Request to decode: the prompt's KV is on a remote engine."
+    )
     remote_engine_id: str | None = Field(
         None, description="Engine id of the prefill engine (changes when it restarts; NIXL agent name)."
     )
     remote_block_ids: list[NonNegativeInt] = Field(
-        default_factory=list, description="Prefill's block ids holding the prompt's full blocks, in prompt order."
+        default_factory=list,
+        description="Prefill's block ids holding the prompt's full blocks, in prompt order.",
     )
-    remote_host: str | None = Field(None, description="Host of prefill's HTTP side channel (serves the handshake).")
+    remote_host: str | None = Field(
+        None, description="Host of prefill's HTTP side channel (serves the handshake)."
+    )
     remote_port: int | None = Field(None, ge=1, le=65535, description="Port of prefill's HTTP side channel.")
     remote_request_id: str | None = Field(
-        None, description="Prefill's request id; decode sends it back as the NIXL notification to end the lease."
+        None,
+        description="Prefill's request id; decode sends it back as the NIXL notification to end the lease.",
     )
     block_hashes: list[str] = Field(
-        default_factory=list, description="Hex chained block hashes (services.common.hashing), one per block id."
+        default_factory=list,
+        description="Hex chained block hashes (services.common.hashing), one per block id.",
     )
     num_tokens: NonNegativeInt = Field(
-        0, description="Prompt tokens whose KV the blocks hold: len(remote_block_ids) * block_size (full blocks only)."
+        0,
+        description="Prompt tokens whose KV the blocks hold: len(remote_block_ids) * block_size (full blocks only).",
     )
     lease_expires: float | None = Field(
-        None, description="Unix time (s) after which prefill may free the blocks; decode must not read after it."
+        None,
+        description="Unix time (s) after which prefill may free the blocks; decode must not read after it.",
     )
 
     @model_validator(mode="after")
@@ -79,7 +94,9 @@ class KVTransferParams(BaseModel):
         for h in self.block_hashes:
             bytes.fromhex(h)  # raises ValueError on a malformed hash
         if self.do_remote_prefill and self.remote_block_ids:
-            missing = [f for f in ("remote_engine_id", "remote_host", "remote_port") if getattr(self, f) is None]
+            missing = [
+                f for f in ("remote_engine_id", "remote_host", "remote_port") if getattr(self, f) is None
+            ]
             if missing:
                 raise ValueError(f"do_remote_prefill with blocks needs {', '.join(missing)}")
         return self

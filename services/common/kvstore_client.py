@@ -39,7 +39,9 @@ class KVStoreStats(BaseModel):
     puts: NonNegativeInt = 0
 
 
-def batched_by_bytes(items: Iterable[Item], size_of: Callable[[Item], int], batch_bytes: int) -> Iterator[list[Item]]:
+def batched_by_bytes(
+    items: Iterable[Item], size_of: Callable[[Item], int], batch_bytes: int
+) -> Iterator[list[Item]]:
     """Group items into lists of about ``batch_bytes`` (``size_of(item)`` bytes each; at least one item per list)."""
     batch: list[Item] = []
     total = 0
@@ -88,7 +90,11 @@ class KVStoreClient:
             keys=[kvstore_pb2.BlockKey(hash=h, token_ids=t) for h, t in keys], batch_bytes=self.batch_bytes
         )
         try:
-            return [block.data for batch in self._stub.Get(request, timeout=self.timeout_s) for block in batch.blocks]
+            return [
+                block.data
+                for batch in self._stub.Get(request, timeout=self.timeout_s)
+                for block in batch.blocks
+            ]
         except grpc.RpcError as exc:
             raise KVStoreUnavailable(f"kvstore get at {self.target} failed: {exc.code().name}") from exc
 
@@ -114,14 +120,18 @@ class KVStoreClient:
 
     def pin_prefix(self, keys: Sequence[BlockKey], ttl_s: float = 10.0) -> list[int]:
         """Arena slots (NIXL block ids) of the longest stored prefix of ``keys``, unevictable for ``ttl_s``."""
-        request = kvstore_pb2.PinRequest(keys=[kvstore_pb2.BlockKey(hash=h, token_ids=t) for h, t in keys], ttl_s=ttl_s)
+        request = kvstore_pb2.PinRequest(
+            keys=[kvstore_pb2.BlockKey(hash=h, token_ids=t) for h, t in keys], ttl_s=ttl_s
+        )
         return list(self._call("pin", self._stub.PinPrefix, request).slots)
 
     def _call(self, what: str, method: grpc.UnaryUnaryMultiCallable, request: object) -> Any:
         try:
             return method(request, timeout=self.timeout_s)
         except grpc.RpcError as exc:
-            raise KVStoreUnavailable(f"kvstore {what} at {self.target} failed: {exc.code().name} {exc.details()}") from exc
+            raise KVStoreUnavailable(
+                f"kvstore {what} at {self.target} failed: {exc.code().name} {exc.details()}"
+            ) from exc
 
     def close(self) -> None:
         """Close the channel."""

@@ -73,8 +73,9 @@ class OutageLog:
         self.failures += 1
         if not self.down:
             self.down = True
-            log.warning("%s unavailable (%s: %s); degrading until it is back", self.what,
-                        type(exc).__name__, exc)
+            log.warning(
+                "%s unavailable (%s: %s); degrading until it is back", self.what, type(exc).__name__, exc
+            )
 
     def ok(self) -> None:
         if self.down:
@@ -89,8 +90,12 @@ def encode_events(events: Iterable[KVEvent]) -> list[bytes | str | int]:
         if isinstance(ev, AllBlocksCleared):
             out += ["C", ev.tier]
         elif ev.block_hashes:
-            out += ["S" if isinstance(ev, BlockStored) else "R", ev.tier, len(ev.block_hashes),
-                    *ev.block_hashes]
+            out += [
+                "S" if isinstance(ev, BlockStored) else "R",
+                ev.tier,
+                len(ev.block_hashes),
+                *ev.block_hashes,
+            ]
     return out
 
 
@@ -107,8 +112,15 @@ def decode_lookup(rows: Sequence[Sequence[bytes | int]]) -> dict[str, PrefixMatc
     out = {}
     for eid, url, gpu, cpu, kvstore, longest, routed in rows:
         engine_id = eid.decode() if isinstance(eid, bytes) else str(eid)
-        out[engine_id] = PrefixMatch(engine_id, url.decode() if isinstance(url, bytes) else str(url),
-                                     int(gpu), int(cpu), int(kvstore), int(longest), int(routed))
+        out[engine_id] = PrefixMatch(
+            engine_id,
+            url.decode() if isinstance(url, bytes) else str(url),
+            int(gpu),
+            int(cpu),
+            int(kvstore),
+            int(longest),
+            int(routed),
+        )
     return out
 
 
@@ -131,8 +143,15 @@ class PrefixIndex:
 
     def _args(self, engine: EngineRef, seq: int, force: bool) -> list[bytes | str | int]:
         s = self.settings
-        return [engine.engine_id, engine.instance_id, engine.url, seq, int(force),
-                int(s.heartbeat_ttl_s * 1000), int(s.reap_after_s * 1000)]
+        return [
+            engine.engine_id,
+            engine.instance_id,
+            engine.url,
+            seq,
+            int(force),
+            int(s.heartbeat_ttl_s * 1000),
+            int(s.reap_after_s * 1000),
+        ]
 
     def apply(self, engine: EngineRef, seq: int, events: Sequence[KVEvent], force: bool = False) -> str:
         """Apply batch ``seq`` of the engine's events and refresh its heartbeat: ``ok`` or ``gap``.
@@ -173,8 +192,9 @@ class PrefixIndex:
 class AsyncPrefixIndex:
     """The router's read side: one EVALSHA per lookup, bounded by a time budget, never raising."""
 
-    def __init__(self, client: aioredis.Redis, settings: IndexSettings | None = None,
-                 budget_s: float = 0.02) -> None:
+    def __init__(
+        self, client: aioredis.Redis, settings: IndexSettings | None = None, budget_s: float = 0.02
+    ) -> None:
         self.client = client
         self.settings = settings or IndexSettings()
         self.keys = self.settings.keys
@@ -183,7 +203,9 @@ class AsyncPrefixIndex:
         self._lookup = client.register_script(LOOKUP_LUA)
 
     @classmethod
-    def from_url(cls, url: str, settings: IndexSettings | None = None, budget_s: float = 0.02) -> AsyncPrefixIndex:
+    def from_url(
+        cls, url: str, settings: IndexSettings | None = None, budget_s: float = 0.02
+    ) -> AsyncPrefixIndex:
         client = aioredis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
         return cls(client, settings, budget_s)
 

@@ -63,8 +63,12 @@ class IndexKeys:
 
     def engine_keys(self, engine_id: str) -> list[str]:
         """KEYS of APPLY_LUA / DEREGISTER_LUA: registry, heartbeat, meta, then one block set per tier."""
-        return [self.registry, self.heartbeat(engine_id), self.meta(engine_id),
-                *(self.blocks(engine_id, t) for t in TIERS)]
+        return [
+            self.registry,
+            self.heartbeat(engine_id),
+            self.meta(engine_id),
+            *(self.blocks(engine_id, t) for t in TIERS),
+        ]
 
 
 # KEYS: registry, hb, meta, blk:gpu, blk:cpu, blk:kvstore

@@ -97,8 +97,10 @@ class SamplingRequest(RequestModel):
         if self.prompt_logprobs is not None and self.stream:
             raise field_error("prompt_logprobs", "is not supported with stream=true")
         if self.prompt_logprobs is not None and self.kv_transfer_params is not None:
-            raise field_error("prompt_logprobs", "cannot be combined with kv_transfer_params (a decode engine "
-                              "does not compute the prompt)")
+            raise field_error(
+                "prompt_logprobs",
+                "cannot be combined with kv_transfer_params (a decode engine does not compute the prompt)",
+            )
         limit = self.max_output_tokens()
         if limit is not None and self.min_tokens > limit:
             raise field_error("min_tokens", f"must be <= max_tokens ({limit}), got {self.min_tokens}")

@@ -68,8 +68,11 @@ class CompletionRequest(SamplingRequest):
     @model_validator(mode="after")
     def _check_echo(self) -> CompletionRequest:
         if self.echo and self.logprobs is not None and self.kv_transfer_params is not None:
-            raise field_error("echo", "echo with logprobs cannot be combined with kv_transfer_params (a decode "
-                              "engine does not compute the prompt)")
+            raise field_error(
+                "echo",
+                "echo with logprobs cannot be combined with kv_transfer_params (a decode "
+                "engine does not compute the prompt)",
+            )
         return self
 
     def engine_prompt_logprobs(self) -> int | None:

@@ -51,7 +51,8 @@ class DecodeAdmission:
             self.connector.record_failure("handshake_failed", rid, f"{url}: {exc}")
             return False
         if peer != params.remote_engine_id:  # prefill restarted since it answered: its blocks are gone
-            self.connector.record_failure("peer_restarted", rid,
-                                          f"{params.address} is now engine {peer}, not {params.remote_engine_id}")
+            self.connector.record_failure(
+                "peer_restarted", rid, f"{params.address} is now engine {peer}, not {params.remote_engine_id}"
+            )
             return False
         return True

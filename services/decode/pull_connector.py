@@ -29,7 +29,9 @@ class PullConnector:
     (the kvstore) or is recomputed: never a silent wrong answer, never a hang.
     """
 
-    def __init__(self, transfer: NixlTransfer | None, block_size: int, stats: TransferStats | None = None) -> None:
+    def __init__(
+        self, transfer: NixlTransfer | None, block_size: int, stats: TransferStats | None = None
+    ) -> None:
         self.transfer, self.block_size = transfer, block_size
         self._stats = stats or TransferStats()
         self._matched: dict[str, tuple[KVTransferParams, int]] = {}  # request id -> (params, first block)
@@ -66,15 +68,21 @@ class PullConnector:
         try:
             if self.transfer is None or params.remote_engine_id is None:
                 raise KVTransferError("no NIXL agent or no peer to read from")
-            handle = self.transfer.read_blocks(params.remote_engine_id, remote, local[: len(remote)],
-                                               (params.remote_request_id or "").encode())
+            handle = self.transfer.read_blocks(
+                params.remote_engine_id,
+                remote,
+                local[: len(remote)],
+                (params.remote_request_id or "").encode(),
+            )
         except KVTransferError as exc:
             self.record_failure("transfer_error", rid, str(exc))
             self._failed.add(rid)
             return
         self._loads[rid] = _Load(handle, len(remote))
 
-    def request_finished(self, request: Request, block_ids: Sequence[int]) -> tuple[bool, KVTransferParams | None]:
+    def request_finished(
+        self, request: Request, block_ids: Sequence[int]
+    ) -> tuple[bool, KVTransferParams | None]:
         rid = request.request_id
         self._matched.pop(rid, None)
         if rid in self._loads:
@@ -114,14 +122,21 @@ class PullConnector:
             return
         try:
             if self.transfer.has_peer(params.remote_engine_id):
-                self.transfer.send_notification(params.remote_engine_id, ABORT_PREFIX + params.remote_request_id.encode())
+                self.transfer.send_notification(
+                    params.remote_engine_id, ABORT_PREFIX + params.remote_request_id.encode()
+                )
         except KVTransferError as exc:  # the lease expires anyway
             log.info("could not release lease %s early: %s", params.remote_request_id, exc)
 
     def record_failure(self, reason: str, request_id: str, detail: str | None = None) -> None:
         self._stats.add_failure(reason)
-        log.warning("KV transfer for %s failed (%s)%s; the prompt is recomputed locally (or fetched from the "
-                    "kvstore when one is configured)", request_id, reason, f": {detail}" if detail else "")
+        log.warning(
+            "KV transfer for %s failed (%s)%s; the prompt is recomputed locally (or fetched from the "
+            "kvstore when one is configured)",
+            request_id,
+            reason,
+            f": {detail}" if detail else "",
+        )
 
     def _drop(self, request: Request) -> Match:
         """Serve without prefill's blocks, and free its lease."""

@@ -59,15 +59,21 @@ class EngineStats:
     num_blocks: int
     block_size: int
     model: str = ""
-    kv_transfer_blocks: dict[tuple[str, str], int] = field(default_factory=dict)  # (direction, path) -> blocks
+    kv_transfer_blocks: dict[tuple[str, str], int] = field(
+        default_factory=dict
+    )  # (direction, path) -> blocks
     kv_transfer_failures: dict[str, int] = field(default_factory=dict)  # reason -> count
 
 
 class AsyncLLM:
     """Thread-confined LLMEngine driven by a command queue; safe to call from any asyncio loop."""
 
-    def __init__(self, config: EngineConfig, publisher: KVEventPublisher | None = None,
-                 connectors: ConnectorFactory = aggregated_connectors) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        publisher: KVEventPublisher | None = None,
+        connectors: ConnectorFactory = aggregated_connectors,
+    ) -> None:
         self.engine = LLMEngine(config, connectors)
         self.publisher = publisher
         self.engine.core.kv_manager.pool.record_events = publisher is not None
@@ -88,20 +94,46 @@ class AsyncLLM:
         core = self.engine.core
         kv = core.kv_manager
         blocks, failures = core.transfer_stats()
-        return EngineStats(core.scheduler.num_running, core.scheduler.num_waiting, kv.usage, kv.prefix_queries,
-                           kv.prefix_hits, core.scheduler.num_preemptions, core.num_blocks, core.block_size,
-                           self.config.model_name, blocks, failures)
+        return EngineStats(
+            core.scheduler.num_running,
+            core.scheduler.num_waiting,
+            kv.usage,
+            kv.prefix_queries,
+            kv.prefix_hits,
+            core.scheduler.num_preemptions,
+            core.num_blocks,
+            core.block_size,
+            self.config.model_name,
+            blocks,
+            failures,
+        )
 
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
-                       cache_salt: str | None = None, priority: int = 0,
-                       kv_transfer_params: KVTransferParams | None = None) -> AsyncGenerator[RequestOutput, None]:
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        cache_salt: str | None = None,
+        priority: int = 0,
+        kv_transfer_params: KVTransferParams | None = None,
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Yield a RequestOutput per engine step for this request; cancelling the iteration aborts it."""
         if not self.is_alive:
             raise EngineDeadError("the engine loop is not running")
         self.engine.validate_prompt(prompt_token_ids, params)
         sink: asyncio.Queue = asyncio.Queue()
-        self._commands.put(_Add(request_id, prompt_token_ids, params, cache_salt, priority, kv_transfer_params,
-                                sink, asyncio.get_running_loop()))
+        self._commands.put(
+            _Add(
+                request_id,
+                prompt_token_ids,
+                params,
+                cache_salt,
+                priority,
+                kv_transfer_params,
+                sink,
+                asyncio.get_running_loop(),
+            )
+        )
         finished = False
         try:
             while True:
@@ -167,8 +199,14 @@ class AsyncLLM:
             return
         self._sinks[cmd.request_id] = (cmd.sink, cmd.loop)
         try:
-            self.engine.add_request(cmd.prompt, cmd.params, cmd.request_id, cache_salt=cmd.cache_salt,
-                                    priority=cmd.priority, kv_transfer_params=cmd.kv_transfer_params)
+            self.engine.add_request(
+                cmd.prompt,
+                cmd.params,
+                cmd.request_id,
+                cache_salt=cmd.cache_salt,
+                priority=cmd.priority,
+                kv_transfer_params=cmd.kv_transfer_params,
+            )
         except ValueError as exc:
             self._deliver(cmd.request_id, exc, True)
 

@@ -10,8 +10,14 @@ _CONTEXT = 5  # prompt tokens decoded as context so the first output token rende
 class IncrementalDetokenizer:
     """Turns a growing token list into text; ``stop`` strings end the text and are never emitted."""
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int], stop: tuple[str, ...] = (),
-                 include_stop_str: bool = False, skip_special_tokens: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        prompt_ids: list[int],
+        stop: tuple[str, ...] = (),
+        include_stop_str: bool = False,
+        skip_special_tokens: bool = True,
+    ) -> None:
         self.tok = tokenizer
         self.skip_special = skip_special_tokens
         self.ids = list(prompt_ids[-_CONTEXT:])
@@ -53,7 +59,11 @@ class IncrementalDetokenizer:
 
     def take_delta(self, final: bool) -> str:
         """Text not yet emitted; unless final, withholds a tail that could still become a stop string."""
-        end = len(self.text) if (final or self.stop_str is not None) else max(self.emitted, len(self.text) - self.hold_back)
+        end = (
+            len(self.text)
+            if (final or self.stop_str is not None)
+            else max(self.emitted, len(self.text) - self.hold_back)
+        )
         delta = self.text[self.emitted : end]
         self.emitted = end
         return delta

@@ -45,33 +45,49 @@ class EngineCore:
         self.device = resolve_device(config.device)
         self.model_config = load_model_config(config.model)
         cfg = self.model_config
-        self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        self.max_model_len = min(
+            config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings
+        )
         if config.max_model_len and config.max_model_len > cfg.max_position_embeddings:
-            raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's "
-                             f"max_position_embeddings={cfg.max_position_embeddings}")
+            raise ValueError(
+                f"max_model_len={config.max_model_len} exceeds the model's "
+                f"max_position_embeddings={cfg.max_position_embeddings}"
+            )
         self.dtype = resolve_dtype(config.dtype, cfg, self.device)
         self.block_size = config.block_size
         self.num_blocks = self._num_blocks()
         self.hasher = BlockHasher(config.model_name, self.block_size, HASH_VERSION)
         torch.manual_seed(config.seed)
         model = load_model(config.model, cfg, self.dtype, self.device, self.max_model_len)
-        kv_cache = torch.zeros(kv_cache_shape(cfg, self.num_blocks, self.block_size), dtype=self.dtype, device=self.device)
+        kv_cache = torch.zeros(
+            kv_cache_shape(cfg, self.num_blocks, self.block_size), dtype=self.dtype, device=self.device
+        )
         backend = select_backend(self.device, config.attention_backend)
-        self.runner = ModelRunner(model, cfg, kv_cache, self.block_size, backend, self.device,
-                                  cfg.eos_token_ids, seed=config.seed)
+        self.runner = ModelRunner(
+            model, cfg, kv_cache, self.block_size, backend, self.device, cfg.eos_token_ids, seed=config.seed
+        )
         self.kv_manager = KVCacheManager(self.num_blocks, self.block_size, config.enable_prefix_caching)
         self.kv_transfer = KVTransferContext(config, kv_cache, self.kv_compat())
         self.connector: KVConnector = compose(list(connectors(self.kv_transfer)))
         batched = config.max_num_batched_tokens or _DEFAULT_BATCHED_TOKENS
         self.scheduler = Scheduler(
-            SchedulerConfig(max_num_seqs=config.max_num_seqs, max_num_batched_tokens=batched,
-                            max_model_len=self.max_model_len),
+            SchedulerConfig(
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=batched,
+                max_model_len=self.max_model_len,
+            ),
             self.kv_manager,
             self.connector,
         )
         self.last_step_tokens = 0
-        log.info("engine ready: %s, %d KV blocks of %d tokens, dtype %s, device %s",
-                 config.model_name, self.num_blocks, self.block_size, self.dtype, self.device)
+        log.info(
+            "engine ready: %s, %d KV blocks of %d tokens, dtype %s, device %s",
+            config.model_name,
+            self.num_blocks,
+            self.block_size,
+            self.dtype,
+            self.device,
+        )
 
     def _num_blocks(self) -> int:
         if self.config.num_kv_blocks:
@@ -88,18 +104,24 @@ class EngineCore:
         blocks = min(int(budget // per_block), needed)
         min_blocks = -(-self.max_model_len // self.block_size)
         if blocks < min_blocks:
-            raise ValueError(f"kv cache of {blocks} blocks cannot hold one max_model_len={self.max_model_len} "
-                             f"sequence ({min_blocks} blocks needed); raise kv_cache_memory_gb or lower max_model_len")
+            raise ValueError(
+                f"kv cache of {blocks} blocks cannot hold one max_model_len={self.max_model_len} "
+                f"sequence ({min_blocks} blocks needed); raise kv_cache_memory_gb or lower max_model_len"
+            )
         return blocks
 
     def kv_compat(self) -> KVCompat:
         """What a peer engine must match to exchange KV blocks with this one."""
         cfg = self.model_config
         return KVCompat(
-            model_id=self.config.model_name, block_size=self.block_size, hash_version=HASH_VERSION,
+            model_id=self.config.model_name,
+            block_size=self.block_size,
+            hash_version=HASH_VERSION,
             dtype=str(self.dtype).removeprefix("torch."),
             bytes_per_block=bytes_per_block(cfg, self.block_size, self.dtype),
-            kv_layout=block_major_layout(cfg.num_hidden_layers, self.block_size, cfg.num_key_value_heads, cfg.head_dim),
+            kv_layout=block_major_layout(
+                cfg.num_hidden_layers, self.block_size, cfg.num_key_value_heads, cfg.head_dim
+            ),
         )
 
     def transfer_stats(self) -> tuple[dict[tuple[str, str], int], dict[str, int]]:

@@ -20,20 +20,30 @@ class LLM:
         self.engine = LLMEngine(self.config)
         self.tokenizer = self.engine.tokenizer
 
-    def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 cache_salt: str | None = None) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        cache_salt: str | None = None,
+    ) -> list[RequestOutput]:
         """Run all prompts to completion; outputs are in prompt order, n sequences each."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, str) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
             prompts = [prompts]
         prompts = list(prompts)
-        param_list = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
+        param_list = (
+            list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
+        )
         if len(param_list) != len(prompts):
             raise ValueError(f"params: got {len(param_list)} for {len(prompts)} prompts")
         groups: list[list[str]] = []
         for prompt, p in zip(prompts, param_list, strict=True):
             ids = []
             for i in range(p.n):
-                child = p if p.n == 1 else p.model_copy(update={"seed": None if p.seed is None else p.seed + i})
+                child = (
+                    p if p.n == 1 else p.model_copy(update={"seed": None if p.seed is None else p.seed + i})
+                )
                 ids.append(self.engine.add_request(prompt, child, cache_salt=cache_salt, index=i))
             groups.append(ids)
         final: dict[str, RequestOutput] = {}
@@ -49,8 +59,12 @@ class LLM:
         first.outputs = [o.outputs[0] for o in outs]
         return first
 
-    def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]], params: SamplingParams | None = None,
-             add_generation_prompt: bool = True) -> list[RequestOutput]:
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        params: SamplingParams | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
         """Apply the model's chat template to each conversation, then generate."""
         single = bool(messages) and isinstance(messages[0], dict)
         conversations = cast(list[list[dict[str, Any]]], [messages] if single else messages)

@@ -54,7 +54,9 @@ class _Tracked:
 
     def __init__(self, req: Request, prompt: str | None, detok: IncrementalDetokenizer, index: int) -> None:
         self.req, self.prompt, self.detok = req, prompt, detok
-        self.out = CompletionOutput(index=index, logprobs=[] if req.sampling_params.logprobs is not None else None)
+        self.out = CompletionOutput(
+            index=index, logprobs=[] if req.sampling_params.logprobs is not None else None
+        )
         self.prompt_logprobs: list[Logprobs | None] | None = None
 
 
@@ -83,24 +85,37 @@ class LLMEngine:
             return prompt, self.tokenizer.encode(prompt)
         return None, list(prompt)
 
-    def validate_prompt(self, token_ids: list[int], params: SamplingParams,
-                        kv_transfer_params: KVTransferParams | None = None) -> None:
+    def validate_prompt(
+        self, token_ids: list[int], params: SamplingParams, kv_transfer_params: KVTransferParams | None = None
+    ) -> None:
         """Raise ValueError naming the field when the prompt cannot be served."""
         if not token_ids:
             raise ValueError("prompt: must not be empty")
         vocab = self.core.model_config.vocab_size
         if params.prompt_logprobs is not None and kv_transfer_params is not None:
-            raise ValueError("prompt_logprobs: cannot be combined with kv_transfer_params (disaggregated "
-                             "prefill/decode does not compute prompt logprobs on the decode engine)")
+            raise ValueError(
+                "prompt_logprobs: cannot be combined with kv_transfer_params (disaggregated "
+                "prefill/decode does not compute prompt logprobs on the decode engine)"
+            )
         if any(not 0 <= t < vocab for t in token_ids):
             raise ValueError(f"prompt: token ids must be in [0, {vocab})")
         if len(token_ids) >= self.max_model_len:
-            raise ValueError(f"prompt: {len(token_ids)} tokens, but max_model_len is {self.max_model_len} "
-                             "(the prompt must leave room for at least one generated token)")
+            raise ValueError(
+                f"prompt: {len(token_ids)} tokens, but max_model_len is {self.max_model_len} "
+                "(the prompt must leave room for at least one generated token)"
+            )
 
-    def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
-                    cache_salt: str | None = None, lora_name: str | None = None, priority: int = 0,
-                    index: int = 0, kv_transfer_params: KVTransferParams | None = None) -> str:
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+        priority: int = 0,
+        index: int = 0,
+        kv_transfer_params: KVTransferParams | None = None,
+    ) -> str:
         """Queue one sequence (n is expanded by the caller); returns its request id."""
         text, token_ids = self.tokenize_prompt(prompt)
         self.validate_prompt(token_ids, params, kv_transfer_params)
@@ -108,11 +123,22 @@ class LLMEngine:
         if request_id in self._tracked:
             raise ValueError(f"request_id: {request_id!r} is already in use")
         extras = BlockHashExtras(lora_name=lora_name, cache_salt=cache_salt)
-        req = Request(request_id, token_ids, params, self.eos_token_id,
-                      hash_fn=lambda hashes, toks: self.core.hasher.extend(hashes, toks, extras), priority=priority,
-                      kv_transfer_params=kv_transfer_params)
-        detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop, params.include_stop_str_in_output,
-                                       params.skip_special_tokens)
+        req = Request(
+            request_id,
+            token_ids,
+            params,
+            self.eos_token_id,
+            hash_fn=lambda hashes, toks: self.core.hasher.extend(hashes, toks, extras),
+            priority=priority,
+            kv_transfer_params=kv_transfer_params,
+        )
+        detok = IncrementalDetokenizer(
+            self.tokenizer,
+            token_ids,
+            params.stop,
+            params.include_stop_str_in_output,
+            params.skip_special_tokens,
+        )
         self._tracked[request_id] = _Tracked(req, text, detok, index)
         self.core.add_request(req)
         return request_id
@@ -149,8 +175,16 @@ class LLMEngine:
         delta = tr.detok.take_delta(final=finish is not None)
         out.text += delta
         return RequestOutput(
-            request_id=o.req_id, prompt=tr.prompt, prompt_token_ids=tr.req.prompt_token_ids, outputs=[out],
-            finished=finish is not None, num_cached_tokens=o.num_cached_tokens, delta_text=delta,
-            delta_token_ids=list(o.new_token_ids), error=o.error, kv_transfer_params=o.kv_transfer_params,
-            queue_time_s=o.queue_time_s, prompt_logprobs=tr.prompt_logprobs,
+            request_id=o.req_id,
+            prompt=tr.prompt,
+            prompt_token_ids=tr.req.prompt_token_ids,
+            outputs=[out],
+            finished=finish is not None,
+            num_cached_tokens=o.num_cached_tokens,
+            delta_text=delta,
+            delta_token_ids=list(o.new_token_ids),
+            error=o.error,
+            kv_transfer_params=o.kv_transfer_params,
+            queue_time_s=o.queue_time_s,
+            prompt_logprobs=tr.prompt_logprobs,
         )

@@ -36,7 +36,9 @@ class BlockStore:
     peers can READ; ``pin_prefix`` keeps slots from being evicted while a peer reads them.
     """
 
-    def __init__(self, capacity_bytes: int, on_evict: EvictCallback | None = None, arena: SlabArena | None = None) -> None:
+    def __init__(
+        self, capacity_bytes: int, on_evict: EvictCallback | None = None, arena: SlabArena | None = None
+    ) -> None:
         if capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be positive, got {capacity_bytes}")
         self.capacity_bytes = capacity_bytes
@@ -157,7 +159,9 @@ class BlockStore:
                     self._used -= entry.nbytes
                     dropped.append(block_hash)
                     continue
-                self._entries[block_hash] = _Entry(None, arena.allocate(entry.data), entry.tokens, entry.nbytes)
+                self._entries[block_hash] = _Entry(
+                    None, arena.allocate(entry.data), entry.tokens, entry.nbytes
+                )
             self._counters["evictions"] += len(dropped)
             self.arena = arena
         if dropped and self._on_evict:
@@ -199,5 +203,8 @@ class BlockStore:
         """Counters and occupancy."""
         with self._lock:
             return KVStoreStats(
-                num_blocks=len(self._entries), used_bytes=self._used, capacity_bytes=self.capacity_bytes, **self._counters
+                num_blocks=len(self._entries),
+                used_bytes=self._used,
+                capacity_bytes=self.capacity_bytes,
+                **self._counters,
             )

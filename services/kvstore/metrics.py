@@ -32,14 +32,22 @@ class _StoreCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         s = self._stats()
         yield GaugeMetricFamily("kvferry_kvstore_blocks", "KV blocks held.", value=s.num_blocks)
-        yield GaugeMetricFamily("kvferry_kvstore_bytes_used", "Bytes held: block data plus token ids.",
-                                value=s.used_bytes)
-        yield GaugeMetricFamily("kvferry_kvstore_capacity_bytes", "Bytes the store holds before LRU eviction.",
-                                value=s.capacity_bytes)
-        yield CounterMetricFamily("kvferry_kvstore_evictions", "Blocks evicted (least recently used) to make room.",
-                                  value=s.evictions)
-        gets = CounterMetricFamily("kvferry_kvstore_gets", "Blocks requested by Get and PinPrefix, by result.",
-                                   labels=["result"])
+        yield GaugeMetricFamily(
+            "kvferry_kvstore_bytes_used", "Bytes held: block data plus token ids.", value=s.used_bytes
+        )
+        yield GaugeMetricFamily(
+            "kvferry_kvstore_capacity_bytes",
+            "Bytes the store holds before LRU eviction.",
+            value=s.capacity_bytes,
+        )
+        yield CounterMetricFamily(
+            "kvferry_kvstore_evictions",
+            "Blocks evicted (least recently used) to make room.",
+            value=s.evictions,
+        )
+        gets = CounterMetricFamily(
+            "kvferry_kvstore_gets", "Blocks requested by Get and PinPrefix, by result.", labels=["result"]
+        )
         gets.add_metric(["hit"], s.hits)
         gets.add_metric(["miss"], s.misses - s.token_mismatches + self._skipped())
         gets.add_metric(["token_mismatch"], s.token_mismatches)
@@ -57,14 +65,27 @@ class KvstoreMetrics:
     def __init__(self, stats: Callable[[], KVStoreStats]) -> None:
         self.registry = CollectorRegistry()
         reg = self.registry
-        self.puts = Counter("kvferry_kvstore_puts", "Blocks stored (not counting ones already present or rejected).",
-                            registry=reg)
-        self.put_bytes = Counter("kvferry_kvstore_put_bytes", "Block data bytes of the blocks stored.", registry=reg)
-        self.rpc_duration = Histogram("kvferry_kvstore_rpc_duration_seconds",
-                                      "gRPC handler time, streams included, by method.", ["method"],
-                                      buckets=_RPC_BUCKETS, registry=reg)
-        self.rpc_errors = Counter("kvferry_kvstore_rpc_errors", "gRPC calls that ended with an error status.",
-                                  ["method"], registry=reg)
+        self.puts = Counter(
+            "kvferry_kvstore_puts",
+            "Blocks stored (not counting ones already present or rejected).",
+            registry=reg,
+        )
+        self.put_bytes = Counter(
+            "kvferry_kvstore_put_bytes", "Block data bytes of the blocks stored.", registry=reg
+        )
+        self.rpc_duration = Histogram(
+            "kvferry_kvstore_rpc_duration_seconds",
+            "gRPC handler time, streams included, by method.",
+            ["method"],
+            buckets=_RPC_BUCKETS,
+            registry=reg,
+        )
+        self.rpc_errors = Counter(
+            "kvferry_kvstore_rpc_errors",
+            "gRPC calls that ended with an error status.",
+            ["method"],
+            registry=reg,
+        )
         for method in RPC_METHODS:  # every series exists from the start, at 0
             self.rpc_duration.labels(method)
             self.rpc_errors.labels(method)
@@ -98,8 +119,11 @@ class _RpcInterceptor(grpc.ServerInterceptor):
     def __init__(self, metrics: KvstoreMetrics) -> None:
         self._metrics = metrics
 
-    def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
-                          handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
         handler = continuation(handler_call_details)
         if handler is None:  # unknown method: gRPC answers UNIMPLEMENTED itself
             return None
@@ -118,8 +142,11 @@ class _RpcInterceptor(grpc.ServerInterceptor):
             else:
                 factory, behavior = grpc.unary_unary_rpc_method_handler, handler.unary_unary
             wrapped = _timed(behavior, duration, errors)
-        return factory(wrapped, request_deserializer=handler.request_deserializer,
-                       response_serializer=handler.response_serializer)
+        return factory(
+            wrapped,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
 
 
 @contextlib.contextmanager

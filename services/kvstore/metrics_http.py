@@ -37,8 +37,9 @@ def _app(registry: CollectorRegistry) -> Callable[[dict, Callable], Iterable[byt
         if path == "/metrics":
             return metrics(environ, start_response)
         if path == "/health":
-            start_response("200 OK", [("Content-Type", "application/json"),
-                                      ("Content-Length", str(len(_HEALTH_BODY)))])
+            start_response(
+                "200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(_HEALTH_BODY)))]
+            )
             return [_HEALTH_BODY]
         start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
         return [b"not found: try /metrics or /health\n"]
@@ -51,10 +52,13 @@ class MetricsHttpServer:
 
     def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
         server_class = _Server6 if ":" in host else _Server
-        self._httpd = make_server(host, port, _app(registry), server_class=server_class, handler_class=_QuietHandler)
+        self._httpd = make_server(
+            host, port, _app(registry), server_class=server_class, handler_class=_QuietHandler
+        )
         self.port: int = self._httpd.server_port
-        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.1,), name="kvstore-metrics",
-                                        daemon=True)  # poll every 0.1 s: close() returns that fast
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, args=(0.1,), name="kvstore-metrics", daemon=True
+        )  # poll every 0.1 s: close() returns that fast
         self._thread.start()
 
     def close(self) -> None:

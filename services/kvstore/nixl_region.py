@@ -33,7 +33,9 @@ class NixlRegion:
         """The handshake for an engine whose KV is described by ``compat``."""
         with self._lock:
             if compat.bytes_per_block != self.arena.slot_bytes:
-                raise KVIncompatibleError({"bytes_per_block": (self.arena.slot_bytes, compat.bytes_per_block)}, "engine")
+                raise KVIncompatibleError(
+                    {"bytes_per_block": (self.arena.slot_bytes, compat.bytes_per_block)}, "engine"
+                )
             if self._compat is None:
                 self._compat = compat
             self._compat.check(compat, peer="engine")

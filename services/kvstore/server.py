@@ -37,21 +37,32 @@ class KVStoreSettings(BaseModel):
     capacity_bytes: int = Field(4 << 30, gt=0)
     batch_bytes: int = Field(DEFAULT_BATCH_BYTES, gt=0, description="default bytes per streamed get message")
     workers: int = Field(8, gt=0, description="gRPC handler threads")
-    redis_url: str | None = Field(None, description="prefix index the store reports its blocks to (tier kvstore)")
-    slot_bytes: int | None = Field(
-        None, gt=0, description="bytes per block of the pool: blocks live in a NIXL-registered arena of such slots"
+    redis_url: str | None = Field(
+        None, description="prefix index the store reports its blocks to (tier kvstore)"
     )
-    nixl: bool = Field(True, description="serve a NIXL region over the arena (created by the first handshake "
-                                         "when slot_bytes is not set)")
+    slot_bytes: int | None = Field(
+        None,
+        gt=0,
+        description="bytes per block of the pool: blocks live in a NIXL-registered arena of such slots",
+    )
+    nixl: bool = Field(
+        True,
+        description="serve a NIXL region over the arena (created by the first handshake "
+        "when slot_bytes is not set)",
+    )
     metrics_port: int | None = Field(
-        None, ge=0, le=65535,
+        None,
+        ge=0,
+        le=65535,
         description="HTTP port of GET /metrics and /health: None is port + 1 (any free port when port is 0), 0 is off",
     )
 
     @model_validator(mode="after")
     def _metrics_port_fits(self) -> Self:
         if self.metrics_port is None and self.port == 65535:
-            raise ValueError("the default metrics port (port + 1) would be 65536: set metrics_port (--metrics-port)")
+            raise ValueError(
+                "the default metrics port (port + 1) would be 65536: set metrics_port (--metrics-port)"
+            )
         return self
 
     def resolved_metrics_port(self) -> int | None:
@@ -70,16 +81,24 @@ def _abort(context: grpc.ServicerContext, details: str) -> NoReturn:
 class KVStoreService(kvstore_pb2_grpc.KVStoreServicer):
     """gRPC handlers; all state lives in the BlockStore."""
 
-    def __init__(self, store: BlockStore, batch_bytes: int = DEFAULT_BATCH_BYTES,
-                 region: Callable[[KVCompat], NixlRegion] | None = None,
-                 on_stored: Callable[[list[bytes]], None] | None = None, *, metrics: KvstoreMetrics) -> None:
+    def __init__(
+        self,
+        store: BlockStore,
+        batch_bytes: int = DEFAULT_BATCH_BYTES,
+        region: Callable[[KVCompat], NixlRegion] | None = None,
+        on_stored: Callable[[list[bytes]], None] | None = None,
+        *,
+        metrics: KvstoreMetrics,
+    ) -> None:
         self.store = store
         self.metrics = metrics
         self.batch_bytes = batch_bytes
         self.region = region  # the NIXL region for an engine's KV layout (None: NIXL is off)
         self.on_stored = on_stored  # e.g. report new blocks to the prefix index
 
-    def Put(self, request_iterator: Iterator[kvstore_pb2.PutBatch], context: grpc.ServicerContext) -> kvstore_pb2.PutReply:
+    def Put(
+        self, request_iterator: Iterator[kvstore_pb2.PutBatch], context: grpc.ServicerContext
+    ) -> kvstore_pb2.PutReply:
         counts = {"stored": 0, "present": 0, "rejected": 0}
         for batch in request_iterator:
             stored = []
@@ -93,7 +112,9 @@ class KVStoreService(kvstore_pb2_grpc.KVStoreServicer):
                 self.on_stored(stored)
         return kvstore_pb2.PutReply(**counts)
 
-    def Get(self, request: kvstore_pb2.GetRequest, context: grpc.ServicerContext) -> Iterator[kvstore_pb2.GetBatch]:
+    def Get(
+        self, request: kvstore_pb2.GetRequest, context: grpc.ServicerContext
+    ) -> Iterator[kvstore_pb2.GetBatch]:
         looked_up = 0
 
         def found() -> Iterator[kvstore_pb2.Block]:
@@ -106,18 +127,26 @@ class KVStoreService(kvstore_pb2_grpc.KVStoreServicer):
                 yield kvstore_pb2.Block(hash=key.hash, data=data)
 
         try:
-            for batch in batched_by_bytes(found(), lambda b: len(b.data), request.batch_bytes or self.batch_bytes):
+            for batch in batched_by_bytes(
+                found(), lambda b: len(b.data), request.batch_bytes or self.batch_bytes
+            ):
                 yield kvstore_pb2.GetBatch(blocks=batch)
         finally:  # the store counted the blocks it looked up; the rest of the prefix was requested too
             self.metrics.skipped(len(request.keys) - looked_up)
 
-    def Exists(self, request: kvstore_pb2.ExistsRequest, context: grpc.ServicerContext) -> kvstore_pb2.ExistsReply:
+    def Exists(
+        self, request: kvstore_pb2.ExistsRequest, context: grpc.ServicerContext
+    ) -> kvstore_pb2.ExistsReply:
         return kvstore_pb2.ExistsReply(num_prefix_blocks=self.store.exists(request.hashes))
 
-    def Stats(self, request: kvstore_pb2.StatsRequest, context: grpc.ServicerContext) -> kvstore_pb2.StatsReply:
+    def Stats(
+        self, request: kvstore_pb2.StatsRequest, context: grpc.ServicerContext
+    ) -> kvstore_pb2.StatsReply:
         return kvstore_pb2.StatsReply(**self.store.stats().model_dump())
 
-    def NixlHandshake(self, request: kvstore_pb2.HandshakeRequest, context: grpc.ServicerContext) -> kvstore_pb2.HandshakeReply:
+    def NixlHandshake(
+        self, request: kvstore_pb2.HandshakeRequest, context: grpc.ServicerContext
+    ) -> kvstore_pb2.HandshakeReply:
         region = self.region
         if region is None:
             _abort(context, "this kvstore serves no NIXL region (--no-nixl)")
@@ -128,9 +157,14 @@ class KVStoreService(kvstore_pb2_grpc.KVStoreServicer):
             _abort(context, str(exc))
         return kvstore_pb2.HandshakeReply(handshake_json=handshake.model_dump_json())
 
-    def PinPrefix(self, request: kvstore_pb2.PinRequest, context: grpc.ServicerContext) -> kvstore_pb2.PinReply:
+    def PinPrefix(
+        self, request: kvstore_pb2.PinRequest, context: grpc.ServicerContext
+    ) -> kvstore_pb2.PinReply:
         if self.store.arena is None:
-            _abort(context, "this kvstore has no arena yet (NixlHandshake creates it, or start it with --slot-bytes)")
+            _abort(
+                context,
+                "this kvstore has no arena yet (NixlHandshake creates it, or start it with --slot-bytes)",
+            )
         slots = self.store.pin_prefix([(k.hash, k.token_ids) for k in request.keys], request.ttl_s or 10.0)
         self.metrics.skipped(len(request.keys) - len(slots) - 1)  # the store counted the blocks it looked up
         return kvstore_pb2.PinReply(slots=slots)
@@ -149,8 +183,11 @@ class KVStoreServer:
         self.publisher: KVEventPublisher | None = None
         self.store = store or BlockStore(settings.capacity_bytes, on_evict=self._evicted, arena=arena)
         self.metrics = KvstoreMetrics(self.store.stats)
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.workers), options=GRPC_OPTIONS,
-                                   interceptors=[self.metrics.interceptor()])
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=settings.workers),
+            options=GRPC_OPTIONS,
+            interceptors=[self.metrics.interceptor()],
+        )
         self.port = self._server.add_insecure_port(f"{settings.host}:{settings.port}")
         if self.port == 0:
             raise OSError(f"kvstore could not bind {settings.host}:{settings.port}")
@@ -164,12 +201,22 @@ class KVStoreServer:
             raise
         self.metrics_port = self._metrics_http.port if self._metrics_http else None
         self._region_lock = threading.Lock()
-        service = KVStoreService(self.store, settings.batch_bytes, self.region_for if settings.nixl else None,
-                                 on_stored=self._stored, metrics=self.metrics)
+        service = KVStoreService(
+            self.store,
+            settings.batch_bytes,
+            self.region_for if settings.nixl else None,
+            on_stored=self._stored,
+            metrics=self.metrics,
+        )
         kvstore_pb2_grpc.add_KVStoreServicer_to_server(service, self._server)
         self._server.start()
-        log.info("kvstore listening on %s:%d (capacity %d bytes, metrics %s)", settings.host, self.port,
-                 settings.capacity_bytes, f"on port {self.metrics_port}" if self.metrics_port else "off")
+        log.info(
+            "kvstore listening on %s:%d (capacity %d bytes, metrics %s)",
+            settings.host,
+            self.port,
+            settings.capacity_bytes,
+            f"on port {self.metrics_port}" if self.metrics_port else "off",
+        )
 
     def region_for(self, compat: KVCompat) -> NixlRegion:
         """The NIXL region; the first engine's handshake creates it (slots of its bytes per block) when
@@ -178,10 +225,16 @@ class KVStoreServer:
             if self.nixl is None:
                 if self.store.arena is None:
                     arena = SlabArena(self.settings.capacity_bytes, compat.bytes_per_block)
-                    region = NixlRegion(arena)  # raises KVTransferError without NIXL: the store stays as it is
+                    region = NixlRegion(
+                        arena
+                    )  # raises KVTransferError without NIXL: the store stays as it is
                     dropped = self.store.adopt_arena(arena)
-                    log.info("kvstore arena created: %d slots of %d bytes (%d blocks of another size dropped)",
-                             arena.num_slots, arena.slot_bytes, len(dropped))
+                    log.info(
+                        "kvstore arena created: %d slots of %d bytes (%d blocks of another size dropped)",
+                        arena.num_slots,
+                        arena.slot_bytes,
+                        len(dropped),
+                    )
                     self.nixl = region
                 else:
                     self.nixl = NixlRegion(self.store.arena)

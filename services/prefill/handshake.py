@@ -17,9 +17,14 @@ def handshake_router(transfer: NixlTransfer | None) -> APIRouter:
     @router.get(HANDSHAKE_PATH)
     async def kv_handshake() -> Response:
         if transfer is None:
-            err = OpenAIError(404, "this prefill engine has no NIXL agent (--no-nixl, or NIXL unavailable): its "
-                              "KV reaches decode through the kvstore", "invalid_request_error", None,
-                              "kv_transfer_unavailable")
+            err = OpenAIError(
+                404,
+                "this prefill engine has no NIXL agent (--no-nixl, or NIXL unavailable): its "
+                "KV reaches decode through the kvstore",
+                "invalid_request_error",
+                None,
+                "kv_transfer_unavailable",
+            )
             return JSONResponse(err.body(), err.status)
         return Response(transfer.handshake_json(), media_type="application/json")
 

@@ -23,8 +23,14 @@ class LeaseConnector:
     the prompt in the kvstore (prefill offloads it there) or recomputes it.
     """
 
-    def __init__(self, transfer: NixlTransfer | None, host: str, port: int, block_size: int,
-                 lease_s: float = DEFAULT_LEASE_S) -> None:
+    def __init__(
+        self,
+        transfer: NixlTransfer | None,
+        host: str,
+        port: int,
+        block_size: int,
+        lease_s: float = DEFAULT_LEASE_S,
+    ) -> None:
         self.transfer, self.host, self.port = transfer, host, port
         self.block_size, self.lease_s = block_size, lease_s
         self.engine_id = transfer.engine_id if transfer is not None else f"{host}:{port}"
@@ -37,15 +43,22 @@ class LeaseConnector:
     def update_state_after_alloc(self, request: Request, block_ids: Sequence[int], num_external: int) -> None:
         return None
 
-    def request_finished(self, request: Request, block_ids: Sequence[int]) -> tuple[bool, KVTransferParams | None]:
+    def request_finished(
+        self, request: Request, block_ids: Sequence[int]
+    ) -> tuple[bool, KVTransferParams | None]:
         """Lease the prompt's full blocks of a completed ``do_remote_decode`` request."""
         if not request.keeps_kv_for_decode or not request.status.completed:
             return False, None
         n_full = min(request.num_prompt_tokens // self.block_size, len(request.block_hashes), len(block_ids))
         leased = list(block_ids[:n_full])
         params = KVTransferParams.for_remote_decode(
-            engine_id=self.engine_id, host=self.host, port=self.port, request_id=request.request_id,
-            block_ids=leased, block_hashes=request.block_hashes[:n_full], block_size=self.block_size,
+            engine_id=self.engine_id,
+            host=self.host,
+            port=self.port,
+            request_id=request.request_id,
+            block_ids=leased,
+            block_hashes=request.block_hashes[:n_full],
+            block_size=self.block_size,
             lease_s=self.lease_s,
         )
         if not leased or self.transfer is None:  # nothing to READ over NIXL
@@ -70,8 +83,11 @@ class LeaseConnector:
             if now >= expiry:
                 del self._leases[rid]
                 self._stats.add_failure("lease_unread")  # decode never read the blocks
-                log.warning("KV lease of %s expired after %.0fs without a decode read; freeing its blocks", rid,
-                            self.lease_s)
+                log.warning(
+                    "KV lease of %s expired after %.0fs without a decode read; freeing its blocks",
+                    rid,
+                    self.lease_s,
+                )
                 done.add(rid)
         return FinishedTransfers(sent=frozenset(done)) if done else FinishedTransfers()
 

@@ -43,8 +43,9 @@ def _headers(d: Dispatched) -> dict[str, str]:
     return out
 
 
-async def _relay(state: RouterState, d: Dispatched,
-                 chunks: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+async def _relay(
+    state: RouterState, d: Dispatched, chunks: AsyncGenerator[bytes, None]
+) -> AsyncGenerator[bytes, None]:
     """Yield ``chunks``; an engine failure after the first token ends the stream with an error event."""
     assert d.stream is not None
     try:
@@ -54,8 +55,9 @@ async def _relay(state: RouterState, d: Dispatched,
     except EngineUnavailable as exc:
         state.metrics.stream_errors.inc()
         log.warning("stream from %s broke after the first token: %s", d.stream.url, exc.reason)
-        error = OpenAIError(502, f"The engine failed while streaming: {exc.reason}", "server_error", None,
-                            "engine_failed")
+        error = OpenAIError(
+            502, f"The engine failed while streaming: {exc.reason}", "server_error", None, "engine_failed"
+        )
         yield sse_event(error.body())
         yield SSE_DONE
     finally:
@@ -69,8 +71,9 @@ async def _passthrough(d: Dispatched) -> AsyncGenerator[bytes, None]:
             yield sse_event(event.data)
 
 
-async def _serve(state: RouterState, req: PreparedRequest, request_id: str,
-                 adapter: ChatAdapter | None) -> Response:
+async def _serve(
+    state: RouterState, req: PreparedRequest, request_id: str, adapter: ChatAdapter | None
+) -> Response:
     check_prompt_fits(req, state.max_model_len())
     ctx = await state.context(req)
     d = await state.flow.run(req, ctx, request_id)

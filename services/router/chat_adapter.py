@@ -25,8 +25,9 @@ from services.common.sse import SSEEvent, sse_event
 class ChatAdapter:
     """Reshapes one request's completion answer (or stream) into chat form under ``model``."""
 
-    def __init__(self, model: str, request_id: str, top_n: int | None = None, n: int = 1,
-                 include_usage: bool = False) -> None:
+    def __init__(
+        self, model: str, request_id: str, top_n: int | None = None, n: int = 1, include_usage: bool = False
+    ) -> None:
         self.model = model
         self.top_n = top_n
         self.n = n
@@ -34,14 +35,26 @@ class ChatAdapter:
 
     def response(self, completion: dict[str, Any]) -> dict[str, Any]:
         """A non-streamed ``chat.completion`` from a ``text_completion``."""
-        choices = [ChatChoice(index=c["index"], message=AssistantMessage(content=c["text"]),
-                              logprobs=chat_logprobs_from_completion(c.get("logprobs"), self.top_n),
-                              finish_reason=c.get("finish_reason"), stop_reason=c.get("stop_reason"))
-                   for c in completion.get("choices", [])]
+        choices = [
+            ChatChoice(
+                index=c["index"],
+                message=AssistantMessage(content=c["text"]),
+                logprobs=chat_logprobs_from_completion(c.get("logprobs"), self.top_n),
+                finish_reason=c.get("finish_reason"),
+                stop_reason=c.get("stop_reason"),
+            )
+            for c in completion.get("choices", [])
+        ]
         usage = Usage.model_validate(completion["usage"]) if completion.get("usage") else None
         first = (completion.get("choices") or [{}])[0]
-        out = ChatCompletionResponse(id=self.stream_ctx.id, created=self.stream_ctx.created, model=self.model,
-                                     choices=choices, usage=usage, prompt_logprobs=first.get("prompt_logprobs"))
+        out = ChatCompletionResponse(
+            id=self.stream_ctx.id,
+            created=self.stream_ctx.created,
+            model=self.model,
+            choices=choices,
+            usage=usage,
+            prompt_logprobs=first.get("prompt_logprobs"),
+        )
         return out.model_dump(mode="json")
 
     def role_chunks(self) -> list[bytes]:
@@ -64,8 +77,11 @@ class ChatAdapter:
             if c.get("text") or logprobs:
                 out.append(sse_event(ctx.chat_chunk(c["index"], c.get("text") or "", logprobs=logprobs)))
             if c.get("finish_reason"):
-                out.append(sse_event(ctx.chat_chunk(c["index"], None, c["finish_reason"],
-                                                    stop_reason=c.get("stop_reason"))))
+                out.append(
+                    sse_event(
+                        ctx.chat_chunk(c["index"], None, c["finish_reason"], stop_reason=c.get("stop_reason"))
+                    )
+                )
         return out
 
     async def stream(self, events: AsyncIterator[SSEEvent]) -> AsyncGenerator[bytes, None]:

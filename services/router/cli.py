@@ -43,24 +43,57 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add("--engine", action="append", default=[], metavar="URL", help="an aggregated engine (repeatable)")
     add("--prefill", action="append", default=[], metavar="URL", help="a prefill engine (repeatable)")
     add("--decode", action="append", default=[], metavar="URL", help="a decode engine (repeatable)")
-    add("--discovery", choices=["static", "kubernetes"], default="static",
-        help="static: the --engine/--prefill/--decode URLs; kubernetes: the pods matching --selector")
+    add(
+        "--discovery",
+        choices=["static", "kubernetes"],
+        default="static",
+        help="static: the --engine/--prefill/--decode URLs; kubernetes: the pods matching --selector",
+    )
     add("--selector", default=None, help="label selector of the pool's pods (with --discovery kubernetes)")
     add("--kube-api", default=None, help="API server URL (default: in-cluster)")
     add("--kube-namespace", default=None, help="namespace of the pods (default: the service account's)")
-    add("--kube-token-file", type=Path, default=None, help="bearer token file (default: the service account's)")
+    add(
+        "--kube-token-file",
+        type=Path,
+        default=None,
+        help="bearer token file (default: the service account's)",
+    )
     add("--engine-port", type=int, default=8000, help="the engines' HTTP port (with --discovery kubernetes)")
     add("--redis-url", default=None, help="the pool's prefix index (without it: route by load only)")
-    add("--tokenizer", required=True, metavar="MODEL_PATH", help="folder with tokenizer.json (the engines' model)")
-    add("--model-name", default=os.environ.get("KVFERRY_MODEL_ID"),
-        help="served model name (default: $KVFERRY_MODEL_ID, else the tokenizer folder's name)")
-    add("--block-size", type=int, default=int(os.environ.get("KVFERRY_BLOCK_SIZE", "16")),
-        help="the engines' KV block size (default: $KVFERRY_BLOCK_SIZE, else 16)")
+    add(
+        "--tokenizer",
+        required=True,
+        metavar="MODEL_PATH",
+        help="folder with tokenizer.json (the engines' model)",
+    )
+    add(
+        "--model-name",
+        default=os.environ.get("KVFERRY_MODEL_ID"),
+        help="served model name (default: $KVFERRY_MODEL_ID, else the tokenizer folder's name)",
+    )
+    add(
+        "--block-size",
+        type=int,
+        default=int(os.environ.get("KVFERRY_BLOCK_SIZE", "16")),
+        help="the engines' KV block size (default: $KVFERRY_BLOCK_SIZE, else 16)",
+    )
     add("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
-    add("--api-key-file", type=Path, default=None, help="read the API key from this file (e.g. a mounted Secret)")
+    add(
+        "--api-key-file",
+        type=Path,
+        default=None,
+        help="read the API key from this file (e.g. a mounted Secret)",
+    )
     add("--strategy", choices=["prefix-aware", "least-load", "round-robin"], default="prefix-aware")
-    add("--weights", type=parse_weights, default=ScorerWeights(), help="scorer weights, e.g. prefix=2,queue=1,kv=1")
-    add("--pd-threshold", type=int, default=256, help="disaggregate when this many prompt tokens are uncached")
+    add(
+        "--weights",
+        type=parse_weights,
+        default=ScorerWeights(),
+        help="scorer weights, e.g. prefix=2,queue=1,kv=1",
+    )
+    add(
+        "--pd-threshold", type=int, default=256, help="disaggregate when this many prompt tokens are uncached"
+    )
     add("--poll-interval", type=float, default=2.0, help="seconds between polls of each engine")
     add("--index-budget-ms", type=float, default=20.0, help="longest a prefix-index lookup may take")
     add("--self-check-interval", type=float, default=60.0, help="seconds between self-checks")
@@ -77,19 +110,33 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
     discovery = None
     if args.discovery == "kubernetes":
         if specs:
-            raise ValueError("--discovery kubernetes finds the engines itself: drop --engine/--prefill/--decode")
+            raise ValueError(
+                "--discovery kubernetes finds the engines itself: drop --engine/--prefill/--decode"
+            )
         if not args.selector:
             raise ValueError("--discovery kubernetes needs --selector (e.g. kvferry.dev/pool=NAME)")
-        discovery = DiscoverySettings(selector=args.selector, api_url=args.kube_api or in_cluster_url(),
-                                      namespace=args.kube_namespace,
-                                      token_file=args.kube_token_file, port=args.engine_port,
-                                      interval_s=args.poll_interval)
+        discovery = DiscoverySettings(
+            selector=args.selector,
+            api_url=args.kube_api or in_cluster_url(),
+            namespace=args.kube_namespace,
+            token_file=args.kube_token_file,
+            port=args.engine_port,
+            interval_s=args.poll_interval,
+        )
     tokenizer = Path(args.tokenizer)
     return RouterSettings(
-        endpoints=specs, discovery=discovery, tokenizer=tokenizer, model_name=args.model_name or tokenizer.name,
-        block_size=args.block_size, redis_url=args.redis_url, api_key=_api_key(args),
-        scheduling=SchedulingConfig(strategy=args.strategy, weights=args.weights, pd_threshold=args.pd_threshold),
-        poller=PollerSettings(interval_s=args.poll_interval), index_budget_s=args.index_budget_ms / 1000,
+        endpoints=specs,
+        discovery=discovery,
+        tokenizer=tokenizer,
+        model_name=args.model_name or tokenizer.name,
+        block_size=args.block_size,
+        redis_url=args.redis_url,
+        api_key=_api_key(args),
+        scheduling=SchedulingConfig(
+            strategy=args.strategy, weights=args.weights, pd_threshold=args.pd_threshold
+        ),
+        poller=PollerSettings(interval_s=args.poll_interval),
+        index_budget_s=args.index_budget_ms / 1000,
         self_check_interval_s=args.self_check_interval,
     )
 
@@ -108,7 +155,9 @@ def _api_key(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT (uvicorn finishes open requests first); 2 on bad flags."""
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll and request is noise
     try:
         settings = settings_from_args(args)

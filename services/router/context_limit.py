@@ -33,6 +33,8 @@ def check_prompt_fits(req: PreparedRequest, max_model_len: int | None) -> None:
         return
     for ids in req.prompts:
         if len(ids) >= max_model_len:
-            raise bad_request(f"This model's maximum context length is {max_model_len} tokens, but the prompt "
-                              f"has {len(ids)} tokens (at least one must be left for the output).",
-                              "messages" if req.kind == "chat" else "prompt")
+            raise bad_request(
+                f"This model's maximum context length is {max_model_len} tokens, but the prompt "
+                f"has {len(ids)} tokens (at least one must be left for the output).",
+                "messages" if req.kind == "chat" else "prompt",
+            )

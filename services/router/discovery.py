@@ -40,7 +40,9 @@ class DiscoverySettings(BaseModel):
     token_file: Path | None = None  # default: the service account token
     port: int = Field(8000, ge=1, le=65535)
     interval_s: float = Field(5.0, gt=0, description="Full relists are at least this far apart.")
-    resync_s: float = Field(300.0, gt=0, description="Full relist period (the larger of this and interval_s).")
+    resync_s: float = Field(
+        300.0, gt=0, description="Full relist period (the larger of this and interval_s)."
+    )
     backoff_max_s: float = Field(10.0, gt=0, description="Longest wait between retries while the API fails.")
 
 
@@ -51,8 +53,12 @@ class WatchExpired(Exception):
 class KubernetesDiscovery:
     """Lists the engine pods, then watches them, handing the endpoints to ``on_change`` on every change."""
 
-    def __init__(self, settings: DiscoverySettings, on_change: Callable[[Sequence[EndpointSpec]], None],
-                 client: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self,
+        settings: DiscoverySettings,
+        on_change: Callable[[Sequence[EndpointSpec]], None],
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
         self.settings = settings
         self.on_change = on_change
         self.namespace = settings.namespace or _read(SA_DIR / "namespace") or "default"
@@ -100,8 +106,13 @@ class KubernetesDiscovery:
 
     async def watch(self) -> None:
         """Apply the events after ``resource_version`` until the stream ends; WatchExpired on 410."""
-        params = {"labelSelector": self.settings.selector, "watch": "true", "resourceVersion": self.resource_version,
-                  "allowWatchBookmarks": "true", "timeoutSeconds": str(max(1, int(self.resync_s)))}
+        params = {
+            "labelSelector": self.settings.selector,
+            "watch": "true",
+            "resourceVersion": self.resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(max(1, int(self.resync_s))),
+        }
         timeout = httpx.Timeout(5.0, read=None)  # events may be minutes apart; resync_s bounds the stream
         async with self._client.stream("GET", self.pods_url, params=params, timeout=timeout) as reply:
             if reply.status_code == 410:
@@ -157,18 +168,25 @@ class KubernetesDiscovery:
     def _fail(self, exc: Exception) -> None:
         self.errors += 1
         if not self._failing:
-            log.warning("kubernetes discovery failed (%s); keeping the last %d endpoints",
-                        str(exc) or type(exc).__name__, len(self.specs))
+            log.warning(
+                "kubernetes discovery failed (%s); keeping the last %d endpoints",
+                str(exc) or type(exc).__name__,
+                len(self.specs),
+            )
         self._failing = True
 
     def _current(self) -> list[EndpointSpec]:
-        return sorted((s for s in self._pods.values() if s is not None), key=lambda s: (s.url, s.role, s.draining))
+        return sorted(
+            (s for s in self._pods.values() if s is not None), key=lambda s: (s.url, s.role, s.draining)
+        )
 
     def _publish(self) -> None:
         specs = self._current()
         if specs != self.specs:
-            log.info("discovered engines: %s", ", ".join(f"{s.url} ({s.role}{', draining' if s.draining else ''})"
-                                                          for s in specs) or "none")
+            log.info(
+                "discovered engines: %s",
+                ", ".join(f"{s.url} ({s.role}{', draining' if s.draining else ''})" for s in specs) or "none",
+            )
             self.specs = specs
             self.on_change(specs)
 
@@ -187,5 +205,7 @@ def in_cluster_url() -> str:
     """The API server of the cluster this process runs in; ValueError naming the flag otherwise."""
     host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
     if not host:
-        raise ValueError("--discovery kubernetes outside a cluster needs --kube-api URL (no $KUBERNETES_SERVICE_HOST)")
+        raise ValueError(
+            "--discovery kubernetes outside a cluster needs --kube-api URL (no $KUBERNETES_SERVICE_HOST)"
+        )
     return f"https://{host}:{port}"

@@ -55,8 +55,12 @@ class EndpointPoller:
     (its /v1/models card is read then, for max_model_len), any failure takes it out (its last load is
     kept), a 503 that says "draining" marks it draining."""
 
-    def __init__(self, specs: Sequence[EndpointSpec], settings: PollerSettings | None = None,
-                 client: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self,
+        specs: Sequence[EndpointSpec],
+        settings: PollerSettings | None = None,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
         self.settings = settings or PollerSettings()
         self._client = client or httpx.AsyncClient(timeout=self.settings.timeout_s)
         self._owns_client = client is None
@@ -72,7 +76,9 @@ class EndpointPoller:
         for spec in specs:
             url = normalize_url(spec.url)
             old = self._endpoints.get(url)
-            fresh[url] = Endpoint(url, spec.role, healthy=False) if old is None or old.role != spec.role else old
+            fresh[url] = (
+                Endpoint(url, spec.role, healthy=False) if old is None or old.role != spec.role else old
+            )
             if spec.draining and fresh[url].healthy:
                 fresh[url] = replace(fresh[url], draining=True)
         self._endpoints = fresh
@@ -96,8 +102,9 @@ class EndpointPoller:
     async def _poll(self, endpoint: Endpoint) -> Endpoint:
         down = replace(endpoint, healthy=False, draining=False)  # last load, config and context length kept
         try:
-            health, metrics = await asyncio.gather(self._client.get(f"{endpoint.url}/health"),
-                                                   self._client.get(f"{endpoint.url}/metrics"))
+            health, metrics = await asyncio.gather(
+                self._client.get(f"{endpoint.url}/health"), self._client.get(f"{endpoint.url}/metrics")
+            )
         except httpx.HTTPError:
             return down
         if _is_draining(health):
@@ -112,9 +119,14 @@ class EndpointPoller:
             return down
         # The card is read when an engine (re)joins: a restarted engine may have a new context length.
         known = endpoint.max_model_len if endpoint.healthy else None
-        return replace(endpoint, healthy=True, draining=drained, load=load,
-                       cache_config=config or endpoint.cache_config,
-                       max_model_len=known or await self._max_model_len(endpoint.url))
+        return replace(
+            endpoint,
+            healthy=True,
+            draining=drained,
+            load=load,
+            cache_config=config or endpoint.cache_config,
+            max_model_len=known or await self._max_model_len(endpoint.url),
+        )
 
     async def _max_model_len(self, url: str) -> int | None:
         """The context length on the engine's /v1/models card (None: no answer, or no such field)."""

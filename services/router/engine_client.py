@@ -44,8 +44,11 @@ def _is_server_error(event: SSEEvent) -> bool:
         data = event.json()
     except ValueError:
         return False
-    return isinstance(data, dict) and isinstance(data.get("error"), dict) and \
-        data["error"].get("type") == "server_error"
+    return (
+        isinstance(data, dict)
+        and isinstance(data.get("error"), dict)
+        and data["error"].get("type") == "server_error"
+    )
 
 
 @dataclass
@@ -81,8 +84,13 @@ class EngineClient:
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
         self._client = httpx.AsyncClient(timeout=timeout, limits=limits)
 
-    async def complete(self, url: str, body: dict[str, Any], headers: dict[str, str] | None = None,
-                       timeout_s: float | None = None) -> dict[str, Any]:
+    async def complete(
+        self,
+        url: str,
+        body: dict[str, Any],
+        headers: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
         """A non-streamed completion's JSON body."""
         kwargs: dict[str, Any] = {} if timeout_s is None else {"timeout": timeout_s}
         try:
@@ -95,7 +103,9 @@ class EngineClient:
         except ValueError as exc:
             raise EngineUnavailable(url, "answer is not JSON") from exc
 
-    async def stream(self, url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> EngineStream:
+    async def stream(
+        self, url: str, body: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> EngineStream:
         """Open a streamed completion and wait for its first event (the first token, or an error)."""
         request = self._client.build_request("POST", f"{url}/v1/completions", json=body, headers=headers)
         try:
@@ -115,7 +125,9 @@ class EngineClient:
             raise
         if first is None or _is_server_error(first):
             await response.aclose()
-            raise EngineUnavailable(url, "stream ended before the first token" if first is None else first.data)
+            raise EngineUnavailable(
+                url, "stream ended before the first token" if first is None else first.data
+            )
         return EngineStream(url, first, events, response)
 
     async def get(self, url: str, timeout_s: float = 2.0) -> httpx.Response:

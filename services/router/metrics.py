@@ -15,30 +15,51 @@ class RouterMetrics:
 
     def __init__(self) -> None:
         self.registry = reg = CollectorRegistry()
-        self.requests = Counter("kvferry_router_requests", "Requests routed, by route decision.",
-                                ["decision"], registry=reg)
-        self.prompt_blocks = Counter("kvferry_router_prompt_blocks", "Full prompt blocks of routed requests.",
-                                     registry=reg)
-        self.prefix_hit_blocks = Counter("kvferry_router_prefix_hit_blocks",
-                                         "Prompt blocks the chosen decode endpoint already held (per the index).",
-                                         registry=reg)
-        self.lookup_latency = Histogram("kvferry_router_index_lookup_seconds", "Prefix-index lookup latency.",
-                                        buckets=_LOOKUP_BUCKETS, registry=reg)
-        self.overhead = Histogram("kvferry_router_overhead_seconds",
-                                  "HTTP arrival to dispatch: parse, validate, tokenize, hash, look up, schedule.",
-                                  buckets=_OVERHEAD_BUCKETS, registry=reg)
-        self.fallbacks = Counter("kvferry_router_fallbacks",
-                                 "Degraded routes: index (Redis down or slow: load only), prefill (decode-only).",
-                                 ["kind"], registry=reg)
-        self.retries = Counter("kvferry_router_retries", "Requests retried on another endpoint before any token.",
-                               registry=reg)
-        self.stream_errors = Counter("kvferry_router_stream_errors",
-                                     "Streams ended with an error event after the first token.", registry=reg)
-        self.self_check_ok = Gauge("kvferry_router_self_check_ok",
-                                   "1 when engines agree on the cache config and the index sees their blocks.",
-                                   registry=reg)
-        self.healthy_endpoints = Gauge("kvferry_router_healthy_endpoints", "Endpoints currently in rotation.",
-                                       registry=reg)
+        self.requests = Counter(
+            "kvferry_router_requests", "Requests routed, by route decision.", ["decision"], registry=reg
+        )
+        self.prompt_blocks = Counter(
+            "kvferry_router_prompt_blocks", "Full prompt blocks of routed requests.", registry=reg
+        )
+        self.prefix_hit_blocks = Counter(
+            "kvferry_router_prefix_hit_blocks",
+            "Prompt blocks the chosen decode endpoint already held (per the index).",
+            registry=reg,
+        )
+        self.lookup_latency = Histogram(
+            "kvferry_router_index_lookup_seconds",
+            "Prefix-index lookup latency.",
+            buckets=_LOOKUP_BUCKETS,
+            registry=reg,
+        )
+        self.overhead = Histogram(
+            "kvferry_router_overhead_seconds",
+            "HTTP arrival to dispatch: parse, validate, tokenize, hash, look up, schedule.",
+            buckets=_OVERHEAD_BUCKETS,
+            registry=reg,
+        )
+        self.fallbacks = Counter(
+            "kvferry_router_fallbacks",
+            "Degraded routes: index (Redis down or slow: load only), prefill (decode-only).",
+            ["kind"],
+            registry=reg,
+        )
+        self.retries = Counter(
+            "kvferry_router_retries", "Requests retried on another endpoint before any token.", registry=reg
+        )
+        self.stream_errors = Counter(
+            "kvferry_router_stream_errors",
+            "Streams ended with an error event after the first token.",
+            registry=reg,
+        )
+        self.self_check_ok = Gauge(
+            "kvferry_router_self_check_ok",
+            "1 when engines agree on the cache config and the index sees their blocks.",
+            registry=reg,
+        )
+        self.healthy_endpoints = Gauge(
+            "kvferry_router_healthy_endpoints", "Endpoints currently in rotation.", registry=reg
+        )
 
         for kind in ("index", "prefill"):
             self.fallbacks.labels(kind=kind)

@@ -37,8 +37,9 @@ _PREFILL_DROPPED = ("stream_options", "logprobs", "echo", "min_tokens", "n")
 
 def no_endpoint(reason: str) -> OpenAIError:
     """503 when no engine can take the request."""
-    return OpenAIError(503, f"No engine could serve this request: {reason}", "server_error", None,
-                       "service_unavailable")
+    return OpenAIError(
+        503, f"No engine could serve this request: {reason}", "server_error", None, "service_unavailable"
+    )
 
 
 @dataclass
@@ -54,9 +55,15 @@ class Dispatched:
 class PDFlow:
     """Routes one PreparedRequest through prefill (when worth it) and decode, with one retry."""
 
-    def __init__(self, scheduler: Scheduler, endpoints: Callable[[], Sequence[Endpoint]], client: EngineClient,
-                 metrics: RouterMetrics, prefill_timeout_s: float = 60.0,
-                 on_route: Callable[[RouteDecision, PreparedRequest, RequestContext], None] | None = None) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        endpoints: Callable[[], Sequence[Endpoint]],
+        client: EngineClient,
+        metrics: RouterMetrics,
+        prefill_timeout_s: float = 60.0,
+        on_route: Callable[[RouteDecision, PreparedRequest, RequestContext], None] | None = None,
+    ) -> None:
         self.on_route = on_route  # e.g. tell the shared index where this prefix went (other replicas follow)
         self.scheduler = scheduler
         self.endpoints = endpoints
@@ -106,12 +113,15 @@ class PDFlow:
         m.overhead.observe(overhead)
         return overhead
 
-    async def _prefill(self, decision: RouteDecision, req: PreparedRequest,
-                       headers: dict[str, str]) -> dict[str, Any] | None:
+    async def _prefill(
+        self, decision: RouteDecision, req: PreparedRequest, headers: dict[str, str]
+    ) -> dict[str, Any] | None:
         """Prefill's ``kv_transfer_params``; ``None`` (decode-only, counted) when anything goes wrong."""
         assert decision.prefill is not None
         body = {k: v for k, v in req.engine_body.items() if k not in _PREFILL_DROPPED}
-        body.update(prompt=req.prompts[0], max_tokens=1, stream=False, kv_transfer_params={"do_remote_decode": True})
+        body.update(
+            prompt=req.prompts[0], max_tokens=1, stream=False, kv_transfer_params={"do_remote_decode": True}
+        )
         url = decision.prefill.url
         try:
             answer = await self.client.complete(url, body, headers, timeout_s=self.prefill_timeout_s)
@@ -124,8 +134,14 @@ class PDFlow:
             return None
         return answer["kv_transfer_params"]
 
-    async def _decode(self, decision: RouteDecision, req: PreparedRequest, params: dict[str, Any] | None,
-                      headers: dict[str, str], overhead: float) -> Dispatched:
+    async def _decode(
+        self,
+        decision: RouteDecision,
+        req: PreparedRequest,
+        params: dict[str, Any] | None,
+        headers: dict[str, str],
+        overhead: float,
+    ) -> Dispatched:
         body = dict(req.engine_body)
         if params is not None:
             body["kv_transfer_params"] = params

@@ -49,7 +49,8 @@ class PreparedRequest:
         """Whether another engine may prefill: one prompt (one KV hand-off), and no prompt logprobs to score."""
         body = self.engine_body
         scores_prompt = body.get("prompt_logprobs") is not None or (
-            bool(body.get("echo")) and body.get("logprobs") is not None)
+            bool(body.get("echo")) and body.get("logprobs") is not None
+        )
         return len(self.prompts) == 1 and not scores_prompt
 
 
@@ -84,11 +85,14 @@ class PromptPreparer:
         prepared.chat_top_logprobs = top_n
         return prepared
 
-    def _prepared(self, kind: Kind, body: SamplingRequest, prompts: list[list[int]],
-                  engine: dict[str, Any]) -> PreparedRequest:
+    def _prepared(
+        self, kind: Kind, body: SamplingRequest, prompts: list[list[int]], engine: dict[str, Any]
+    ) -> PreparedRequest:
         extras = BlockHashExtras(cache_salt=body.cache_salt)
         hashes = self.hasher.hash_tokens(prompts[0], extras)
-        return PreparedRequest(kind, prompts, hashes, engine, body.stream, body.n, body.include_usage_in_stream())
+        return PreparedRequest(
+            kind, prompts, hashes, engine, body.stream, body.n, body.include_usage_in_stream()
+        )
 
 
 def _base_body(body: SamplingRequest) -> dict[str, Any]:

@@ -47,15 +47,36 @@ class RouterState:
         metrics = RouterMetrics()
         poller = EndpointPoller(settings.endpoints, settings.poller)
         client = EngineClient(settings.connect_timeout_s, settings.request_timeout_s)
-        index = AsyncPrefixIndex.from_url(settings.redis_url, budget_s=settings.index_budget_s) \
-            if settings.redis_url else None
-        flow = PDFlow(Scheduler(settings.scheduling, rng), poller.endpoints, client, metrics,
-                      settings.prefill_timeout_s)
+        index = (
+            AsyncPrefixIndex.from_url(settings.redis_url, budget_s=settings.index_budget_s)
+            if settings.redis_url
+            else None
+        )
+        flow = PDFlow(
+            Scheduler(settings.scheduling, rng), poller.endpoints, client, metrics, settings.prefill_timeout_s
+        )
         probe = probe_ids(tokenizer.encode(PROBE_TEXT * 4, add_special_tokens=False), settings.block_size)
-        check = SelfCheck(poller, client, index, hasher, probe, metrics, settings.self_check_interval_s,
-                          settings.probe_timeout_s)
-        state = cls(settings, tokenizer, metrics, PromptPreparer(tokenizer, hasher), poller, client, index, flow,
-                    check)
+        check = SelfCheck(
+            poller,
+            client,
+            index,
+            hasher,
+            probe,
+            metrics,
+            settings.self_check_interval_s,
+            settings.probe_timeout_s,
+        )
+        state = cls(
+            settings,
+            tokenizer,
+            metrics,
+            PromptPreparer(tokenizer, hasher),
+            poller,
+            client,
+            index,
+            flow,
+            check,
+        )
         flow.on_route = state.note_route
         return state
 

@@ -31,17 +31,27 @@ def config_problems(endpoints: Sequence[Endpoint], model: str, block_size: int) 
             continue
         c = e.cache_config
         if (c.model, c.block_size, c.hash_version) != want:
-            out.append(f"{e.url} has model={c.model!r} block_size={c.block_size} hash_version={c.hash_version}, "
-                       f"the router model={model!r} block_size={block_size} hash_version={HASH_VERSION}")
+            out.append(
+                f"{e.url} has model={c.model!r} block_size={c.block_size} hash_version={c.hash_version}, "
+                f"the router model={model!r} block_size={block_size} hash_version={HASH_VERSION}"
+            )
     return out
 
 
 class SelfCheck:
     """Runs at start-up (once an engine is healthy) and every ``interval_s``; sooner while failing."""
 
-    def __init__(self, poller: EndpointPoller, client: EngineClient, index: AsyncPrefixIndex | None,
-                 hasher: BlockHasher, probe_ids: list[int], metrics: RouterMetrics, interval_s: float = 60.0,
-                 probe_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        poller: EndpointPoller,
+        client: EngineClient,
+        index: AsyncPrefixIndex | None,
+        hasher: BlockHasher,
+        probe_ids: list[int],
+        metrics: RouterMetrics,
+        interval_s: float = 60.0,
+        probe_timeout_s: float = 10.0,
+    ) -> None:
         self.poller, self.client, self.index, self.hasher = poller, client, index, hasher
         self.probe_ids = probe_ids
         self.probe_hashes = hasher.hash_tokens(probe_ids)
@@ -64,7 +74,9 @@ class SelfCheck:
 
     async def run_once(self) -> list[str]:
         """Probe every healthy engine that serves whole requests; return (and keep) the problems found."""
-        endpoints = [e for e in self.poller.endpoints() if e.healthy and not e.draining and e.role != "prefill"]
+        endpoints = [
+            e for e in self.poller.endpoints() if e.healthy and not e.draining and e.role != "prefill"
+        ]
         problems = config_problems(self.poller.endpoints(), self.hasher.model_id, self.hasher.block_size)
         self._warn_lengths()
         probed: list[str | None] = []
@@ -88,8 +100,9 @@ class SelfCheck:
     async def _probe(self, endpoint: Endpoint) -> str | None:
         body = {"prompt": self.probe_ids, "max_tokens": 1, "temperature": 0.0}
         try:
-            await self.client.complete(endpoint.url, body, {"X-Request-Id": "router-self-check"},
-                                       timeout_s=self.probe_timeout_s)
+            await self.client.complete(
+                endpoint.url, body, {"X-Request-Id": "router-self-check"}, timeout_s=self.probe_timeout_s
+            )
         except Exception as exc:  # noqa: BLE001 - a probe never crashes the router
             log.warning("self-check probe on %s could not be served: %s", endpoint.url, exc)
             return None  # the poller takes a failing engine out; that is not a config problem
@@ -104,16 +117,20 @@ class SelfCheck:
             if held.get(endpoint.url, 0) >= len(self.probe_hashes):
                 return None
             if loop.time() > deadline:
-                return (f"{endpoint.url} served the probe but the index lists {held.get(endpoint.url, 0)} of its "
-                        f"{len(self.probe_hashes)} blocks under that url (index urls: {sorted(held)}); check the "
-                        "engine's --redis-url, --advertise-url, model name and block size")
+                return (
+                    f"{endpoint.url} served the probe but the index lists {held.get(endpoint.url, 0)} of its "
+                    f"{len(self.probe_hashes)} blocks under that url (index urls: {sorted(held)}); check the "
+                    "engine's --redis-url, --advertise-url, model name and block size"
+                )
             await asyncio.sleep(0.1)
 
     async def run_forever(self) -> None:
         """The periodic loop (a task of the app); retries every few seconds while not passing."""
         while True:
             try:
-                problems = await self.run_once() if any(e.healthy for e in self.poller.endpoints()) else ["none"]
+                problems = (
+                    await self.run_once() if any(e.healthy for e in self.poller.endpoints()) else ["none"]
+                )
             except Exception:  # noqa: BLE001 - the loop must survive any one bad round
                 log.exception("self-check round failed")
                 problems = ["error"]

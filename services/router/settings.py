@@ -29,14 +29,18 @@ class RouterSettings(BaseModel):
     self_check_interval_s: float = Field(60.0, gt=0)
     probe_timeout_s: float = Field(10.0, gt=0, description="How long a probe's blocks may take to show up.")
     connect_timeout_s: float = Field(2.0, gt=0)
-    request_timeout_s: float | None = Field(None, gt=0, description="Read timeout of engine calls (None: none).")
+    request_timeout_s: float | None = Field(
+        None, gt=0, description="Read timeout of engine calls (None: none)."
+    )
     prefill_timeout_s: float = Field(60.0, gt=0)
 
     @model_validator(mode="after")
     def _check_roles(self) -> RouterSettings:
         if not self.endpoints and self.discovery is None:
-            raise ValueError("give the pool: --engine URL... or --prefill URL... --decode URL..., "
-                             "or --discovery kubernetes --selector LABELS")
+            raise ValueError(
+                "give the pool: --engine URL... or --prefill URL... --decode URL..., "
+                "or --discovery kubernetes --selector LABELS"
+            )
         roles = {spec.role for spec in self.endpoints}
         if roles & {"prefill", "decode"} and "both" in roles:
             raise ValueError("use either --engine or --prefill/--decode, not both")

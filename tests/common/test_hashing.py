@@ -46,7 +46,10 @@ def test_two_processes_compute_identical_hashes() -> None:
     )
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": root, "PYTHONHASHSEED": "12345"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
-                         cwd=root).stdout.strip()
-    here = ",".join(h.hex() for h in BlockHasher("m", 16).hash_tokens(TOKENS, BlockHashExtras(cache_salt="s")))
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env, cwd=root
+    ).stdout.strip()
+    here = ",".join(
+        h.hex() for h in BlockHasher("m", 16).hash_tokens(TOKENS, BlockHashExtras(cache_salt="s"))
+    )
     assert out == here

@@ -20,8 +20,12 @@ from tests.redis_server import RedisServer
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = BlockHasher("tiny", 4).hash_tokens(list(range(64)))  # 16 blocks
-FAST = PublisherSettings(heartbeat_interval_s=0.1, retry_interval_s=0.1, redis_timeout_s=0.2,
-                         index=IndexSettings(heartbeat_ttl_s=0.5))
+FAST = PublisherSettings(
+    heartbeat_interval_s=0.1,
+    retry_interval_s=0.1,
+    redis_timeout_s=0.2,
+    index=IndexSettings(heartbeat_ttl_s=0.5),
+)
 
 
 def stored(hashes: list[bytes], tier: str = "gpu") -> BlockStored:
@@ -48,7 +52,8 @@ def gpu_run(index: PrefixIndex, engine_id: str = "e1") -> int | None:
 
 
 def test_steps_are_written_and_the_heartbeat_keeps_the_engine_alive(
-        redis_server: RedisServer, index: PrefixIndex) -> None:
+    redis_server: RedisServer, index: PrefixIndex
+) -> None:
     pub = KVEventPublisher(redis_server.url, "e1", "http://127.0.0.1:9001", settings=FAST)
     pub.publish([stored(PROMPT[:4])])
     pub.publish([stored(PROMPT[4:10]), BlockRemoved((PROMPT[8],))])
@@ -70,7 +75,7 @@ def test_redis_down_drops_counts_and_resyncs_when_back(redis_server: RedisServer
     redis_server.stop()
     started = time.perf_counter()
     for i in range(4, 12):  # the engine keeps stepping while Redis is gone
-        pub.publish([stored(PROMPT[i:i + 1])])
+        pub.publish([stored(PROMPT[i : i + 1])])
     pub.publish([AllBlocksCleared("cpu"), stored(PROMPT[:3], "cpu")])
     assert time.perf_counter() - started < 0.05  # publish only enqueues
     assert pub.flush()
@@ -84,7 +89,8 @@ def test_redis_down_drops_counts_and_resyncs_when_back(redis_server: RedisServer
 
 
 def test_index_flushed_behind_the_publishers_back_is_repaired(
-        redis_server: RedisServer, index: PrefixIndex) -> None:
+    redis_server: RedisServer, index: PrefixIndex
+) -> None:
     pub = KVEventPublisher(redis_server.url, "e1", "http://e1", settings=FAST)
     pub.publish([stored(PROMPT[:6])])
     assert pub.flush()
@@ -107,9 +113,12 @@ time.sleep(60)
 """
 
 
-def test_restarted_engine_replaces_its_previous_instance(redis_server: RedisServer, index: PrefixIndex) -> None:
-    crashing = subprocess.Popen([sys.executable, "-c", CRASHING_ENGINE, redis_server.url],
-                                stdout=subprocess.PIPE, cwd=REPO, text=True)
+def test_restarted_engine_replaces_its_previous_instance(
+    redis_server: RedisServer, index: PrefixIndex
+) -> None:
+    crashing = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_ENGINE, redis_server.url], stdout=subprocess.PIPE, cwd=REPO, text=True
+    )
     try:
         assert crashing.stdout.readline().strip() == "ready"
     finally:
@@ -125,7 +134,8 @@ def test_restarted_engine_replaces_its_previous_instance(redis_server: RedisServ
 
 
 def test_kvstore_publisher_files_default_tier_events_under_its_tier(
-        redis_server: RedisServer, index: PrefixIndex) -> None:
+    redis_server: RedisServer, index: PrefixIndex
+) -> None:
     pub = KVEventPublisher(redis_server.url, "store", "http://store", tier="kvstore", settings=FAST)
     pub.publish([stored(PROMPT[:5]), stored(PROMPT[:2], "cpu")])
     assert pub.flush()

@@ -14,15 +14,25 @@ from services.common.kv_transfer import (
 )
 
 COMPAT = KVCompat(
-    model_id="tiny", block_size=16, hash_version=1, dtype="float32", bytes_per_block=8192,
+    model_id="tiny",
+    block_size=16,
+    hash_version=1,
+    dtype="float32",
+    bytes_per_block=8192,
     kv_layout=block_major_layout(2, 16, 2, 16),
 )
 
 
 def test_prefill_answer_roundtrips_through_json() -> None:
     params = KVTransferParams.for_remote_decode(
-        engine_id="e1", host="10.0.0.1", port=8000, request_id="req-1", block_ids=[4, 9],
-        block_hashes=[b"\x01" * 32, b"\x02" * 32], block_size=16, lease_s=30,
+        engine_id="e1",
+        host="10.0.0.1",
+        port=8000,
+        request_id="req-1",
+        block_ids=[4, 9],
+        block_hashes=[b"\x01" * 32, b"\x02" * 32],
+        block_size=16,
+        lease_s=30,
     )
     again = KVTransferParams.model_validate_json(params.model_dump_json())
     assert again == params

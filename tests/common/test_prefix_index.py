@@ -167,7 +167,9 @@ def test_async_lookup_and_its_time_budget(redis_server: RedisServer) -> None:
     async def scenario() -> tuple[object, object, object]:
         idx = AsyncPrefixIndex.from_url(redis_server.url, budget_s=0.05)
         first = await idx.lookup(PROMPT)
-        blocker = threading.Thread(target=lambda: redis_server.client().execute_command("DEBUG", "SLEEP", "0.3"))
+        blocker = threading.Thread(
+            target=lambda: redis_server.client().execute_command("DEBUG", "SLEEP", "0.3")
+        )
         blocker.start()
         await asyncio.sleep(0.05)
         slow = await idx.lookup(PROMPT)  # Redis is busy: over budget -> no answer, no exception

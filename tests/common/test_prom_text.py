@@ -27,7 +27,9 @@ def _page() -> str:
 
 
 def _reference(text: str) -> list[tuple[str, dict[str, str], float]]:
-    return [(s.name, dict(s.labels), s.value) for f in text_string_to_metric_families(text) for s in f.samples]
+    return [
+        (s.name, dict(s.labels), s.value) for f in text_string_to_metric_families(text) for s in f.samples
+    ]
 
 
 def test_every_sample_equals_the_full_parser() -> None:
@@ -47,7 +49,7 @@ def test_only_the_wanted_names_are_parsed() -> None:
     assert [s.value for s in got] == [1.0, 2.0, 3.0, 4.0]
 
 
-@pytest.mark.parametrize("line", ['m{a="1" 2', "m", 'm{a=1} 2', "m abc"])
+@pytest.mark.parametrize("line", ['m{a="1" 2', "m", "m{a=1} 2", "m abc"])
 def test_malformed_wanted_lines_raise_value_error(line: str) -> None:
     with pytest.raises(ValueError):
         list(scan_samples(line + "\n", lambda _: True))

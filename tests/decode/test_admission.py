@@ -52,8 +52,14 @@ def serving_handshake(transfer: NixlTransfer | None) -> Iterator[str]:
 def _raw(engine_id: str, address: str) -> dict:
     host, port = address.rsplit(":", 1)
     params = KVTransferParams.for_remote_decode(
-        engine_id=engine_id, host=host, port=int(port), request_id="p-9", block_ids=[1, 2],
-        block_hashes=HASHER.hash_tokens(list(range(1, 40)))[:2], block_size=BLOCK_SIZE)
+        engine_id=engine_id,
+        host=host,
+        port=int(port),
+        request_id="p-9",
+        block_ids=[1, 2],
+        block_hashes=HASHER.hash_tokens(list(range(1, 40)))[:2],
+        block_size=BLOCK_SIZE,
+    )
     return params.model_dump(mode="json")
 
 
@@ -62,7 +68,9 @@ def test_first_request_loads_prefills_agent_over_http() -> None:
         fresh = NixlTransfer(make_cache(seed=1, num_blocks=4), compat())  # decode side, no peers yet
         pull = PullConnector(fresh, BLOCK_SIZE)
         with serving_handshake(agents.prefill) as address:
-            params = asyncio.run(DecodeAdmission(fresh, pull).admit(_raw(agents.prefill.engine_id, address), 1))
+            params = asyncio.run(
+                DecodeAdmission(fresh, pull).admit(_raw(agents.prefill.engine_id, address), 1)
+            )
         assert params is not None and params.do_remote_prefill and fresh.has_peer(agents.prefill.engine_id)
         assert not pull.stats().failures
         fresh.close()
@@ -74,7 +82,9 @@ def test_restarted_prefill_is_counted_and_served_locally() -> None:
         fresh = NixlTransfer(make_cache(seed=1, num_blocks=4), compat())
         pull = PullConnector(fresh, BLOCK_SIZE)
         with serving_handshake(agents.decode) as address:  # "restarted": a new agent at the old address
-            params = asyncio.run(DecodeAdmission(fresh, pull).admit(_raw(agents.prefill.engine_id, address), 1))
+            params = asyncio.run(
+                DecodeAdmission(fresh, pull).admit(_raw(agents.prefill.engine_id, address), 1)
+            )
         assert params is not None and not params.do_remote_prefill and params.remote_block_ids == []
         assert dict(pull.stats().failures) == {"peer_restarted": 1}
         fresh.close()
@@ -86,11 +96,14 @@ def test_prefill_without_nixl_answers_a_clear_404() -> None:
     assert reply.status_code == 404 and reply.json()["error"]["code"] == "kv_transfer_unavailable"
 
 
-@pytest.mark.parametrize(("raw", "n", "param"), [
-    ({"do_remote_decode": True}, 1, "kv_transfer_params"),  # decode engines do not lease
-    ({"do_remote_prefill": "sure"}, 1, "kv_transfer_params"),
-    ({"do_remote_prefill": False}, 2, "n"),
-])
+@pytest.mark.parametrize(
+    ("raw", "n", "param"),
+    [
+        ({"do_remote_decode": True}, 1, "kv_transfer_params"),  # decode engines do not lease
+        ({"do_remote_prefill": "sure"}, 1, "kv_transfer_params"),
+        ({"do_remote_prefill": False}, 2, "n"),
+    ],
+)
 def test_decode_refuses_what_it_does_not_serve(raw: dict, n: int, param: str) -> None:
     admission = DecodeAdmission(None, PullConnector(None, BLOCK_SIZE))
     with pytest.raises(OpenAIError) as err:

@@ -15,12 +15,24 @@ from services.engine.core.kv_connector import FinishedTransfers  # noqa: E402
 from tests.kv_agents import BLOCK_SIZE, HASHER, Agents, nixl_agents, request  # noqa: E402
 
 
-def _params(agents: Agents, prompt_len: int, remote_ids: list[int], lease_s: float = 30.0,
-            engine_id: str | None = None) -> KVTransferParams:
+def _params(
+    agents: Agents,
+    prompt_len: int,
+    remote_ids: list[int],
+    lease_s: float = 30.0,
+    engine_id: str | None = None,
+) -> KVTransferParams:
     hashes = HASHER.hash_tokens(list(range(1, prompt_len + 1)))[: len(remote_ids)]
     return KVTransferParams.for_remote_decode(
-        engine_id=engine_id or agents.prefill.engine_id, host="127.0.0.1", port=1, request_id="prefill-req",
-        block_ids=remote_ids, block_hashes=hashes, block_size=BLOCK_SIZE, lease_s=lease_s)
+        engine_id=engine_id or agents.prefill.engine_id,
+        host="127.0.0.1",
+        port=1,
+        request_id="prefill-req",
+        block_ids=remote_ids,
+        block_hashes=hashes,
+        block_size=BLOCK_SIZE,
+        lease_s=lease_s,
+    )
 
 
 def _wait(pull: PullConnector) -> FinishedTransfers:
@@ -38,7 +50,10 @@ def test_blocks_past_the_local_hit_are_read_into_ours() -> None:
         assert pull.get_num_new_matched_tokens(req, 16) == (32, True)  # 48 loadable, 16 already local
         pull.update_state_after_alloc(req, [9, 10, 11], 32)
         assert req.kv_transfer_params is None  # consumed
-        assert pull.request_finished(req, [9, 10, 11]) == (True, None)  # aborted now: keep blocks until the read ends
+        assert pull.request_finished(req, [9, 10, 11]) == (
+            True,
+            None,
+        )  # aborted now: keep blocks until the read ends
         assert _wait(pull).received == {"d1"}
         assert torch.equal(agents.decode_cache[10], agents.prefill_cache[5])
         assert torch.equal(agents.decode_cache[11], agents.prefill_cache[7])
@@ -67,8 +82,13 @@ def test_local_hit_covering_prefills_blocks_releases_the_lease() -> None:
 def test_unusable_params_are_counted_and_the_prompt_served_locally(case: str) -> None:
     with nixl_agents() as agents:
         pull = PullConnector(None if case == "no_transfer_path" else agents.decode, BLOCK_SIZE)
-        params = _params(agents, 50, [3, 5, 7], lease_s=-1 if case == "lease_expired" else 30,
-                         engine_id="somebody-else" if case == "unknown_peer" else None)
+        params = _params(
+            agents,
+            50,
+            [3, 5, 7],
+            lease_s=-1 if case == "lease_expired" else 30,
+            engine_id="somebody-else" if case == "unknown_peer" else None,
+        )
         req = request("d4", 50 if case != "hash_mismatch" else 49, kv_transfer_params=params)
         if case == "hash_mismatch":
             req.prompt_token_ids[0] = req.all_token_ids[0] = 999
@@ -84,7 +104,10 @@ def test_read_that_cannot_start_is_reported_failed() -> None:
         assert pull.get_num_new_matched_tokens(req, 0) == (48, True)
         pull.update_state_after_alloc(req, [0, 1, 2], 48)
         assert pull.get_finished().failed == {"d5"} and pull.stats().failures["transfer_error"] == 1
-        assert pull.request_finished(req, [0, 1, 2]) == (False, None)  # nothing writes into its blocks any more
+        assert pull.request_finished(req, [0, 1, 2]) == (
+            False,
+            None,
+        )  # nothing writes into its blocks any more
 
 
 def test_request_ending_before_its_pull_releases_the_lease() -> None:

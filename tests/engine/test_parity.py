@@ -40,9 +40,14 @@ def hf_reference(tiny_model: Path):
         if key not in cache:
             ids = torch.tensor([prompt])
             with torch.no_grad():
-                out = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
-                                     attention_mask=torch.ones_like(ids))
-            cache[key] = out[0, len(prompt):].tolist()
+                out = model.generate(
+                    ids,
+                    max_new_tokens=NEW_TOKENS,
+                    do_sample=False,
+                    pad_token_id=0,
+                    attention_mask=torch.ones_like(ids),
+                )
+            cache[key] = out[0, len(prompt) :].tolist()
         return cache[key]
 
     return generate

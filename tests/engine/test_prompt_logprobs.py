@@ -32,7 +32,8 @@ def _check(outputs, refs: list[torch.Tensor], top_n: int) -> None:
             row, token = ref[p], prompt[p + 1]
             assert math.isclose(lp.token_logprob, float(row[token]), abs_tol=1e-4), (len(prompt), p)
             assert lp.rank == int((row > row[token]).sum()) + 1 or math.isclose(
-                float(row.sort(descending=True).values[lp.rank - 1]), float(row[token]), abs_tol=1e-5)
+                float(row.sort(descending=True).values[lp.rank - 1]), float(row[token]), abs_tol=1e-5
+            )
             assert [t for t, _ in lp.top] == torch.topk(row, top_n).indices.tolist()
 
 
@@ -59,8 +60,14 @@ def test_prompt_logprobs_skip_the_prefix_cache(llama_dir: Path, hf_prompt_logpro
 
 
 def test_prompt_logprobs_survive_preemption(llama_dir: Path, hf_prompt_logprobs) -> None:
-    llm = LLM(model=str(llama_dir), num_kv_blocks=14, block_size=16, max_num_seqs=8, max_model_len=256,
-              max_num_batched_tokens=64)
+    llm = LLM(
+        model=str(llama_dir),
+        num_kv_blocks=14,
+        block_size=16,
+        max_num_seqs=8,
+        max_model_len=256,
+        max_num_batched_tokens=64,
+    )
     params = SamplingParams(temperature=0, max_tokens=40, prompt_logprobs=1, ignore_eos=True)
     outs = llm.generate(PROMPTS, params)
     assert llm.engine.core.scheduler.num_preemptions > 0, "the tiny pool should have forced preemption"

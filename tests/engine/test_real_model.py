@@ -19,8 +19,10 @@ def smollm():
 
 
 def test_chat_answers_paris(smollm: LLM) -> None:
-    out = smollm.chat([{"role": "user", "content": "What is the capital of France?"}],
-                      SamplingParams(temperature=0, max_tokens=20))
+    out = smollm.chat(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        SamplingParams(temperature=0, max_tokens=20),
+    )
     text = out[0].outputs[0].text
     assert "Paris" in text, text
     assert out[0].outputs[0].finish_reason == "stop"  # ends on <|im_end|>, which is never in the text

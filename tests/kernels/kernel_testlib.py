@@ -19,7 +19,9 @@ def device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, scale: float = 1.0) -> None:
+def assert_close(
+    actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, scale: float = 1.0
+) -> None:
     """No NaN/inf anywhere and relative error within the dtype's tolerance (times `scale`)."""
     assert actual.shape == expected.shape and actual.dtype == expected.dtype
     assert torch.isfinite(actual).all(), "non-finite values in the kernel output"
@@ -45,8 +47,9 @@ class PagedKV:
     values: list[torch.Tensor]
 
 
-def empty_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                dev: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def empty_cache(
+    num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, dev: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """NaN-filled [num_blocks, layers, 2, block_size, Hkv, D] cache and layer LAYER's K and V views."""
     shape = (num_blocks, NUM_LAYERS, 2, block_size, num_kv_heads, head_dim)
     cache = torch.full(shape, float("nan"), dtype=dtype, device=dev)
@@ -55,8 +58,15 @@ def empty_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: i
     return cache, key_cache, value_cache
 
 
-def make_paged_kv(seq_lens: list[int], block_size: int, num_kv_heads: int, head_dim: int,
-                  dtype: torch.dtype, dev: str, spare_blocks: int = 3) -> PagedKV:
+def make_paged_kv(
+    seq_lens: list[int],
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    dev: str,
+    spare_blocks: int = 3,
+) -> PagedKV:
     """Random dense K/V per sequence written into shuffled blocks; everything else in the cache is NaN.
 
     Unused block-table entries point at a NaN block, so reading past seq_len poisons the output.

@@ -30,8 +30,12 @@ def _usage(kernel: object) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         ptx = Path(tmp) / "k.ptx"
         ptx.write_text(kernel.asm["ptx"])
-        done = subprocess.run([str(ptxas), "-v", "--gpu-name", "sm_90a", str(ptx), "-o", str(ptx) + ".o"],
-                              capture_output=True, text=True, check=False)
+        done = subprocess.run(
+            [str(ptxas), "-v", "--gpu-name", "sm_90a", str(ptx), "-o", str(ptx) + ".o"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
     assert done.returncode == 0, done.stderr
     regs = re.search(r"Used (\d+) registers", done.stderr)
     spills = re.search(r"(\d+) bytes spill stores", done.stderr)
@@ -45,9 +49,12 @@ def compile_instead_of_run(compiled: list[str]) -> Callable:
         backend = make_backend(TARGET)  # the JIT's own argument specialization (==1, %16, alignment)
         binder = create_function_from_signature(self.signature, self.params, backend)
         bound, specialization, options = binder(*args, **kwargs)
-        options, signature, constexprs, attrs = self._pack_args(backend, kwargs, bound, specialization, options)
-        kernel = triton.compile(ASTSource(self, signature, constexprs, attrs), target=TARGET,
-                                options=options.__dict__)
+        options, signature, constexprs, attrs = self._pack_args(
+            backend, kwargs, bound, specialization, options
+        )
+        kernel = triton.compile(
+            ASTSource(self, signature, constexprs, attrs), target=TARGET, options=options.__dict__
+        )
         assert kernel.asm.get("cubin"), f"{self.__name__}: no cubin"
         constexprs = {self.arg_names[k[0]]: v for k, v in constexprs.items()}
         options = {k: getattr(options, k) for k in OPTION_NAMES}
@@ -84,7 +91,9 @@ def launch_all(quick: bool) -> None:
         silu_and_mul(x)
         q = torch.zeros(4, 8, 128, dtype=dtype)
         for is_neox in (True, False):
-            rotary_embedding(torch.zeros(4, dtype=torch.int64), q, q[:, :2], torch.zeros(16, 128, dtype=dtype), is_neox)
+            rotary_embedding(
+                torch.zeros(4, dtype=torch.int64), q, q[:, :2], torch.zeros(16, 128, dtype=dtype), is_neox
+            )
 
 
 def main() -> int:

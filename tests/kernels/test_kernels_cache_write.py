@@ -8,8 +8,15 @@ from kernels.reference import ref_reshape_and_cache
 from kernels.reshape_and_cache import reshape_and_cache
 
 
-def check_cache_write(num_tokens: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                      dtype: torch.dtype, dev: str) -> None:
+def check_cache_write(
+    num_tokens: int,
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    dev: str,
+) -> None:
     """Scatter K/V (non-contiguous views of a fused qkv) into shuffled slots with padding; compare caches."""
     cache, key_cache, value_cache = empty_cache(num_blocks, block_size, num_kv_heads, head_dim, dtype, dev)
     qkv = torch.randn(num_tokens, 3 * num_kv_heads, head_dim, dtype=dtype, device=dev)
@@ -33,8 +40,12 @@ def test_reshape_and_cache_matches_reference(dtype: torch.dtype, head_dim: int) 
 def test_reshape_and_cache_all_padding_and_empty() -> None:
     cache, key_cache, value_cache = empty_cache(2, 4, 1, 8, torch.float32, device())
     kv = torch.randn(3, 1, 8, device=device())
-    reshape_and_cache(kv, kv, key_cache, value_cache, torch.full((3,), -1, dtype=torch.int64, device=device()))
-    reshape_and_cache(kv[:0], kv[:0], key_cache, value_cache, torch.empty(0, dtype=torch.int64, device=device()))
+    reshape_and_cache(
+        kv, kv, key_cache, value_cache, torch.full((3,), -1, dtype=torch.int64, device=device())
+    )
+    reshape_and_cache(
+        kv[:0], kv[:0], key_cache, value_cache, torch.empty(0, dtype=torch.int64, device=device())
+    )
     assert cache.isnan().all()
 
 

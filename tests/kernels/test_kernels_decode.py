@@ -8,8 +8,16 @@ from kernels.paged_decode_attention import choose_num_splits, paged_decode_atten
 from kernels.reference import ref_paged_decode_attention
 
 
-def check_decode(seq_lens: list[int], block_size: int, num_kv_heads: int, group: int, head_dim: int,
-                 dtype: torch.dtype, num_splits: int | None, dev: str) -> None:
+def check_decode(
+    seq_lens: list[int],
+    block_size: int,
+    num_kv_heads: int,
+    group: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    num_splits: int | None,
+    dev: str,
+) -> None:
     """Random query over a NaN-padded paged cache; kernel output must match the reference."""
     kv = make_paged_kv(seq_lens, block_size, num_kv_heads, head_dim, dtype, dev)
     query = torch.randn(len(seq_lens), num_kv_heads * group, head_dim, dtype=dtype, device=dev)
@@ -42,7 +50,9 @@ def test_decode_zero_length_row_is_zero() -> None:
     kv.seq_lens[1] = 0
     query = torch.randn(2, 2, 16, device=device())
     for splits in (1, 2):
-        out = paged_decode_attention(query, kv.key_cache, kv.value_cache, kv.block_tables, kv.seq_lens, 0.25, splits)
+        out = paged_decode_attention(
+            query, kv.key_cache, kv.value_cache, kv.block_tables, kv.seq_lens, 0.25, splits
+        )
         assert torch.equal(out[1], torch.zeros_like(out[1]))
         assert torch.isfinite(out).all()
 
@@ -59,6 +69,8 @@ def test_choose_num_splits() -> None:
 @pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256])
 @pytest.mark.parametrize("group", [1, 4, 8])
 @pytest.mark.parametrize("num_splits", [None, 1, 7])
-def test_decode_gpu_full_shapes(dtype: torch.dtype, head_dim: int, group: int, num_splits: int | None) -> None:
+def test_decode_gpu_full_shapes(
+    dtype: torch.dtype, head_dim: int, group: int, num_splits: int | None
+) -> None:
     lens = torch.randint(1, 4096, (16,)).tolist() + [1, 16, 17, 4096]
     check_decode(lens, 16, 8, group, head_dim, dtype, num_splits, "cuda")

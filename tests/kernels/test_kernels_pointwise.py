@@ -24,8 +24,16 @@ def check_rms_norm(num_tokens: int, hidden: int, dtype: torch.dtype, with_residu
     assert_close(out, expected, dtype, scale=0.5)
 
 
-def check_rotary(num_tokens: int, num_kv_heads: int, group: int, head_dim: int, rot_dim: int, is_neox: bool,
-                 dtype: torch.dtype, dev: str) -> None:
+def check_rotary(
+    num_tokens: int,
+    num_kv_heads: int,
+    group: int,
+    head_dim: int,
+    rot_dim: int,
+    is_neox: bool,
+    dtype: torch.dtype,
+    dev: str,
+) -> None:
     """q and k are views of a fused qkv tensor; positions are random; partial rotary when rot_dim < D."""
     num_heads = num_kv_heads * group
     qkv = torch.randn(num_tokens, num_heads + 2 * num_kv_heads, head_dim, dtype=dtype, device=dev)

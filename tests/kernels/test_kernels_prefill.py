@@ -11,14 +11,29 @@ from kernels.reference import ref_paged_prefill_attention
 MIXED = [(1, 1), (23, 23), (40, 11), (9, 1), (50, 37)]
 
 
-def check_prefill(seqs: list[tuple[int, int]], block_size: int, num_kv_heads: int, group: int, head_dim: int,
-                  dtype: torch.dtype, dev: str) -> None:
+def check_prefill(
+    seqs: list[tuple[int, int]],
+    block_size: int,
+    num_kv_heads: int,
+    group: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    dev: str,
+) -> None:
     """Random packed queries over a NaN-padded paged cache; kernel output must match the reference."""
     kv = make_paged_kv([s for s, _ in seqs], block_size, num_kv_heads, head_dim, dtype, dev)
     q_lens = torch.tensor([0] + [q for _, q in seqs])
     query_start_loc = q_lens.cumsum(0).to(torch.int32).to(dev)
     query = torch.randn(int(q_lens.sum()), num_kv_heads * group, head_dim, dtype=dtype, device=dev)
-    args = (query, kv.key_cache, kv.value_cache, kv.block_tables, query_start_loc, kv.seq_lens, head_dim**-0.5)
+    args = (
+        query,
+        kv.key_cache,
+        kv.value_cache,
+        kv.block_tables,
+        query_start_loc,
+        kv.seq_lens,
+        head_dim**-0.5,
+    )
     assert_close(paged_prefill_attention(*args), ref_paged_prefill_attention(*args), dtype)
 
 

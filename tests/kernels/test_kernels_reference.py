@@ -18,8 +18,14 @@ from kernels.reference import (
 
 def dense_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """torch SDPA, causal over the whole dense sequence: q [L, Hq, D], k/v [L, Hkv, D] -> [L, Hq, D]."""
-    out = F.scaled_dot_product_attention(q.transpose(0, 1).float(), k.transpose(0, 1).float(),
-                                         v.transpose(0, 1).float(), is_causal=True, scale=scale, enable_gqa=True)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).float(),
+        k.transpose(0, 1).float(),
+        v.transpose(0, 1).float(),
+        is_causal=True,
+        scale=scale,
+        enable_gqa=True,
+    )
     return out.transpose(0, 1)
 
 
@@ -29,11 +35,15 @@ def test_ref_prefill_equals_dense_causal_sdpa(group: int) -> None:
     seqs = [(1, 1), (23, 23), (40, 11), (9, 1)]
     kv = make_paged_kv([s for s, _ in seqs], 8, 2, 16, torch.float32, "cpu")
     full_q = [torch.randn(s, 2 * group, 16) for s, _ in seqs]
-    query = torch.cat([fq[s - q:] for fq, (s, q) in zip(full_q, seqs, strict=True)])
+    query = torch.cat([fq[s - q :] for fq, (s, q) in zip(full_q, seqs, strict=True)])
     qsl = torch.tensor([0] + [q for _, q in seqs]).cumsum(0).to(torch.int32)
-    out = ref_paged_prefill_attention(query, kv.key_cache, kv.value_cache, kv.block_tables, qsl, kv.seq_lens, 0.25)
-    dense = [dense_causal(fq, k, v, 0.25)[s - q:] for fq, k, v, (s, q) in
-             zip(full_q, kv.keys, kv.values, seqs, strict=True)]
+    out = ref_paged_prefill_attention(
+        query, kv.key_cache, kv.value_cache, kv.block_tables, qsl, kv.seq_lens, 0.25
+    )
+    dense = [
+        dense_causal(fq, k, v, 0.25)[s - q :]
+        for fq, k, v, (s, q) in zip(full_q, kv.keys, kv.values, seqs, strict=True)
+    ]
     torch.testing.assert_close(out, torch.cat(dense), rtol=1e-5, atol=1e-5)
 
 
@@ -44,11 +54,18 @@ def test_ref_decode_equals_sdpa_and_prefill_with_one_query(dtype: torch.dtype) -
     query = torch.randn(3, 8, 16, dtype=dtype)
     out = ref_paged_decode_attention(query, kv.key_cache, kv.value_cache, kv.block_tables, kv.seq_lens, 0.3)
     for b, (k, v) in enumerate(zip(kv.keys, kv.values, strict=True)):
-        sdpa = F.scaled_dot_product_attention(query[b, :, None].float(), k.transpose(0, 1).float(),
-                                              v.transpose(0, 1).float(), scale=0.3, enable_gqa=True)[:, 0]
+        sdpa = F.scaled_dot_product_attention(
+            query[b, :, None].float(),
+            k.transpose(0, 1).float(),
+            v.transpose(0, 1).float(),
+            scale=0.3,
+            enable_gqa=True,
+        )[:, 0]
         torch.testing.assert_close(out[b], sdpa.to(dtype))
     qsl = torch.arange(4, dtype=torch.int32)
-    prefill = ref_paged_prefill_attention(query, kv.key_cache, kv.value_cache, kv.block_tables, qsl, kv.seq_lens, 0.3)
+    prefill = ref_paged_prefill_attention(
+        query, kv.key_cache, kv.value_cache, kv.block_tables, qsl, kv.seq_lens, 0.3
+    )
     assert torch.equal(out, prefill)
 
 
@@ -68,8 +85,13 @@ def test_ref_reshape_and_cache_writes_each_slot() -> None:
 ROPE_CASES = [
     None,
     {"rope_type": "linear", "factor": 4.0},
-    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-     "original_max_position_embeddings": 8192},
+    {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
 ]
 
 
@@ -79,8 +101,13 @@ def test_cos_sin_cache_equals_hf_llama_rotary_embedding(rope_scaling: dict | Non
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     params = {"rope_type": "default", "rope_theta": 500000.0, **(rope_scaling or {})}
-    config = LlamaConfig(hidden_size=256, num_attention_heads=2, head_dim=128, max_position_embeddings=131072,
-                         rope_parameters=params)
+    config = LlamaConfig(
+        hidden_size=256,
+        num_attention_heads=2,
+        head_dim=128,
+        max_position_embeddings=131072,
+        rope_parameters=params,
+    )
     positions = torch.tensor([[0, 1, 2, 1000, 8191, 8192, 50000, 131071]])
     cos, sin = LlamaRotaryEmbedding(config)(torch.zeros(1, dtype=torch.float32), positions)
     cache = build_cos_sin_cache(128, 131072, 500000.0, rope_scaling, torch.float32)[positions[0]]

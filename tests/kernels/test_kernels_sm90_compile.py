@@ -15,8 +15,14 @@ def run_compile_check(tmp_path: Path, *flags: str) -> str:
     """Run the check in a fresh process (no interpreter, empty Triton cache) and return its report."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(PYTHONPATH=str(ROOT), TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
-    done = subprocess.run([sys.executable, str(SCRIPT), *flags], env=env, capture_output=True, text=True,
-                          timeout=600, check=False)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), *flags],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout
 

@@ -26,7 +26,13 @@ def test_put_get_roundtrip_and_stats() -> None:
     assert store.get(h(1), TOKENS) == BLOCK
     assert store.get(h(2), TOKENS) is None
     stats = store.stats()
-    assert (stats.num_blocks, stats.used_bytes, stats.hits, stats.misses, stats.puts) == (1, ACCOUNTED, 1, 1, 2)
+    assert (stats.num_blocks, stats.used_bytes, stats.hits, stats.misses, stats.puts) == (
+        1,
+        ACCOUNTED,
+        1,
+        1,
+        2,
+    )
 
 
 def test_lru_evicts_least_recently_used_within_capacity() -> None:

@@ -38,8 +38,11 @@ def scrape(metrics_url: str) -> Samples:
     """Every sample of GET /metrics, keyed by (name, sorted labels)."""
     response = httpx.get(f"{metrics_url}/metrics", timeout=5.0)
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(response.text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
@@ -67,8 +70,9 @@ def _free_port_pair() -> int:
 @pytest.fixture(scope="module")
 def store() -> Iterator[KVStoreProcess]:
     """One store on an explicit gRPC port, metrics on the default port, blocks in an arena (no NIXL)."""
-    with kvstore_process("--port", str(_free_port_pair()), "--slot-bytes", str(BLOCK_BYTES), "--no-nixl",
-                         capacity_gb="0.01") as running:
+    with kvstore_process(
+        "--port", str(_free_port_pair()), "--slot-bytes", str(BLOCK_BYTES), "--no-nixl", capacity_gb="0.01"
+    ) as running:
         yield running
 
 
@@ -80,7 +84,9 @@ def test_metrics_default_to_grpc_port_plus_one_with_health(store: KVStoreProcess
     assert httpx.get(f"{store.metrics_url}/nope", timeout=5.0).status_code == 404
     s = scrape(store.metrics_url)
     assert value(s, "kvferry_kvstore_capacity_bytes") == 10_000_000
-    assert value(s, "kvferry_kvstore_rpc_errors_total", method="Put") == 0  # every method's series exists from the start
+    assert (
+        value(s, "kvferry_kvstore_rpc_errors_total", method="Put") == 0
+    )  # every method's series exists from the start
 
 
 def test_counters_count_every_block_requested(store: KVStoreProcess) -> None:
@@ -89,10 +95,20 @@ def test_counters_count_every_block_requested(store: KVStoreProcess) -> None:
         assert client.put(_block(i) for i in range(4)).stored == 4
         assert client.put(_block(i) for i in range(2)).present == 2  # already there: not counted as puts
         assert len(client.get([(_hash(i), _tokens(i)) for i in range(4)])) == 4  # 4 hits
-        other = [(_hash(0), _tokens(0)), (_hash(1), _tokens(7)), (_hash(2), _tokens(2)), (_hash(3), _tokens(3))]
+        other = [
+            (_hash(0), _tokens(0)),
+            (_hash(1), _tokens(7)),
+            (_hash(2), _tokens(2)),
+            (_hash(3), _tokens(3)),
+        ]
         assert len(client.get(other)) == 1  # 1 hit, 1 token mismatch, 2 misses (the prefix ended at block 1)
         assert client.get([(_hash(99), _tokens(99))]) == []  # 1 miss
-        pins = [(_hash(0), _tokens(0)), (_hash(1), _tokens(1)), (_hash(2), _tokens(9)), (_hash(3), _tokens(3))]
+        pins = [
+            (_hash(0), _tokens(0)),
+            (_hash(1), _tokens(1)),
+            (_hash(2), _tokens(9)),
+            (_hash(3), _tokens(3)),
+        ]
         assert len(client.pin_prefix(pins)) == 2  # pins are gets too: 2 hits, 1 token mismatch, 1 miss
         with pytest.raises(KVStoreUnavailable):
             client.nixl_handshake("{}")  # --no-nixl: FAILED_PRECONDITION
@@ -119,19 +135,28 @@ def test_gauges_follow_evictions() -> None:
         def put_and_scrape(i: int, nbytes: int = BLOCK_BYTES) -> tuple[float, float, float]:
             assert client.put([_block(i, nbytes)]).stored == 1
             s = scrape(store.metrics_url)
-            return tuple(value(s, f"kvferry_kvstore_{n}") for n in ("blocks", "bytes_used", "evictions_total"))
+            return tuple(
+                value(s, f"kvferry_kvstore_{n}") for n in ("blocks", "bytes_used", "evictions_total")
+            )
 
         assert put_and_scrape(100, big) == (1, big + 64, 0)
         for i in range(5):
             put_and_scrape(i)
         assert put_and_scrape(5) == (7, big + 64 + 6 * ACCOUNTED, 0)  # 993,664 of 1,000,000 bytes
         assert put_and_scrape(6) == (7, 7 * ACCOUNTED, 1)  # the big block went: bytes down
-        assert put_and_scrape(101, bigger) == (2, ACCOUNTED + bigger + 64, 7)  # six small ones went: blocks down
+        assert put_and_scrape(101, bigger) == (
+            2,
+            ACCOUNTED + bigger + 64,
+            7,
+        )  # six small ones went: blocks down
 
 
 def test_metrics_port_zero_turns_metrics_off() -> None:
     port = _free_port_pair()
-    with kvstore_process("--port", str(port), "--metrics-port", "0") as store, KVStoreClient(store.target) as client:
+    with (
+        kvstore_process("--port", str(port), "--metrics-port", "0") as store,
+        KVStoreClient(store.target) as client,
+    ):
         assert store.metrics_url is None
         assert client.exists([_hash(0)]) == 0  # the store itself serves
         with pytest.raises(httpx.ConnectError):

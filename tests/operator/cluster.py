@@ -19,8 +19,12 @@ from tests.operator.emulator import FaithfulKubernetes
 
 POOLS = "/apis/kvferry.dev/v1alpha1"
 RESOURCES: dict[str, dict[str, Any]] = {
-    "kvferry.dev/v1alpha1/inferencepools": {"kind": "InferencePool", "namespaced": True,
-                                            "subresources": {"status", "scale"}, "shortnames": {"kfpool"}},
+    "kvferry.dev/v1alpha1/inferencepools": {
+        "kind": "InferencePool",
+        "namespaced": True,
+        "subresources": {"status", "scale"},
+        "shortnames": {"kfpool"},
+    },
     "v1/namespaces": {"kind": "Namespace", "namespaced": False, "subresources": {"status"}},
     "v1/pods": {"kind": "Pod", "namespaced": True, "subresources": {"status"}},
     "v1/configmaps": {"kind": "ConfigMap", "namespaced": True},
@@ -30,11 +34,17 @@ RESOURCES: dict[str, dict[str, Any]] = {
     "apps/v1/deployments": {"kind": "Deployment", "namespaced": True, "subresources": {"status", "scale"}},
     "rbac.authorization.k8s.io/v1/roles": {"kind": "Role", "namespaced": True},
     "rbac.authorization.k8s.io/v1/rolebindings": {"kind": "RoleBinding", "namespaced": True},
-    "policy/v1/poddisruptionbudgets": {"kind": "PodDisruptionBudget", "namespaced": True,
-                                       "subresources": {"status"}},
+    "policy/v1/poddisruptionbudgets": {
+        "kind": "PodDisruptionBudget",
+        "namespaced": True,
+        "subresources": {"status"},
+    },
     "networking.k8s.io/v1/networkpolicies": {"kind": "NetworkPolicy", "namespaced": True},
-    "apiextensions.k8s.io/v1/customresourcedefinitions": {"kind": "CustomResourceDefinition",
-                                                          "namespaced": False, "subresources": {"status"}},
+    "apiextensions.k8s.io/v1/customresourcedefinitions": {
+        "kind": "CustomResourceDefinition",
+        "namespaced": False,
+        "subresources": {"status"},
+    },
 }
 VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
 
@@ -71,6 +81,7 @@ class Cluster:
         async def _stop() -> None:
             await self.server.__aexit__(None, None, None)
             await self.emulator.__aexit__(None, None, None)
+
         asyncio.run_coroutine_threadsafe(_stop(), self.loop).result(timeout=30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
@@ -81,21 +92,36 @@ class Cluster:
 
     def kubeconfig(self, folder: Path) -> Path:
         path = folder / "kubeconfig"
-        path.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
-            "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
-            "users": [{"name": "tester", "user": {"token": "test-token"}}],
-            "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester"}}],
-        }))
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "emulator",
+                    "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
+                    "users": [{"name": "tester", "user": {"token": "test-token"}}],
+                    "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester"}}],
+                }
+            )
+        )
         return path
 
     # -- a sync client ------------------------------------------------------------------------
-    def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
-             params: str = "") -> dict[str, Any]:
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+        params: str = "",
+    ) -> dict[str, Any]:
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path + (f"?{params}" if params else ""), data=data,
-                                         method=method, headers={"Content-Type": content_type,
-                                                                 "User-Agent": "tests/1"})
+        request = urllib.request.Request(
+            self.url + path + (f"?{params}" if params else ""),
+            data=data,
+            method=method,
+            headers={"Content-Type": content_type, "User-Agent": "tests/1"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=10) as response:
                 return json.loads(response.read() or b"{}")
@@ -122,8 +148,11 @@ class Cluster:
 
     def requests_to(self, method: str, path_part: str) -> list[kmock.Request]:
         """Requests the emulator received (method, and a path ending)."""
-        return [r for r in list(self.emulator)
-                if r.method.value.upper() == method and r.url.path.endswith(path_part)]
+        return [
+            r
+            for r in list(self.emulator)
+            if r.method.value.upper() == method and r.url.path.endswith(path_part)
+        ]
 
     # -- fake controllers -----------------------------------------------------------------------
     def settle(self, namespace: str, http_port: int | None = None) -> None:
@@ -147,8 +176,13 @@ class Cluster:
                 index += 1
             names.add(f"{name}-{index}")
             self._create_pod(namespace, f"{name}-{index}", spec["template"], http_port)
-        ready = {"observedGeneration": deployment["metadata"]["generation"], "replicas": wanted,
-                 "readyReplicas": wanted, "updatedReplicas": wanted, "availableReplicas": wanted}
+        ready = {
+            "observedGeneration": deployment["metadata"]["generation"],
+            "replicas": wanted,
+            "readyReplicas": wanted,
+            "updatedReplicas": wanted,
+            "availableReplicas": wanted,
+        }
         self.merge(f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}/status", {"status": ready})
 
     def _create_pod(self, namespace: str, name: str, template: dict[str, Any], http_port: int | None) -> None:
@@ -158,16 +192,32 @@ class Cluster:
                 for port in container.get("ports", []):
                     if port.get("name") == "http":
                         port["containerPort"] = http_port
-        pod = {"apiVersion": "v1", "kind": "Pod", "spec": spec,
-               "metadata": {"name": name, "labels": template["metadata"]["labels"],
-                            "annotations": template["metadata"].get("annotations", {})}}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "spec": spec,
+            "metadata": {
+                "name": name,
+                "labels": template["metadata"]["labels"],
+                "annotations": template["metadata"].get("annotations", {}),
+            },
+        }
         self.call("POST", f"/api/v1/namespaces/{namespace}/pods", pod)
-        self.merge(f"/api/v1/namespaces/{namespace}/pods/{name}/status", {"status": {
-            "phase": "Running", "podIP": "127.0.0.1",
-            "conditions": [{"type": "Ready", "status": "True"}]}})
+        self.merge(
+            f"/api/v1/namespaces/{namespace}/pods/{name}/status",
+            {
+                "status": {
+                    "phase": "Running",
+                    "podIP": "127.0.0.1",
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                }
+            },
+        )
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.2, what: str = "") -> Any:
+def wait_for(
+    predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.2, what: str = ""
+) -> Any:
     """Poll until predicate() is truthy (sleeping between polls); AssertionError on timeout."""
     deadline = time.monotonic() + timeout
     while True:

@@ -38,14 +38,32 @@ class OperatorProcess:
 
     def __init__(self, cluster: Cluster, folder: Path) -> None:
         self.log_path = folder / "operator.log"
-        env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig(folder)),
-                   PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "operator")]),
-                   KVFERRY_OPERATOR_DRAIN_SECONDS="0", KVFERRY_OPERATOR_SCRAPE_TIMEOUT="1")
+        env = dict(
+            os.environ,
+            KUBECONFIG=str(cluster.kubeconfig(folder)),
+            PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "operator")]),
+            KVFERRY_OPERATOR_DRAIN_SECONDS="0",
+            KVFERRY_OPERATOR_SCRAPE_TIMEOUT="1",
+        )
         self._log = self.log_path.open("w")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "operator", "--status-interval", "0.3",
-             "--autoscale-interval", "0.5", "--metrics-port", "0"],
-            env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO)
+            [
+                sys.executable,
+                "-m",
+                "services.cli",
+                "operator",
+                "--status-interval",
+                "0.3",
+                "--autoscale-interval",
+                "0.5",
+                "--metrics-port",
+                "0",
+            ],
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
 
     def log(self) -> str:
         return self.log_path.read_text()

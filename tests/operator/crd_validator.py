@@ -18,8 +18,16 @@ CRD_PATH = REPO / "crds" / CRD_FILENAME
 
 def _closed(schema: dict[str, Any]) -> dict[str, Any]:
     """Structural pruning as validation: objects with properties reject unknown fields."""
-    schema = {k: (_closed(v) if isinstance(v, dict) else [_closed(i) if isinstance(i, dict) else i for i in v]
-                  if isinstance(v, list) else v) for k, v in schema.items()}
+    schema = {
+        k: (
+            _closed(v)
+            if isinstance(v, dict)
+            else [_closed(i) if isinstance(i, dict) else i for i in v]
+            if isinstance(v, list)
+            else v
+        )
+        for k, v in schema.items()
+    }
     if "properties" in schema:
         schema["properties"] = {k: _closed(v) for k, v in schema["properties"].items()}
         if not schema.get("x-kubernetes-preserve-unknown-fields"):
@@ -65,8 +73,10 @@ class CrdValidator:
     def errors(self, obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
         """All problems (empty: accepted). `old` enables transition rules (an update)."""
         obj = apply_defaults(self.schema, copy.deepcopy(obj))
-        problems = [f"{'.'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}"
-                    for e in self.validator.iter_errors(obj)]
+        problems = [
+            f"{'.'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}"
+            for e in self.validator.iter_errors(obj)
+        ]
         if problems:
             return problems
         old = apply_defaults(self.schema, copy.deepcopy(old)) if old is not None else None

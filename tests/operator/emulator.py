@@ -36,8 +36,18 @@ def _now() -> str:
 
 
 def _status(code: int, reason: str, message: str) -> aiohttp.web.Response:
-    return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
-                                      "code": code, "reason": reason, "message": message}, status=code)
+    return aiohttp.web.json_response(
+        {
+            "apiVersion": "v1",
+            "kind": "Status",
+            "metadata": {},
+            "status": "Failure",
+            "code": code,
+            "reason": reason,
+            "message": message,
+        },
+        status=code,
+    )
 
 
 def selector_matches(selector: str | None, labels: dict[str, str]) -> bool:
@@ -77,8 +87,15 @@ def selector_matches(selector: str | None, labels: dict[str, str]) -> bool:
 
 def _expired(since: int, compacted: int) -> bytes:
     """The watch event the API server sends when the requested resourceVersion was compacted away."""
-    status = {"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure", "code": 410,
-              "reason": "Expired", "message": f"too old resource version: {since} ({compacted})"}
+    status = {
+        "apiVersion": "v1",
+        "kind": "Status",
+        "metadata": {},
+        "status": "Failure",
+        "code": 410,
+        "reason": "Expired",
+        "message": f"too old resource version: {since} ({compacted})",
+    }
     return json.dumps({"type": "ERROR", "object": status}).encode() + b"\n"
 
 
@@ -103,7 +120,9 @@ class FaithfulKubernetes(kmock.KubernetesEmulator):
             return await super()._handle(request)
         try:
             if resource not in self.resources:
-                raise ApiError(404, "NotFound", f"the server could not find the requested resource {resource}")
+                raise ApiError(
+                    404, "NotFound", f"the server could not find the requested resource {resource}"
+                )
             return await self._dispatch(request)
         except ApiError as error:
             return _status(error.code, error.reason, error.message)
@@ -144,7 +163,9 @@ class FaithfulKubernetes(kmock.KubernetesEmulator):
 
     @staticmethod
     def _manager(request: kmock.Request) -> str:
-        return request.params.get("fieldManager") or request.headers.get("User-Agent", "unknown").split("/")[0]
+        return (
+            request.params.get("fieldManager") or request.headers.get("User-Agent", "unknown").split("/")[0]
+        )
 
     async def _emit(self, resource: Any, kind: str, obj: dict[str, Any]) -> None:
         async with self._changed:
@@ -168,14 +189,23 @@ class FaithfulKubernetes(kmock.KubernetesEmulator):
 
     def _matching(self, request: kmock.Request, obj: dict[str, Any]) -> bool:
         meta = obj.get("metadata", {})
-        return ((request.namespace is None or meta.get("namespace") == request.namespace)
-                and selector_matches(request.params.get("labelSelector"), meta.get("labels") or {}))
+        return (request.namespace is None or meta.get("namespace") == request.namespace) and selector_matches(
+            request.params.get("labelSelector"), meta.get("labels") or {}
+        )
 
     def _list(self, request: kmock.Request) -> dict[str, Any]:
-        items = [copy.deepcopy(o.raw) for (res, _, _), o in self._objects.items()
-                 if res == request.resource and not o.deleted]
+        items = [
+            copy.deepcopy(o.raw)
+            for (res, _, _), o in self._objects.items()
+            if res == request.resource and not o.deleted
+        ]
         items = [o for o in items if self._matching(request, o)]
-        return {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": str(self._rv)}, "items": items}
+        return {
+            "apiVersion": "v1",
+            "kind": "List",
+            "metadata": {"resourceVersion": str(self._rv)},
+            "items": items,
+        }
 
     async def _watch(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
@@ -196,7 +226,9 @@ class FaithfulKubernetes(kmock.KubernetesEmulator):
             async with asyncio.timeout(timeout):
                 while True:
                     async with self._changed:
-                        await self._changed.wait_for(lambda seen=cursor: self._rv > seen or self._expiries != epoch)
+                        await self._changed.wait_for(
+                            lambda seen=cursor: self._rv > seen or self._expiries != epoch
+                        )
                     if self._expiries != epoch:
                         await response.write(_expired(cursor, self._compacted))
                         break
@@ -234,8 +266,9 @@ class FaithfulKubernetes(kmock.KubernetesEmulator):
             raise ApiError(409, "AlreadyExists", f'{request.resource.plural} "{meta["name"]}" already exists')
         return await self._store_new(key, body, self._manager(request), "Update")
 
-    async def _store_new(self, key: tuple[Any, str | None, str], body: dict[str, Any], manager: str,
-                         operation: str) -> dict[str, Any]:
+    async def _store_new(
+        self, key: tuple[Any, str | None, str], body: dict[str, Any], manager: str, operation: str
+    ) -> dict[str, Any]:
         if "status" in self.resources[key[0]].subresources:
             body.pop("status", None)  # set through the status subresource only
         meta = body["metadata"]
@@ -278,24 +311,34 @@ class FaithfulKubernetes(kmock.KubernetesEmulator):
                 return await self._write(request, json_patch(live, body), "update")
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as error:
                 raise ApiError(422, "Invalid", f"the server rejected our request: {error}") from None
-        raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {content_type}")
+        raise ApiError(
+            415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {content_type}"
+        )
 
-    async def _write(self, request: kmock.Request, body: Any, mode: str,
-                     precondition: Any = None) -> dict[str, Any]:
+    async def _write(
+        self, request: kmock.Request, body: Any, mode: str, precondition: Any = None
+    ) -> dict[str, Any]:
         key = self._key(request)
         live = self._current(key)
         if live is None:
             raise ApiError(404, "NotFound", f'{request.resource.plural} "{request.name}" not found')
-        expected = ((precondition if mode == "update" and precondition is not None else body) or {}) \
-            .get("metadata", {}).get("resourceVersion")
+        expected = (
+            ((precondition if mode == "update" and precondition is not None else body) or {})
+            .get("metadata", {})
+            .get("resourceVersion")
+        )
         if expected and expected != live["metadata"]["resourceVersion"]:
-            raise ApiError(409, "Conflict", "the object has been modified; please apply your changes to the "
-                                            "latest version and try again")
+            raise ApiError(
+                409,
+                "Conflict",
+                "the object has been modified; please apply your changes to the latest version and try again",
+            )
         managers = self._managers.setdefault(key, FieldManagers())
         if mode == "apply":
             try:
-                new = managers.apply(request.params["fieldManager"], live, body,
-                                     force=request.params.get("force") == "true")
+                new = managers.apply(
+                    request.params["fieldManager"], live, body, force=request.params.get("force") == "true"
+                )
             except ApplyConflict as error:
                 raise ApiError(409, "Conflict", str(error)) from None
         else:
@@ -324,8 +367,9 @@ class FaithfulKubernetes(kmock.KubernetesEmulator):
             meta["generation"] = live["metadata"].get("generation", 1) + 1
         return new
 
-    async def _commit(self, key: tuple[Any, str | None, str], live: dict[str, Any],
-                      new: dict[str, Any]) -> dict[str, Any]:
+    async def _commit(
+        self, key: tuple[Any, str | None, str], live: dict[str, Any], new: dict[str, Any]
+    ) -> dict[str, Any]:
         if new == {**live}:
             return live  # a no-op write keeps the resourceVersion, as the API server does
         meta = new["metadata"]

@@ -78,9 +78,17 @@ def _to_fields_v1(paths: list[Path]) -> dict[str, Any]:
     return tree
 
 
-IGNORED_ROOTS = {("metadata", "managedFields"), ("metadata", "resourceVersion"), ("metadata", "uid"),
-                 ("metadata", "generation"), ("metadata", "creationTimestamp"), ("apiVersion",), ("kind",),
-                 ("metadata", "name"), ("metadata", "namespace")}
+IGNORED_ROOTS = {
+    ("metadata", "managedFields"),
+    ("metadata", "resourceVersion"),
+    ("metadata", "uid"),
+    ("metadata", "generation"),
+    ("metadata", "creationTimestamp"),
+    ("apiVersion",),
+    ("kind",),
+    ("metadata", "name"),
+    ("metadata", "namespace"),
+}
 
 
 def _tracked(path: Path) -> bool:
@@ -104,11 +112,18 @@ class FieldManagers:
         operation, paths = self.owners.get(manager, ("Update", set()))
         self.owners[manager] = ("Update" if operation != "Apply" else operation, paths | changed)
 
-    def apply(self, manager: str, live: dict[str, Any], config: dict[str, Any], force: bool) -> dict[str, Any]:
+    def apply(
+        self, manager: str, live: dict[str, Any], config: dict[str, Any], force: bool
+    ) -> dict[str, Any]:
         """Server-side apply of `config` by `manager` onto `live`; returns the new object."""
         wanted = {p: v for p, v in leaf_paths(config).items() if _tracked(p)}
-        conflicts = [(other, p) for other, (_, paths) in self.owners.items() if other != manager
-                     for p in sorted(paths) if p in wanted and _get(live, p) != wanted[p]]
+        conflicts = [
+            (other, p)
+            for other, (_, paths) in self.owners.items()
+            if other != manager
+            for p in sorted(paths)
+            if p in wanted and _get(live, p) != wanted[p]
+        ]
         if conflicts and not force:
             raise ApplyConflict(conflicts)
         result = copy.deepcopy(live)
@@ -124,9 +139,18 @@ class FieldManagers:
         return result
 
     def managed_fields(self, api_version: str, time: str) -> list[dict[str, Any]]:
-        return [{"manager": manager, "operation": operation, "apiVersion": api_version, "time": time,
-                 "fieldsType": "FieldsV1", "fieldsV1": _to_fields_v1(sorted(paths))}
-                for manager, (operation, paths) in sorted(self.owners.items()) if paths]
+        return [
+            {
+                "manager": manager,
+                "operation": operation,
+                "apiVersion": api_version,
+                "time": time,
+                "fieldsType": "FieldsV1",
+                "fieldsV1": _to_fields_v1(sorted(paths)),
+            }
+            for manager, (operation, paths) in sorted(self.owners.items())
+            if paths
+        ]
 
 
 def _without_nulls(obj: Any) -> Any:

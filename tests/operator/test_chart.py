@@ -39,7 +39,12 @@ def helm(*args: str) -> str:
 
 VARIANTS = {
     "default": [],
-    "namespaced-with-sample": ["--set", "operator.watchNamespaces={llm,batch}", "--set", "samplePool.enabled=true"],
+    "namespaced-with-sample": [
+        "--set",
+        "operator.watchNamespaces={llm,batch}",
+        "--set",
+        "samplePool.enabled=true",
+    ],
 }
 
 
@@ -49,15 +54,24 @@ def test_helm_lint_strict():
 
 
 def test_values_schema_rejects_unknown_values():
-    result = subprocess.run([helm_binary(), "template", "r", str(CHART), "--set", "operator.replicas=3"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [helm_binary(), "template", "r", str(CHART), "--set", "operator.replicas=3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode != 0 and "replicas" in result.stderr
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_template_output_is_valid(variant):
-    documents = [d for d in yaml.safe_load_all(helm("template", "r", str(CHART), "--namespace", "ops",
-                                                     "--include-crds", *VARIANTS[variant])) if d]
+    documents = [
+        d
+        for d in yaml.safe_load_all(
+            helm("template", "r", str(CHART), "--namespace", "ops", "--include-crds", *VARIANTS[variant])
+        )
+        if d
+    ]
     kinds = [d["kind"] for d in documents]
     assert "CustomResourceDefinition" in kinds and "Deployment" in kinds
     for document in documents:
@@ -70,9 +84,15 @@ def test_template_output_is_valid(variant):
 
 
 def _rules(documents: list[dict]) -> set[tuple[str, str, str]]:
-    return {(group, resource, verb) for d in documents if d["kind"] in ("ClusterRole", "Role")
-            for rule in d["rules"] for group in rule["apiGroups"] for resource in rule["resources"]
-            for verb in rule["verbs"]}
+    return {
+        (group, resource, verb)
+        for d in documents
+        if d["kind"] in ("ClusterRole", "Role")
+        for rule in d["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
 
 
 def test_rbac_covers_exactly_what_the_operator_manages():
@@ -84,9 +104,13 @@ def test_rbac_covers_exactly_what_the_operator_manages():
         for verb in needed:
             assert (group, plural, verb) in rules, f"RBAC lacks {verb} {plural}.{group}"
     assert not any(resource == "*" or verb == "*" or resource == "secrets" for _, resource, verb in rules)
-    namespaced = list(yaml.safe_load_all(helm("template", "r", str(CHART), *VARIANTS["namespaced-with-sample"])))
+    namespaced = list(
+        yaml.safe_load_all(helm("template", "r", str(CHART), *VARIANTS["namespaced-with-sample"]))
+    )
     assert [d["metadata"]["namespace"] for d in namespaced if d and d["kind"] == "Role"] == ["llm", "batch"]
-    assert not any(d and d["kind"] == "ClusterRole" and d["metadata"]["name"] == "r-operator" for d in namespaced)
+    assert not any(
+        d and d["kind"] == "ClusterRole" and d["metadata"]["name"] == "r-operator" for d in namespaced
+    )
 
 
 def test_image_names_agree_between_render_chart_dockerfile_and_makefile():
@@ -99,10 +123,17 @@ def test_image_names_agree_between_render_chart_dockerfile_and_makefile():
     makefile = (REPO / "Makefile").read_text()
     assert f"for component in {' '.join(COMPONENTS)}; do" in makefile
     assert f"IMAGE_REGISTRY ?= {REGISTRY}" in makefile and "kvferry-$$component:" in makefile
-    operator = next(d for d in yaml.safe_load_all(helm("template", "r", str(CHART))) if d["kind"] == "Deployment")
+    operator = next(
+        d for d in yaml.safe_load_all(helm("template", "r", str(CHART))) if d["kind"] == "Deployment"
+    )
     assert operator["spec"]["template"]["spec"]["containers"][0]["image"] == ImageSet().image("operator")
-    images = {c["image"] for m in PoolRenderer(parse_pool(load_example("disaggregated-pool.yaml"))).render()
-              if m["kind"] == "Deployment" for c in m["spec"]["template"]["spec"]["containers"]}
+    images = {
+        c["image"]
+        for m in PoolRenderer(parse_pool(load_example("disaggregated-pool.yaml"))).render()
+        if m["kind"] == "Deployment"
+        for c in m["spec"]["template"]["spec"]["containers"]
+    }
     assert {ImageSet().image(c) for c in ("engine", "router", "kvstore")} <= images
-    assert all(image == f"{REGISTRY}/kvferry-{c}:{version}" for c in COMPONENTS
-               for image in [ImageSet().image(c)])
+    assert all(
+        image == f"{REGISTRY}/kvferry-{c}:{version}" for c in COMPONENTS for image in [ImageSet().image(c)]
+    )

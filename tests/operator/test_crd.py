@@ -44,8 +44,11 @@ def test_crd_surface():
     assert {c["name"] for c in version["additionalPrinterColumns"]} >= {"Mode", "Phase", "Ready", "Endpoint"}
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
     assert spec["properties"]["engine"]["properties"]["blockSize"]["default"] == 16
-    assert spec["properties"]["router"]["properties"]["strategy"]["enum"] == ["PrefixAware", "LeastLoad",
-                                                                             "RoundRobin"]
+    assert spec["properties"]["router"]["properties"]["strategy"]["enum"] == [
+        "PrefixAware",
+        "LeastLoad",
+        "RoundRobin",
+    ]
 
 
 @pytest.mark.parametrize("name", ["aggregated-pool.yaml", "disaggregated-pool.yaml"])
@@ -71,21 +74,61 @@ def _set(obj: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
 _DELETE = object()
 # (example, path, value, text that both the CRD and the models must report)
 INVALID = [
-    ("disaggregated-pool.yaml", "spec.prefill", _DELETE, "spec.prefill is required when mode is Disaggregated"),
-    ("aggregated-pool.yaml", "spec.prefill", {"replicas": 1}, "spec.prefill must be omitted when mode is Aggregated"),
-    ("disaggregated-pool.yaml", "spec.autoscaling.decode.minReplicas", 9, "minReplicas must be <= maxReplicas"),
-    ("disaggregated-pool.yaml", "spec.autoscaling.prefillDecodeRatio", {"min": 2, "max": 1},
-     "prefillDecodeRatio.min must be <= max"),
-    ("aggregated-pool.yaml", "spec.model.source", {"uri": "hf://a/b", "hostPath": "/m"},
-     "exactly one of pvc, hostPath, uri must be set"),
-    ("aggregated-pool.yaml", "spec.redis", {"managed": True, "url": "redis://r:6379"},
-     "exactly one of url, secretRef, managed: true must be set"),
-    ("aggregated-pool.yaml", "spec.engine.maxNumBatchedTokens", 64, "maxNumBatchedTokens must be >= maxNumSeqs"),
+    (
+        "disaggregated-pool.yaml",
+        "spec.prefill",
+        _DELETE,
+        "spec.prefill is required when mode is Disaggregated",
+    ),
+    (
+        "aggregated-pool.yaml",
+        "spec.prefill",
+        {"replicas": 1},
+        "spec.prefill must be omitted when mode is Aggregated",
+    ),
+    (
+        "disaggregated-pool.yaml",
+        "spec.autoscaling.decode.minReplicas",
+        9,
+        "minReplicas must be <= maxReplicas",
+    ),
+    (
+        "disaggregated-pool.yaml",
+        "spec.autoscaling.prefillDecodeRatio",
+        {"min": 2, "max": 1},
+        "prefillDecodeRatio.min must be <= max",
+    ),
+    (
+        "aggregated-pool.yaml",
+        "spec.model.source",
+        {"uri": "hf://a/b", "hostPath": "/m"},
+        "exactly one of pvc, hostPath, uri must be set",
+    ),
+    (
+        "aggregated-pool.yaml",
+        "spec.redis",
+        {"managed": True, "url": "redis://r:6379"},
+        "exactly one of url, secretRef, managed: true must be set",
+    ),
+    (
+        "aggregated-pool.yaml",
+        "spec.engine.maxNumBatchedTokens",
+        64,
+        "maxNumBatchedTokens must be >= maxNumSeqs",
+    ),
     ("aggregated-pool.yaml", "spec.model.source.pvc.path", "../etc", "must not contain '..'"),
-    ("aggregated-pool.yaml", "spec.autoscaling", {"prefill": {"maxReplicas": 2, "target": {
-        "metric": "WaitingRequests", "averageValue": 1}}}, "autoscaling.prefill needs mode Disaggregated"),
-    ("disaggregated-pool.yaml", "spec.autoscaling.decode.target.averageValue", 5,
-     "a KVCacheUsage target is a ratio in (0, 1]"),
+    (
+        "aggregated-pool.yaml",
+        "spec.autoscaling",
+        {"prefill": {"maxReplicas": 2, "target": {"metric": "WaitingRequests", "averageValue": 1}}},
+        "autoscaling.prefill needs mode Disaggregated",
+    ),
+    (
+        "disaggregated-pool.yaml",
+        "spec.autoscaling.decode.target.averageValue",
+        5,
+        "a KVCacheUsage target is a ratio in (0, 1]",
+    ),
 ]
 # Schema-level (types, enums, bounds, unknown fields): each layer words it its own way; both name the field.
 INVALID_SCHEMA = [
@@ -127,8 +170,12 @@ def test_block_size_is_immutable_on_update(validator):
 def test_defaults_of_crd_and_models_agree(validator):
     from tests.operator.crd_validator import apply_defaults
 
-    minimal = {"apiVersion": "kvferry.dev/v1alpha1", "kind": "InferencePool", "metadata": {"name": "m"},
-               "spec": {"model": {"name": "m", "source": {"uri": "hf://org/m"}}}}
+    minimal = {
+        "apiVersion": "kvferry.dev/v1alpha1",
+        "kind": "InferencePool",
+        "metadata": {"name": "m"},
+        "spec": {"model": {"name": "m", "source": {"uri": "hf://org/m"}}},
+    }
     defaulted = apply_defaults(validator.schema, copy.deepcopy(minimal))["spec"]
     model = parse_pool(minimal).spec.model_dump(by_alias=True, exclude_none=True)
     for section in ("engine", "router", "kvstore", "redis", "decode"):

@@ -32,7 +32,10 @@ def test_identity_versions_and_conflicts(cluster):
         cluster.merge(f"{CM}/a", stale)
     assert raised.value.code == 409
     current = cluster.get(f"{CM}/a")["metadata"]["resourceVersion"]
-    ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": "0"}, {"op": "remove", "path": "/data"}]
+    ops = [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": "0"},
+        {"op": "remove", "path": "/data"},
+    ]
     with pytest.raises(ApiFailure) as raised:
         cluster.call("PATCH", f"{CM}/a", ops, "application/json-patch+json")
     assert raised.value.code == 422
@@ -43,12 +46,26 @@ def test_identity_versions_and_conflicts(cluster):
 
 
 def test_status_subresource_and_generation(cluster):
-    apply(cluster, f"{DEP}/d", {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
-                                "spec": {"replicas": 1}, "status": {"replicas": 9}}, "op")
+    apply(
+        cluster,
+        f"{DEP}/d",
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "d"},
+            "spec": {"replicas": 1},
+            "status": {"replicas": 9},
+        },
+        "op",
+    )
     assert "status" not in cluster.get(f"{DEP}/d")  # status is ignored on the main resource
     cluster.merge(f"{DEP}/d/status", {"status": {"replicas": 1}, "spec": {"replicas": 5}})
     obj = cluster.get(f"{DEP}/d")
-    assert obj["status"] == {"replicas": 1} and obj["spec"]["replicas"] == 1 and obj["metadata"]["generation"] == 1
+    assert (
+        obj["status"] == {"replicas": 1}
+        and obj["spec"]["replicas"] == 1
+        and obj["metadata"]["generation"] == 1
+    )
     cluster.merge(f"{DEP}/d", {"metadata": {"labels": {"x": "y"}}})
     assert cluster.get(f"{DEP}/d")["metadata"]["generation"] == 1  # metadata does not bump generation
     cluster.merge(f"{DEP}/d", {"spec": {"paused": True}})
@@ -72,8 +89,10 @@ def test_server_side_apply_ownership(cluster):
 def test_watch_from_a_resource_version_sees_only_later_events(cluster):
     listing = cluster.call("GET", CM)
     cluster.call("POST", CM, {"metadata": {"name": "later", "labels": {"w": "1"}}})
-    url = f"{cluster.url}{CM}?watch=true&resourceVersion={listing['metadata']['resourceVersion']}" \
-          "&timeoutSeconds=1&labelSelector=w%3D1"
+    url = (
+        f"{cluster.url}{CM}?watch=true&resourceVersion={listing['metadata']['resourceVersion']}"
+        "&timeoutSeconds=1&labelSelector=w%3D1"
+    )
     with urllib.request.urlopen(url, timeout=10) as response:
         events = [json.loads(line) for line in response.read().splitlines() if line.strip()]
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "later")]
@@ -90,9 +109,18 @@ def test_finalizers_and_garbage_collection(cluster):
     assert cluster.get(f"{CM}/owner") is None and cluster.get(f"{CM}/child") is None
 
 
-@pytest.mark.parametrize(("selector", "matches"), [
-    ("a=1", True), ("a==1,b=2", True), ("a!=1", False), ("c", False), ("!c", True),
-    ("a in (1,3)", True), ("b notin (2)", False), ("", True),
-])
+@pytest.mark.parametrize(
+    ("selector", "matches"),
+    [
+        ("a=1", True),
+        ("a==1,b=2", True),
+        ("a!=1", False),
+        ("c", False),
+        ("!c", True),
+        ("a in (1,3)", True),
+        ("b notin (2)", False),
+        ("", True),
+    ],
+)
 def test_label_selectors(selector, matches):
     assert selector_matches(selector, {"a": "1", "b": "2"}) is matches

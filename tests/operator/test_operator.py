@@ -17,7 +17,9 @@ pytestmark = pytest.mark.timeout(120)
 DEPLOYMENTS = "/apis/apps/v1/namespaces/{ns}/deployments"
 
 
-def pool_body(name: str, namespace: str, example: str = "aggregated-pool.yaml", **spec: Any) -> dict[str, Any]:
+def pool_body(
+    name: str, namespace: str, example: str = "aggregated-pool.yaml", **spec: Any
+) -> dict[str, Any]:
     body = copy.deepcopy(load_example(example))
     body["metadata"] = {"name": name, "namespace": namespace}
     body["spec"].update(spec)
@@ -52,9 +54,17 @@ def test_create_renders_children_and_becomes_ready(cluster, operator_process: Op
     assert status["endpoint"] == "http://chat-router.alpha.svc:80"
     assert status["decode"]["readyReplicas"] == 2 and status["observedGeneration"] == 1
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
-        "Ready": "True", "Progressing": "False", "Degraded": "False", "ConfigConsistent": "True"}
-    assert CrdValidator().errors({k: v for k, v in pool.items() if k != "metadata"} | {
-        "metadata": {"name": "chat"}}) == []
+        "Ready": "True",
+        "Progressing": "False",
+        "Degraded": "False",
+        "ConfigConsistent": "True",
+    }
+    assert (
+        CrdValidator().errors(
+            {k: v for k, v in pool.items() if k != "metadata"} | {"metadata": {"name": "chat"}}
+        )
+        == []
+    )
     applies = cluster.requests_to("PATCH", "/deployments/chat-engine")
     assert [r.headers["Content-Type"] for r in applies] == ["application/apply-patch+yaml"]
     assert applies[0].params["fieldManager"] == "kvferry-operator"
@@ -68,13 +78,17 @@ def test_update_reapplies_only_the_changed_role(cluster, operator_process: Opera
     wait_for(lambda: deployment(cluster, "beta", "pd-decode"), what="decode Deployment")
     cluster.settle("beta")
     wait_for(lambda: phase(cluster, "beta", "pd") == "Ready", what="phase Ready")
-    before = {name: len(cluster.requests_to("PATCH", f"/deployments/pd-{name}"))
-              for name in ("prefill", "decode", "router", "kvstore")}
+    before = {
+        name: len(cluster.requests_to("PATCH", f"/deployments/pd-{name}"))
+        for name in ("prefill", "decode", "router", "kvstore")
+    }
     old_generation = deployment(cluster, "beta", "pd-decode")["metadata"]["generation"]
     cluster.merge(pool_path("beta", "pd"), {"spec": {"decode": {"replicas": 3}}})
     wait_for(lambda: deployment(cluster, "beta", "pd-decode")["spec"]["replicas"] == 3, what="decode scaled")
-    wait_for(lambda: operator_process.count("[beta/pd] Handler 'reconcile-update/spec' succeeded") == 1,
-             what="update handler")
+    wait_for(
+        lambda: operator_process.count("[beta/pd] Handler 'reconcile-update/spec' succeeded") == 1,
+        what="update handler",
+    )
     after = {name: len(cluster.requests_to("PATCH", f"/deployments/pd-{name}")) for name in before}
     assert after == {**before, "decode": before["decode"] + 1}
     assert deployment(cluster, "beta", "pd-decode")["metadata"]["generation"] == old_generation + 1
@@ -96,8 +110,11 @@ def test_invalid_spec_is_reported_as_degraded_not_retried(cluster, operator_proc
     body = pool_body("broken", "gamma", mode="Disaggregated")  # no spec.prefill: the CRD's CEL would refuse
     cluster.call("POST", pool_path("gamma"), body)
     wait_for(lambda: phase(cluster, "gamma", "broken") == "Degraded", what="Degraded")
-    degraded = next(c for c in cluster.get(pool_path("gamma", "broken"))["status"]["conditions"]
-                    if c["type"] == "Degraded")
+    degraded = next(
+        c
+        for c in cluster.get(pool_path("gamma", "broken"))["status"]["conditions"]
+        if c["type"] == "Degraded"
+    )
     assert degraded["status"] == "True" and degraded["reason"] == "InvalidSpec"
     assert "spec.prefill is required when mode is Disaggregated" in degraded["message"]
     assert cluster.items(DEPLOYMENTS.format(ns="gamma")) == []
@@ -124,8 +141,10 @@ class FakeEngines:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                body = (f"kvferry_num_requests_waiting {owner.waiting}\nkvferry_num_requests_running 1\n"
-                        "kvferry_kv_cache_usage_ratio 0.5\n").encode()
+                body = (
+                    f"kvferry_num_requests_waiting {owner.waiting}\nkvferry_num_requests_running 1\n"
+                    "kvferry_kv_cache_usage_ratio 0.5\n"
+                ).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body)))
@@ -137,7 +156,9 @@ class FakeEngines:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True
+        )
         self.thread.start()
 
     def close(self) -> None:
@@ -161,10 +182,16 @@ def test_engine_metrics_drive_scale_up_then_drained_scale_down(cluster, operator
             return deployment(cluster, "delta", "auto-prefill")["spec"].get("replicas", 1)
 
         wait_for(lambda: prefill_replicas() == 2, what="scale-up 1 -> 2")
-        managers = {m["manager"] for m in deployment(cluster, "delta", "auto-prefill")["metadata"]["managedFields"]}
+        managers = {
+            m["manager"] for m in deployment(cluster, "delta", "auto-prefill")["metadata"]["managedFields"]
+        }
         assert managers == {"kvferry-operator", "kvferry-autoscaler", "tests"}
-        wait_for(lambda: any(e.get("reason") == "ScaledUp" for e in cluster.items("/api/v1/namespaces/delta/events")),
-                 what="ScaledUp event")
+        wait_for(
+            lambda: any(
+                e.get("reason") == "ScaledUp" for e in cluster.items("/api/v1/namespaces/delta/events")
+            ),
+            what="ScaledUp event",
+        )
         assert deployment(cluster, "delta", "auto-decode")["spec"]["replicas"] == 2  # decode held at its min
         cluster.settle("delta", http_port=engines.port)
         wait_for(lambda: prefill_replicas() == 4, what="scale-up 2 -> 4 (max)")
@@ -172,13 +199,17 @@ def test_engine_metrics_drive_scale_up_then_drained_scale_down(cluster, operator
         engines.waiting = 0.0
         wait_for(lambda: prefill_replicas() == 1, what="scale-down to min")
         pods = cluster.items("/api/v1/namespaces/delta/pods", "kvferry.dev/role=prefill")
-        draining = sorted(p["metadata"]["name"] for p in pods
-                          if p["metadata"].get("annotations", {}).get("kvferry.dev/draining") == "true")
+        draining = sorted(
+            p["metadata"]["name"]
+            for p in pods
+            if p["metadata"].get("annotations", {}).get("kvferry.dev/draining") == "true"
+        )
         assert len(draining) == 3  # marked before replicas dropped
         cluster.settle("delta", http_port=engines.port)
         left = cluster.items("/api/v1/namespaces/delta/pods", "kvferry.dev/role=prefill")
-        assert [p["metadata"]["name"] for p in left if p["metadata"]["name"] not in draining] == \
-            [p["metadata"]["name"] for p in left]
+        assert [p["metadata"]["name"] for p in left if p["metadata"]["name"] not in draining] == [
+            p["metadata"]["name"] for p in left
+        ]
         assert operator_process.count("[delta/auto] autoscaler scaled prefill: 4 -> 1") == 1
     finally:
         engines.close()

@@ -10,20 +10,23 @@ from pool_operator.policy import Decision, Recommendation, ScalingPolicy, apply_
 POLICY = ScalingPolicy("decode", min_replicas=2, max_replicas=8, target=0.5, stabilization_seconds=300)
 
 
-@pytest.mark.parametrize(("current", "metric", "desired"), [
-    (4, 0.5, 4),     # on target
-    (4, 0.54, 4),    # within the 10% tolerance: no flapping
-    (4, 0.46, 4),
-    (4, 0.56, 5),    # just outside: ceil(4 * 1.12)
-    (4, 1.0, 8),     # double
-    (4, 5.0, 8),     # capped by maxReplicas
-    (2, 5.0, 6),     # capped per step: max(2x, +4)
-    (4, 0.0, 2),     # floor at minReplicas
-    (1, 0.5, 2),     # below min is raised
-    (12, 0.5, 8),    # above max is lowered
-    (4, None, 4),    # no metrics: hold
-    (0, 0.3, 2),     # scaled to zero with load: min applies
-])
+@pytest.mark.parametrize(
+    ("current", "metric", "desired"),
+    [
+        (4, 0.5, 4),  # on target
+        (4, 0.54, 4),  # within the 10% tolerance: no flapping
+        (4, 0.46, 4),
+        (4, 0.56, 5),  # just outside: ceil(4 * 1.12)
+        (4, 1.0, 8),  # double
+        (4, 5.0, 8),  # capped by maxReplicas
+        (2, 5.0, 6),  # capped per step: max(2x, +4)
+        (4, 0.0, 2),  # floor at minReplicas
+        (1, 0.5, 2),  # below min is raised
+        (12, 0.5, 8),  # above max is lowered
+        (4, None, 4),  # no metrics: hold
+        (0, 0.3, 2),  # scaled to zero with load: min applies
+    ],
+)
 def test_raw_recommendation(current, metric, desired):
     assert POLICY.raw(current, metric)[0] == desired
 
@@ -50,12 +53,15 @@ def test_zero_window_scales_down_at_once():
     assert policy.decide(4, 1.0, (), now=5.0).desired == 1
 
 
-@pytest.mark.parametrize(("prefill", "decode", "band", "expected"), [
-    (1, 8, (0.25, 1.0), 2),   # too few prefill for 8 decode: raised to ceil(0.25 * 8)
-    (6, 4, (0.25, 1.0), 4),   # too many: lowered to 1.0 * 4
-    (3, 4, (0.25, 1.0), 3),   # inside the band: untouched
-    (1, 8, (0.9, 1.0), 4),    # raised but capped by prefill maxReplicas 4
-])
+@pytest.mark.parametrize(
+    ("prefill", "decode", "band", "expected"),
+    [
+        (1, 8, (0.25, 1.0), 2),  # too few prefill for 8 decode: raised to ceil(0.25 * 8)
+        (6, 4, (0.25, 1.0), 4),  # too many: lowered to 1.0 * 4
+        (3, 4, (0.25, 1.0), 3),  # inside the band: untouched
+        (1, 8, (0.9, 1.0), 4),  # raised but capped by prefill maxReplicas 4
+    ],
+)
 def test_ratio_band(prefill, decode, band, expected):
     policy = ScalingPolicy("prefill", 1, 4, target=4, stabilization_seconds=0)
     decision = Decision("prefill", prefill, prefill, "r", ())
@@ -99,10 +105,19 @@ def test_histogram_quantile_interpolates_like_prometheus():
 
 
 def test_role_signals_average_per_replica_and_use_deltas_for_counters():
-    before = {"a": EngineSample(at=0.0, prompt_tokens_total=100, itl_buckets=((0.1, 10.0), (float("inf"), 10.0)))}
-    now = {"a": EngineSample(at=2.0, waiting=4, kv_usage=0.6, prompt_tokens_total=500,
-                             itl_buckets=((0.1, 10.0), (float("inf"), 20.0))),
-           "b": EngineSample(at=2.0, waiting=2, kv_usage=0.2)}
+    before = {
+        "a": EngineSample(at=0.0, prompt_tokens_total=100, itl_buckets=((0.1, 10.0), (float("inf"), 10.0)))
+    }
+    now = {
+        "a": EngineSample(
+            at=2.0,
+            waiting=4,
+            kv_usage=0.6,
+            prompt_tokens_total=500,
+            itl_buckets=((0.1, 10.0), (float("inf"), 20.0)),
+        ),
+        "b": EngineSample(at=2.0, waiting=2, kv_usage=0.2),
+    }
     assert role_signal("WaitingRequests", now, before) == 3
     assert role_signal("KVCacheUsage", now, before) == pytest.approx(0.4)
     assert role_signal("PromptTokensPerSecond", now, before) == 200  # only pod a has a previous sample

@@ -39,7 +39,9 @@ def test_golden(name):
     golden = GOLDEN / name
     if os.environ.get("KVFERRY_UPDATE_GOLDEN"):
         golden.write_text(text)
-    assert text == golden.read_text(), f"render output changed; review, then KVFERRY_UPDATE_GOLDEN=1 ({golden})"
+    assert text == golden.read_text(), (
+        f"render output changed; review, then KVFERRY_UPDATE_GOLDEN=1 ({golden})"
+    )
 
 
 @pytest.mark.parametrize("name", ["aggregated-pool.yaml", "disaggregated-pool.yaml"])
@@ -66,15 +68,23 @@ def test_disaggregated_roles_config_and_security():
     deployments = {m["metadata"]["name"]: m for m in manifests if m["kind"] == "Deployment"}
     assert set(deployments) == {"llama-pd-prefill", "llama-pd-decode", "llama-pd-router", "llama-pd-kvstore"}
     config = by_name(manifests, "ConfigMap", "llama-pd-config")["data"]
-    assert config == {"model-id": "llama-3.1-8b-instruct", "block-size": "16",
-                      "hash-version": str(HASH_VERSION), "mode": "Disaggregated"}
+    assert config == {
+        "model-id": "llama-3.1-8b-instruct",
+        "block-size": "16",
+        "hash-version": str(HASH_VERSION),
+        "mode": "Disaggregated",
+    }
     for name, deployment in deployments.items():
         pod = deployment["spec"]["template"]["spec"]
         container = pod["containers"][0]
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
         assert deployment["spec"]["template"]["metadata"]["labels"]["kvferry.dev/role"] in (
-            "prefill", "decode", "router", "kvstore")
+            "prefill",
+            "decode",
+            "router",
+            "kvstore",
+        )
         if name != "llama-pd-kvstore":
             assert container["readinessProbe"]["httpGet"]["path"] == "/health"
     # autoscaled roles leave replicas to the autoscaler; the router keeps its declared count
@@ -85,25 +95,81 @@ def test_disaggregated_roles_config_and_security():
 
 def test_engine_and_router_command_lines_follow_the_cli_contract():
     manifests = render("disaggregated-pool.yaml")
-    prefill = by_name(manifests, "Deployment", "llama-pd-prefill")["spec"]["template"]["spec"]["containers"][0]
+    prefill = by_name(manifests, "Deployment", "llama-pd-prefill")["spec"]["template"]["spec"]["containers"][
+        0
+    ]
     assert prefill["command"] == ["kvferry"]
     assert prefill["args"] == [
-        "serve", "/models/llama-3.1-8b-instruct", "--served-model-name", "llama-3.1-8b-instruct",
-        "--host", "0.0.0.0", "--port", "8000", "--role", "prefill", "--dtype", "bfloat16",
-        "--block-size", "16", "--max-model-len", "32768", "--max-num-seqs", "256",
-        "--max-num-batched-tokens", "8192", "--redis-url", "$(KVFERRY_REDIS_URL)",
-        "--kvstore-url", "grpc://llama-pd-kvstore.llm.svc:50051", "--log-level", "info"]
-    assert {"name": "KVFERRY_REDIS_URL", "valueFrom": {"secretKeyRef": {"name": "llama-pd-redis", "key": "url"}}} \
-        in prefill["env"]
+        "serve",
+        "/models/llama-3.1-8b-instruct",
+        "--served-model-name",
+        "llama-3.1-8b-instruct",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--role",
+        "prefill",
+        "--dtype",
+        "bfloat16",
+        "--block-size",
+        "16",
+        "--max-model-len",
+        "32768",
+        "--max-num-seqs",
+        "256",
+        "--max-num-batched-tokens",
+        "8192",
+        "--redis-url",
+        "$(KVFERRY_REDIS_URL)",
+        "--kvstore-url",
+        "grpc://llama-pd-kvstore.llm.svc:50051",
+        "--log-level",
+        "info",
+    ]
+    assert {
+        "name": "KVFERRY_REDIS_URL",
+        "valueFrom": {"secretKeyRef": {"name": "llama-pd-redis", "key": "url"}},
+    } in prefill["env"]
     router = by_name(manifests, "Deployment", "llama-pd-router")["spec"]["template"]["spec"]["containers"][0]
     assert router["args"] == [
-        "router", "--host", "0.0.0.0", "--port", "8000", "--redis-url", "$(KVFERRY_REDIS_URL)",
-        "--discovery", "kubernetes", "--selector", "kvferry.dev/pool=llama-pd",
-        "--tokenizer", "/models/llama-3.1-8b-instruct", "--strategy", "prefix-aware", "--pd-threshold", "512",
-        "--weights", "prefix=2,queue=1,kv=1", "--api-key-file", "/etc/kvferry/api-key/keys.txt"]
-    kvstore = by_name(manifests, "Deployment", "llama-pd-kvstore")["spec"]["template"]["spec"]["containers"][0]
-    assert kvstore["args"][:10] == ["kvstore", "--host", "0.0.0.0", "--port", "50051", "--metrics-port", "50052",
-                                    "--capacity-gb", "68.7195", "--redis-url"]
+        "router",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--redis-url",
+        "$(KVFERRY_REDIS_URL)",
+        "--discovery",
+        "kubernetes",
+        "--selector",
+        "kvferry.dev/pool=llama-pd",
+        "--tokenizer",
+        "/models/llama-3.1-8b-instruct",
+        "--strategy",
+        "prefix-aware",
+        "--pd-threshold",
+        "512",
+        "--weights",
+        "prefix=2,queue=1,kv=1",
+        "--api-key-file",
+        "/etc/kvferry/api-key/keys.txt",
+    ]
+    kvstore = by_name(manifests, "Deployment", "llama-pd-kvstore")["spec"]["template"]["spec"]["containers"][
+        0
+    ]
+    assert kvstore["args"][:10] == [
+        "kvstore",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "50051",
+        "--metrics-port",
+        "50052",
+        "--capacity-gb",
+        "68.7195",
+        "--redis-url",
+    ]
     assert {"name": "metrics", "containerPort": 50052, "protocol": "TCP"} in kvstore["ports"]
 
 
@@ -138,6 +204,7 @@ def test_aggregated_pool_runs_engines_in_role_both_with_managed_redis():
 
 def test_config_change_rolls_every_config_reader_but_a_resource_change_only_its_role():
     body = load_example("disaggregated-pool.yaml")
+
     def keyed() -> dict[tuple[str, str], dict]:
         return {manifest_key(m): m for m in PoolRenderer(parse_pool(body), IMAGES).render()}
 
@@ -147,8 +214,11 @@ def test_config_change_rolls_every_config_reader_but_a_resource_change_only_its_
     assert {key for key in base if base[key] != changed[key]} == {("Deployment", "llama-pd-decode")}
     body["spec"]["model"]["name"] = "renamed"
     renamed = keyed()
-    assert {("Deployment", "llama-pd-prefill"), ("Deployment", "llama-pd-router"),
-            ("ConfigMap", "llama-pd-config")} <= {key for key in base if base[key] != renamed[key]}
+    assert {
+        ("Deployment", "llama-pd-prefill"),
+        ("Deployment", "llama-pd-router"),
+        ("ConfigMap", "llama-pd-config"),
+    } <= {key for key in base if base[key] != renamed[key]}
 
 
 def test_draining_annotation_name_is_the_shared_contract():

@@ -36,7 +36,10 @@ def kvstore(store_process: KVStoreProcess) -> str:
 def _rpc_calls(store: KVStoreProcess) -> dict[str, float]:
     """gRPC calls the store served so far, by method (from its /metrics)."""
     text = httpx.get(f"{store.metrics_url}/metrics", timeout=5).text
-    return {s.labels["method"]: s.value for s in scan_samples(text, "kvferry_kvstore_rpc_duration_seconds_count".__eq__)}
+    return {
+        s.labels["method"]: s.value
+        for s in scan_samples(text, "kvferry_kvstore_rpc_duration_seconds_count".__eq__)
+    }
 
 
 def _wait_stored(store: str, prompt: list[int], n_blocks: int) -> None:
@@ -49,11 +52,14 @@ def _wait_stored(store: str, prompt: list[int], n_blocks: int) -> None:
 
 
 def _blocks(server, direction: str, path: str) -> float:
-    return server.metrics().get(f'kvferry_kv_transfer_blocks_total{{direction="{direction}",path="{path}"}}', 0)
+    return server.metrics().get(
+        f'kvferry_kv_transfer_blocks_total{{direction="{direction}",path="{path}"}}', 0
+    )
 
 
-def test_second_engine_gets_the_prefix_from_the_store(llama_dir: Path, kvstore: str,
-                                                      store_process: KVStoreProcess) -> None:
+def test_second_engine_gets_the_prefix_from_the_store(
+    llama_dir: Path, kvstore: str, store_process: KVStoreProcess
+) -> None:
     """Both sides have NIXL: the store pins the prefix and the engine READs the slots (no gRPC Get)."""
     a = start_in_process(llama_dir, "--kvstore-url", kvstore, *ARGS)
     b = start_in_process(llama_dir, "--kvstore-url", kvstore, *ARGS)
@@ -75,8 +81,9 @@ def test_second_engine_gets_the_prefix_from_the_store(llama_dir: Path, kvstore: 
         b.stop()
 
 
-def test_pd_without_nixl_moves_kv_through_the_store(llama_dir: Path, kvstore: str,
-                                                    store_process: KVStoreProcess) -> None:
+def test_pd_without_nixl_moves_kv_through_the_store(
+    llama_dir: Path, kvstore: str, store_process: KVStoreProcess
+) -> None:
     prefill = start_in_process(llama_dir, "--role", "prefill", "--no-nixl", "--kvstore-url", kvstore, *ARGS)
     decode = start_in_process(llama_dir, "--role", "decode", "--no-nixl", "--kvstore-url", kvstore, *ARGS)
     aggregated = start_in_process(llama_dir, *ARGS)
@@ -137,8 +144,9 @@ def test_kvstore_reports_its_blocks_to_the_prefix_index(llama_dir: Path, redis_s
 
 
 @pytest.mark.parametrize("failure", ["start", "complete"])
-def test_failed_nixl_read_from_the_store_is_counted_and_recomputed(llama_dir: Path, kvstore: str,
-                                                                   failure: str) -> None:
+def test_failed_nixl_read_from_the_store_is_counted_and_recomputed(
+    llama_dir: Path, kvstore: str, failure: str
+) -> None:
     """A READ that cannot start, or ends in error, leaves only the local hit: the request computes the
     rest itself (tokens unchanged), the failure is counted once, and the next fetch goes over gRPC."""
     from services.common.kv_transfer import KVTransferError
@@ -147,8 +155,13 @@ def test_failed_nixl_read_from_the_store_is_counted_and_recomputed(llama_dir: Pa
 
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     prompt = prompts(1, seed=24)[0] + list(range(3, 70))
-    kw = {"served_model_name": MODEL, "kvstore_url": kvstore, "block_size": 16, "num_kv_blocks": 64,
-          "max_model_len": 512}
+    kw = {
+        "served_model_name": MODEL,
+        "kvstore_url": kvstore,
+        "block_size": 16,
+        "num_kv_blocks": 64,
+        "max_model_len": 512,
+    }
     source = LLM(model=str(llama_dir), **kw)
     expected = source.generate([prompt], params)[0].outputs[0].token_ids
     # a prompt sharing 2 blocks with it, unique to this case, stored too

@@ -18,8 +18,10 @@ def _failures(server, reason: str) -> float:
     return server.metrics().get(f'kvferry_kv_transfer_failures_total{{reason="{reason}"}}', 0)
 
 
-def test_unread_lease_expires_and_frees_blocks_then_decode_recomputes(llama_dir: Path, tmp_path: Path,
-                                                                       pd_pair) -> None:  # noqa: F811
+def test_unread_lease_expires_and_frees_blocks_then_decode_recomputes(
+    llama_dir: Path,
+    pd_pair,  # noqa: F811
+) -> None:
     _, decode, aggregated = pd_pair
     prefill = start_in_process(llama_dir, "--role", "prefill", "--kv-lease", "1", *ARGS)
     try:
@@ -39,8 +41,9 @@ def test_unread_lease_expires_and_frees_blocks_then_decode_recomputes(llama_dir:
 
 def test_incompatible_engines_refuse_kv_at_handshake(llama_dir: Path) -> None:
     prefill = start_in_process(llama_dir, "--role", "prefill", *ARGS)
-    decode = start_in_process(llama_dir, "--role", "decode", "--block-size", "32", "--num-kv-blocks", "64",
-                              "--max-model-len", "512")
+    decode = start_in_process(
+        llama_dir, "--role", "decode", "--block-size", "32", "--num-kv-blocks", "64", "--max-model-len", "512"
+    )
     try:
         prompt = list(range(3, 70))
         params = complete(prefill, prompt, {"do_remote_decode": True}, max_tokens=1)["kv_transfer_params"]
@@ -61,8 +64,14 @@ def test_decode_abort_releases_prefill_lease(pd_pair) -> None:  # noqa: F811
     prefill, decode, _ = pd_pair
     prompt = prompts(1, seed=12)[0] + list(range(3, 90))
     params = complete(prefill, prompt, {"do_remote_decode": True}, max_tokens=1)["kv_transfer_params"]
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": 400, "stream": True, "ignore_eos": True,
-            "kv_transfer_params": params}
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": 400,
+        "stream": True,
+        "ignore_eos": True,
+        "kv_transfer_params": params,
+    }
     with httpx.stream("POST", f"{decode.url}/v1/completions", json=body, timeout=30) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):

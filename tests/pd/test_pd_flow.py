@@ -38,7 +38,9 @@ def prompts(n: int = 32, seed: int = 3) -> list[list[int]]:
     return [[rng.randrange(3, 400) for _ in range(k)] for k in lengths]
 
 
-def complete(server: EngineEndpoint, prompt: list[int], kv: dict | None = None, max_tokens: int = NEW_TOKENS) -> dict:
+def complete(
+    server: EngineEndpoint, prompt: list[int], kv: dict | None = None, max_tokens: int = NEW_TOKENS
+) -> dict:
     body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
     if kv is not None:
         body["kv_transfer_params"] = kv
@@ -62,7 +64,9 @@ def test_disaggregated_equals_aggregated_and_kv_is_transferred(pd_pair) -> None:
     for i, prompt in enumerate(prompts()):
         params, out = disaggregated(prefill, decode, prompt)
         ref = complete(aggregated, prompt)
-        assert out["choices"][0]["text"] == ref["choices"][0]["text"], f"prompt {i} (len {len(prompt)}) diverged"
+        assert out["choices"][0]["text"] == ref["choices"][0]["text"], (
+            f"prompt {i} (len {len(prompt)}) diverged"
+        )
         n_blocks = len(params["remote_block_ids"])
         expected_blocks += n_blocks
         if n_blocks:
@@ -78,8 +82,17 @@ def test_disaggregated_equals_aggregated_and_kv_is_transferred(pd_pair) -> None:
 
 def test_prefill_died_decode_recomputes_correctly(llama_dir: Path, pd_pair) -> None:
     _, decode, aggregated = pd_pair
-    doomed = start_in_process(llama_dir, "--role", "prefill", "--block-size", "16", "--num-kv-blocks", "128",
-                              "--max-model-len", "512")
+    doomed = start_in_process(
+        llama_dir,
+        "--role",
+        "prefill",
+        "--block-size",
+        "16",
+        "--num-kv-blocks",
+        "128",
+        "--max-model-len",
+        "512",
+    )
     prompt = prompts(1, seed=9)[0] + list(range(3, 80))
     params = complete(doomed, prompt, {"do_remote_decode": True}, max_tokens=1)["kv_transfer_params"]
     doomed.stop()
@@ -88,7 +101,9 @@ def test_prefill_died_decode_recomputes_correctly(llama_dir: Path, pd_pair) -> N
     assert out["choices"][0]["text"] == complete(aggregated, prompt)["choices"][0]["text"]
     after = _failure_counts(decode)
     new = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
-    assert new == {'kvferry_kv_transfer_failures_total{reason="handshake_failed"}': 1}  # one failure, counted once
+    assert new == {
+        'kvferry_kv_transfer_failures_total{reason="handshake_failed"}': 1
+    }  # one failure, counted once
     assert "recomputed locally" in decode.log_text()
 
 

@@ -29,8 +29,11 @@ def test_completed_prefill_is_leased_until_decode_has_read() -> None:
         delay, params = lease.request_finished(_finished("p1", 50), [7, 3, 9, 4])
         assert delay and params is not None and params.do_remote_prefill
         assert params.remote_block_ids == [7, 3, 9]  # the 3 full prompt blocks; the partial 4th stays here
-        assert (params.remote_host, params.remote_port, params.remote_engine_id) == ("10.0.0.1", 8000,
-                                                                                   agents.prefill.engine_id)
+        assert (params.remote_host, params.remote_port, params.remote_engine_id) == (
+            "10.0.0.1",
+            8000,
+            agents.prefill.engine_id,
+        )
         assert not lease.get_finished()
         handle = agents.decode.read_blocks(agents.prefill.engine_id, [7, 3, 9], [0, 1, 2], b"p1")
         agents.decode.wait(handle)
@@ -62,12 +65,17 @@ def test_unread_lease_expires_and_is_counted() -> None:
 def test_nothing_is_held_without_nixl_short_prompts_or_unfinished_requests() -> None:
     no_nixl = LeaseConnector(None, "h", 1, BLOCK_SIZE)
     delay, params = no_nixl.request_finished(_finished("p4", 40), [1, 2, 3])
-    assert not delay and params is not None and params.remote_engine_id == "h:1"  # decode falls back to the kvstore
+    assert (
+        not delay and params is not None and params.remote_engine_id == "h:1"
+    )  # decode falls back to the kvstore
     with nixl_agents() as agents:
         lease = LeaseConnector(agents.prefill, "h", 1, BLOCK_SIZE)
         delay, params = lease.request_finished(_finished("p5", 10), [1])  # no full block
         assert not delay and params is not None and params.remote_block_ids == []
-        assert lease.request_finished(_finished("p6", 40, RequestStatus.FINISHED_ABORTED), [1, 2]) == (False, None)
+        assert lease.request_finished(_finished("p6", 40, RequestStatus.FINISHED_ABORTED), [1, 2]) == (
+            False,
+            None,
+        )
         plain = request("p7", 40)
         plain.transition(RequestStatus.RUNNING)
         plain.transition(RequestStatus.FINISHED_STOPPED)

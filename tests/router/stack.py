@@ -60,12 +60,34 @@ class RouterProcess:
             return self.proc.wait(5)
 
 
-def start_router(tokenizer: Path, log_dir: Path, engines: list[str], *args: str, redis_url: str | None = None,
-                 healthy: bool = True, timeout: float = 60.0) -> RouterProcess:
+def start_router(
+    tokenizer: Path,
+    log_dir: Path,
+    engines: list[str],
+    *args: str,
+    redis_url: str | None = None,
+    healthy: bool = True,
+    timeout: float = 60.0,
+) -> RouterProcess:
     """Start ``kvferry router`` on a free port; wait for /health 200 (or only for it to answer)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "services.cli", "router", "--port", str(port), "--tokenizer", str(tokenizer),
-           "--model-name", MODEL, "--poll-interval", "0.5", "--index-budget-ms", "500", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "services.cli",
+        "router",
+        "--port",
+        str(port),
+        "--tokenizer",
+        str(tokenizer),
+        "--model-name",
+        MODEL,
+        "--poll-interval",
+        "0.5",
+        "--index-budget-ms",
+        "500",
+        *args,
+    ]
     for url in engines:
         cmd += ["--engine", url]
     if redis_url:

@@ -28,19 +28,39 @@ def cluster() -> Iterator[Cluster]:
     c.stop()
 
 
-def add_pod(cluster: Cluster, name: str, role: str, ip: str | None, phase: str = "Running",
-            annotations: dict[str, str] | None = None) -> None:
-    meta = {"name": name, "namespace": NS, "labels": {"kvferry.dev/pool": POOL, "kvferry.dev/role": role},
-            "annotations": annotations or {}}
-    cluster.call("POST", f"/api/v1/namespaces/{NS}/pods", {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-                                                          "spec": {"containers": [{"name": "c", "image": "x"}]}})
+def add_pod(
+    cluster: Cluster,
+    name: str,
+    role: str,
+    ip: str | None,
+    phase: str = "Running",
+    annotations: dict[str, str] | None = None,
+) -> None:
+    meta = {
+        "name": name,
+        "namespace": NS,
+        "labels": {"kvferry.dev/pool": POOL, "kvferry.dev/role": role},
+        "annotations": annotations or {},
+    }
+    cluster.call(
+        "POST",
+        f"/api/v1/namespaces/{NS}/pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": meta,
+            "spec": {"containers": [{"name": "c", "image": "x"}]},
+        },
+    )
     status = {"phase": phase, **({"podIP": ip} if ip else {})}
     cluster.merge(f"/api/v1/namespaces/{NS}/pods/{name}/status", {"status": status})
 
 
 def discover(cluster: Cluster, port: int = 8000) -> list[EndpointSpec]:
     seen: list[list[EndpointSpec]] = []
-    settings = DiscoverySettings(selector=f"kvferry.dev/pool={POOL}", api_url=cluster.url, namespace=NS, port=port)
+    settings = DiscoverySettings(
+        selector=f"kvferry.dev/pool={POOL}", api_url=cluster.url, namespace=NS, port=port
+    )
 
     async def once() -> list[EndpointSpec]:
         d = KubernetesDiscovery(settings, seen.append)
@@ -62,8 +82,16 @@ def test_pods_become_endpoints_by_role_phase_ip_and_draining(cluster: Cluster) -
         EndpointSpec(url="http://10.0.0.2:8000", role="decode"),
         EndpointSpec(url="http://10.0.0.3:8000", role="decode", draining=True),
     ]
-    assert pod_endpoint({"metadata": {"labels": {"kvferry.dev/role": "engine"}, "deletionTimestamp": "now"},
-                         "status": {"phase": "Running", "podIP": "10.0.0.4"}}, 8000) is None
+    assert (
+        pod_endpoint(
+            {
+                "metadata": {"labels": {"kvferry.dev/role": "engine"}, "deletionTimestamp": "now"},
+                "status": {"phase": "Running", "podIP": "10.0.0.4"},
+            },
+            8000,
+        )
+        is None
+    )
 
 
 def test_api_server_down_keeps_the_last_endpoints(cluster: Cluster) -> None:
@@ -81,8 +109,21 @@ def test_api_server_down_keeps_the_last_endpoints(cluster: Cluster) -> None:
 
 def _engine(model: Path, ip: str, port: int, log_dir: Path) -> ServerProcess:
     log = log_dir / f"engine-{ip}.log"
-    cmd = [sys.executable, "-m", "services.cli", "serve", str(model), "--host", ip, "--port", str(port),
-           "--served-model-name", MODEL, "--num-kv-blocks", "64"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "services.cli",
+        "serve",
+        str(model),
+        "--host",
+        ip,
+        "--port",
+        str(port),
+        "--served-model-name",
+        MODEL,
+        "--num-kv-blocks",
+        "64",
+    ]
     with log.open("wb") as sink:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT)
     return ServerProcess(proc, f"http://{ip}:{port}", log)
@@ -95,20 +136,56 @@ def _wait(predicate, timeout: float = 90.0) -> None:  # noqa: ANN001
         time.sleep(0.2)
 
 
-def test_router_discovers_engines_and_stops_sending_to_a_draining_pod(cluster: Cluster, llama_dir: Path,
-                                                                      tmp_path: Path) -> None:
+def test_router_discovers_engines_and_stops_sending_to_a_draining_pod(
+    cluster: Cluster, llama_dir: Path, tmp_path: Path
+) -> None:
     port, ns = free_port(), "pool2"
     engines = [_engine(llama_dir, ip, port, tmp_path) for ip in ("127.0.0.2", "127.0.0.3")]
     for i, e in enumerate(engines):
-        meta = {"name": f"e-{i}", "namespace": ns, "labels": {"kvferry.dev/pool": "p2", "kvferry.dev/role": "engine"}}
-        cluster.call("POST", f"/api/v1/namespaces/{ns}/pods", {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-                                                              "spec": {"containers": [{"name": "c", "image": "x"}]}})
-        cluster.merge(f"/api/v1/namespaces/{ns}/pods/e-{i}/status",
-                      {"status": {"phase": "Running", "podIP": e.url.split("//")[1].split(":")[0]}})
+        meta = {
+            "name": f"e-{i}",
+            "namespace": ns,
+            "labels": {"kvferry.dev/pool": "p2", "kvferry.dev/role": "engine"},
+        }
+        cluster.call(
+            "POST",
+            f"/api/v1/namespaces/{ns}/pods",
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": meta,
+                "spec": {"containers": [{"name": "c", "image": "x"}]},
+            },
+        )
+        cluster.merge(
+            f"/api/v1/namespaces/{ns}/pods/e-{i}/status",
+            {"status": {"phase": "Running", "podIP": e.url.split("//")[1].split(":")[0]}},
+        )
     router_port = free_port()
-    cmd = [sys.executable, "-m", "services.cli", "router", "--port", str(router_port), "--tokenizer", str(llama_dir),
-           "--model-name", MODEL, "--discovery", "kubernetes", "--selector", "kvferry.dev/pool=p2",
-           "--kube-api", cluster.url, "--kube-namespace", ns, "--engine-port", str(port), "--poll-interval", "0.3"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "services.cli",
+        "router",
+        "--port",
+        str(router_port),
+        "--tokenizer",
+        str(llama_dir),
+        "--model-name",
+        MODEL,
+        "--discovery",
+        "kubernetes",
+        "--selector",
+        "kvferry.dev/pool=p2",
+        "--kube-api",
+        cluster.url,
+        "--kube-namespace",
+        ns,
+        "--engine-port",
+        str(port),
+        "--poll-interval",
+        "0.3",
+    ]
     router_log = tmp_path / "router.log"
     with router_log.open("wb") as sink:
         router = subprocess.Popen(cmd, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT)
@@ -119,8 +196,13 @@ def test_router_discovers_engines_and_stops_sending_to_a_draining_pod(cluster: C
             _wait(lambda e=e: _ok(f"{e.url}/health"))
         _wait(lambda: _ok(f"{url}/health"))
         _wait(lambda: len({_post(url, body) for _ in range(6)}) == 2)  # both engines get traffic
-        cluster.merge(f"/api/v1/namespaces/{ns}/pods/e-0", {"metadata": {"annotations": {"kvferry.dev/draining": "true"}}})
-        _wait(lambda: {_post(url, body) for _ in range(8)} == {engines[1].url}, timeout=10)  # the watch saw it
+        cluster.merge(
+            f"/api/v1/namespaces/{ns}/pods/e-0",
+            {"metadata": {"annotations": {"kvferry.dev/draining": "true"}}},
+        )
+        _wait(
+            lambda: {_post(url, body) for _ in range(8)} == {engines[1].url}, timeout=10
+        )  # the watch saw it
     finally:
         router.terminate()
         router.wait(15)

@@ -36,13 +36,21 @@ class Pods:
 
     async def add(self, name: str, ip: str) -> None:
         meta = {"name": name, "labels": {"kvferry.dev/pool": POOL, "kvferry.dev/role": "engine"}}
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": meta,
+            "spec": {"containers": [{"name": "c", "image": "x"}]},
+        }
         await asyncio.to_thread(self.cluster.call, "POST", self.path, pod)
-        await asyncio.to_thread(self.cluster.merge, f"{self.path}/{name}/status",
-                                {"status": {"phase": "Running", "podIP": ip}})
+        await asyncio.to_thread(
+            self.cluster.merge, f"{self.path}/{name}/status", {"status": {"phase": "Running", "podIP": ip}}
+        )
 
     async def annotate(self, name: str, annotations: dict[str, str]) -> None:
-        await asyncio.to_thread(self.cluster.merge, f"{self.path}/{name}", {"metadata": {"annotations": annotations}})
+        await asyncio.to_thread(
+            self.cluster.merge, f"{self.path}/{name}", {"metadata": {"annotations": annotations}}
+        )
 
     async def delete(self, name: str) -> None:
         await asyncio.to_thread(self.cluster.call, "DELETE", f"{self.path}/{name}")
@@ -54,8 +62,14 @@ class Pods:
 
 
 def discovery(url: str, namespace: str) -> KubernetesDiscovery:
-    settings = DiscoverySettings(selector=f"kvferry.dev/pool={POOL}", api_url=url, namespace=namespace,
-                                 interval_s=SLOW_S, resync_s=SLOW_S, backoff_max_s=0.5)
+    settings = DiscoverySettings(
+        selector=f"kvferry.dev/pool={POOL}",
+        api_url=url,
+        namespace=namespace,
+        interval_s=SLOW_S,
+        resync_s=SLOW_S,
+        backoff_max_s=0.5,
+    )
     return KubernetesDiscovery(settings, lambda specs: None)
 
 
@@ -131,7 +145,9 @@ def test_expired_watch_lists_again(cluster: Cluster, caplog: pytest.LogCaptureFi
     assert d.errors == 0
 
 
-def test_api_outage_keeps_the_last_endpoints_and_recovers(cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+def test_api_outage_keeps_the_last_endpoints_and_recovers(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="services.router.discovery")
     pods = Pods(cluster, "watch-outage")
 

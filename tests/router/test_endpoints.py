@@ -24,7 +24,8 @@ class FakeEngine:
         self.running = Gauge("kvferry_num_requests_running", "r", registry=self.registry)
         self.kv = Gauge("kvferry_kv_cache_usage_ratio", "kv", registry=self.registry)
         Info("kvferry_cache_config", "c", registry=self.registry).info(
-            {"model": "tiny", "block_size": "16", "num_blocks": "512", "hash_version": "1"})
+            {"model": "tiny", "block_size": "16", "num_blocks": "512", "hash_version": "1"}
+        )
         self.health = (200, {"status": "ok"})
         self.max_model_len = max_model_len
         engine = self
@@ -34,7 +35,12 @@ class FakeEngine:
                 if self.path == "/health":
                     status, body = engine.health[0], json.dumps(engine.health[1]).encode()
                 elif self.path == "/v1/models":
-                    card = {"id": "tiny", "object": "model", "max_model_len": engine.max_model_len, "extra": 1}
+                    card = {
+                        "id": "tiny",
+                        "object": "model",
+                        "max_model_len": engine.max_model_len,
+                        "extra": 1,
+                    }
                     status, body = 200, json.dumps({"object": "list", "data": [card]}).encode()
                 else:
                     status, body = 200, generate_latest(engine.registry)
@@ -77,8 +83,10 @@ def test_failing_engines_go_out_and_come_back() -> None:
     a.waiting.set(2)
 
     async def scenario() -> None:
-        poller = EndpointPoller([EndpointSpec(url=a.url + "/", role="decode"), EndpointSpec(url=b.url)],
-                                PollerSettings(interval_s=0.05, timeout_s=0.5))
+        poller = EndpointPoller(
+            [EndpointSpec(url=a.url + "/", role="decode"), EndpointSpec(url=b.url)],
+            PollerSettings(interval_s=0.05, timeout_s=0.5),
+        )
         assert [e.healthy for e in poller.endpoints()] == [False, False]  # unknown until polled
         eps = await poller.poll_once()
         assert [(e.url, e.role, e.healthy) for e in eps] == [(a.url, "decode", True), (b.url, "both", True)]
@@ -126,18 +134,24 @@ def test_unready_engine_and_discovery_updates() -> None:
 
 
 def test_context_length_is_the_smallest_an_engine_reports() -> None:
-    big, small, silent = FakeEngine(max_model_len=4096), FakeEngine(max_model_len=1024), FakeEngine(max_model_len=None)
+    big, small, silent = (
+        FakeEngine(max_model_len=4096),
+        FakeEngine(max_model_len=1024),
+        FakeEngine(max_model_len=None),
+    )
 
     async def scenario() -> None:
-        poller = EndpointPoller([EndpointSpec(url=e.url) for e in (big, small, silent)],
-                                PollerSettings(timeout_s=0.5))
+        poller = EndpointPoller(
+            [EndpointSpec(url=e.url) for e in (big, small, silent)], PollerSettings(timeout_s=0.5)
+        )
         assert pool_max_model_len(poller.endpoints()) is None  # no engine answered yet
         eps = await poller.poll_once()
         assert [e.max_model_len for e in eps] == [4096, 1024, None]
         assert pool_max_model_len(eps) == 1024
         listed = ", ".join(sorted([f"{big.url}=4096", f"{small.url}=1024"]))
-        assert disagreement(eps) == (f"engines disagree on max_model_len ({listed}); "
-                                     "the router reports and enforces the smallest")
+        assert disagreement(eps) == (
+            f"engines disagree on max_model_len ({listed}); the router reports and enforces the smallest"
+        )
         small.max_model_len = 8192  # the card is read again only when an engine rejoins
         assert (await poller.poll_once())[1].max_model_len == 1024
         small.health = (503, {"error": {"message": "The engine is not ready."}})

@@ -33,8 +33,21 @@ def _children(pid: int) -> list[int]:
 
 
 def test_up_serves_and_stops_cleanly(llama_dir: Path, tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "services.cli", "up", str(llama_dir), "--engines", "1", "--port", "0",
-           "--serve-args", "--num-kv-blocks 64", "--log-dir", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "services.cli",
+        "up",
+        str(llama_dir),
+        "--engines",
+        "1",
+        "--port",
+        "0",
+        "--serve-args",
+        "--num-kv-blocks 64",
+        "--log-dir",
+        str(tmp_path),
+    ]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     try:
@@ -48,8 +61,11 @@ def test_up_serves_and_stops_cleanly(llama_dir: Path, tmp_path: Path) -> None:
                 url = m.group(1)
         children = _children(proc.pid)
         assert len(children) == 4  # redis, kvstore, engine, router
-        chat = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
-            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        chat = httpx.post(
+            f"{url}/v1/chat/completions",
+            timeout=60,
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+        )
         assert chat.status_code == 200 and chat.json()["object"] == "chat.completion"
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=60)
@@ -66,19 +82,44 @@ def test_up_serves_and_stops_cleanly(llama_dir: Path, tmp_path: Path) -> None:
 
 
 def test_up_rejects_half_a_pd_pool(llama_dir: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "services.cli", "up", str(llama_dir), "--prefill", "1"],
-                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "services.cli", "up", str(llama_dir), "--prefill", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and "--prefill and --decode go together" in out.stderr
 
 
-@pytest.mark.parametrize(("extra", "message"), [
-    ([], "--discovery kubernetes needs --selector"),
-    (["--selector", "a=b", "--engine", "http://127.0.0.1:1"], "drop --engine"),
-    (["--selector", "a=b"], "--kube-api"),  # not in a cluster: no $KUBERNETES_SERVICE_HOST
-])
-def test_router_kubernetes_discovery_flags_are_checked(extra: list[str], message: str, llama_dir: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "services.cli", "router", "--discovery", "kubernetes",
-                          "--tokenizer", str(llama_dir), *extra], cwd=REPO, capture_output=True, text=True,
-                         timeout=60, env={k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"})
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ([], "--discovery kubernetes needs --selector"),
+        (["--selector", "a=b", "--engine", "http://127.0.0.1:1"], "drop --engine"),
+        (["--selector", "a=b"], "--kube-api"),  # not in a cluster: no $KUBERNETES_SERVICE_HOST
+    ],
+)
+def test_router_kubernetes_discovery_flags_are_checked(
+    extra: list[str], message: str, llama_dir: Path
+) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "services.cli",
+            "router",
+            "--discovery",
+            "kubernetes",
+            "--tokenizer",
+            str(llama_dir),
+            *extra,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"},
+    )
     assert out.returncode == 2 and message in out.stderr, out.stderr
     assert "Traceback" not in out.stderr

@@ -21,9 +21,17 @@ from services.router.prompt import PreparedRequest
 from services.router.scheduling import Endpoint, EndpointLoad, RequestContext, Scheduler, SchedulingConfig
 
 BS = 16
-PARAMS = {"do_remote_prefill": True, "remote_engine_id": "prefill-0", "remote_host": "127.0.0.1",
-          "remote_port": 1234, "remote_request_id": "r1", "remote_block_ids": [3, 4], "num_tokens": 32,
-          "block_hashes": ["ab" * 32, "cd" * 32], "lease_expires": time.time() + 30}
+PARAMS = {
+    "do_remote_prefill": True,
+    "remote_engine_id": "prefill-0",
+    "remote_host": "127.0.0.1",
+    "remote_port": 1234,
+    "remote_request_id": "r1",
+    "remote_block_ids": [3, 4],
+    "num_tokens": 32,
+    "block_hashes": ["ab" * 32, "cd" * 32],
+    "lease_expires": time.time() + 30,
+}
 
 
 class FakeEngine:
@@ -39,13 +47,21 @@ class FakeEngine:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 engine.bodies.append(body)
                 if engine.fail_status:
-                    return self._send(engine.fail_status, b'{"error": {"message": "boom", "type": "server_error"}}')
+                    return self._send(
+                        engine.fail_status, b'{"error": {"message": "boom", "type": "server_error"}}'
+                    )
                 if body.get("kv_transfer_params", {}).get("do_remote_decode"):
-                    return self._send(200, json.dumps({"choices": [{"index": 0, "text": "x"}],
-                                                       "kv_transfer_params": PARAMS}).encode())
+                    return self._send(
+                        200,
+                        json.dumps(
+                            {"choices": [{"index": 0, "text": "x"}], "kv_transfer_params": PARAMS}
+                        ).encode(),
+                    )
                 if body.get("stream"):
-                    events = [{"choices": [{"index": 0, "text": "hi", "finish_reason": None}]},
-                              {"choices": [{"index": 0, "text": "!", "finish_reason": "length"}]}]
+                    events = [
+                        {"choices": [{"index": 0, "text": "hi", "finish_reason": None}]},
+                        {"choices": [{"index": 0, "text": "!", "finish_reason": "length"}]},
+                    ]
                     data = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
                     return self._send(200, data + b"data: [DONE]\n\n", "text/event-stream")
                 return self._send(200, json.dumps({"choices": [{"index": 0, "text": "hi!"}]}).encode())
@@ -85,18 +101,25 @@ def fakes() -> Any:
         f.stop()
 
 
-def run(pool: list[Endpoint], tokens: int, stream: bool = False, extra: dict | None = None,
-        num_prompts: int = 1) -> tuple[Dispatched, RouterMetrics, list[str]]:
+def run(
+    pool: list[Endpoint], tokens: int, stream: bool = False, extra: dict | None = None, num_prompts: int = 1
+) -> tuple[Dispatched, RouterMetrics, list[str]]:
     """One request through PDFlow; returns what was dispatched, the metrics and the streamed data lines."""
     ids = list(range(3, 3 + tokens))
-    body = {"prompt": ids if num_prompts == 1 else [ids] * num_prompts, "max_tokens": 4, "stream": stream,
-            **(extra or {})}
+    body = {
+        "prompt": ids if num_prompts == 1 else [ids] * num_prompts,
+        "max_tokens": 4,
+        "stream": stream,
+        **(extra or {}),
+    }
     req = PreparedRequest("completion", [ids] * num_prompts, [], body, stream)
     metrics = RouterMetrics()
 
     async def go() -> tuple[Dispatched, list[str]]:
         client = EngineClient()
-        flow = PDFlow(Scheduler(SchedulingConfig(pd_threshold=64), random.Random(0)), lambda: pool, client, metrics)
+        flow = PDFlow(
+            Scheduler(SchedulingConfig(pd_threshold=64), random.Random(0)), lambda: pool, client, metrics
+        )
         try:
             d = await flow.run(req, RequestContext(tokens, BS, {}, splittable=req.splittable), "req-1")
             events = [e.data async for e in d.stream.events()] if d.stream else []
@@ -125,8 +148,9 @@ def test_prompt_under_the_threshold_goes_to_decode_only(fakes: Any) -> None:
 
 def test_long_prompt_prefills_then_decodes_with_the_returned_params(fakes: Any) -> None:
     prefill, decode = fakes(), fakes()
-    d, metrics, events = run([Endpoint(prefill.url, "prefill"), Endpoint(decode.url, "decode")], tokens=100,
-                             stream=True)
+    d, metrics, events = run(
+        [Endpoint(prefill.url, "prefill"), Endpoint(decode.url, "decode")], tokens=100, stream=True
+    )
     sent = prefill.bodies[0]
     assert sent["max_tokens"] == 1 and sent["stream"] is False
     assert sent["kv_transfer_params"] == {"do_remote_decode": True} and len(sent["prompt"]) == 100
@@ -166,16 +190,25 @@ def test_client_errors_are_not_retried(fakes: Any) -> None:
     assert err.value.status == 400 and other.bodies == []
 
 
-@pytest.mark.parametrize(("extra", "num_prompts"), [
-    ({"prompt_logprobs": 1}, 1),
-    ({"echo": True, "logprobs": 0}, 1),
-    ({}, 2),
-])
-def test_requests_decode_must_compute_whole_are_never_split(fakes: Any, extra: dict, num_prompts: int) -> None:
+@pytest.mark.parametrize(
+    ("extra", "num_prompts"),
+    [
+        ({"prompt_logprobs": 1}, 1),
+        ({"echo": True, "logprobs": 0}, 1),
+        ({}, 2),
+    ],
+)
+def test_requests_decode_must_compute_whole_are_never_split(
+    fakes: Any, extra: dict, num_prompts: int
+) -> None:
     """Prompt logprobs are computed where the prompt runs, and one request has one KV hand-off."""
     prefill, decode = fakes(), fakes()
-    d, metrics, _ = run([Endpoint(prefill.url, "prefill"), Endpoint(decode.url, "decode")], tokens=100,
-                        extra=extra, num_prompts=num_prompts)
+    d, metrics, _ = run(
+        [Endpoint(prefill.url, "prefill"), Endpoint(decode.url, "decode")],
+        tokens=100,
+        extra=extra,
+        num_prompts=num_prompts,
+    )
     assert d.decision.prefill is None and prefill.bodies == []
     assert "kv_transfer_params" not in decode.bodies[0]
     assert all(decode.bodies[0][k] == v for k, v in extra.items())

@@ -23,8 +23,9 @@ PREFIX_BLOCKS = 4
 
 
 @pytest.fixture(scope="module")
-def routers(llama_dir: Path, log_dir: Path, engines: list[ServerProcess],
-            pool_redis: RedisServer) -> Iterator[list[RouterProcess]]:
+def routers(
+    llama_dir: Path, log_dir: Path, engines: list[ServerProcess], pool_redis: RedisServer
+) -> Iterator[list[RouterProcess]]:
     """Two router replicas over the same pool and index."""
     urls = [e.url for e in engines]
     replicas = [start_router(llama_dir, log_dir, urls, redis_url=pool_redis.url) for _ in range(2)]
@@ -40,7 +41,9 @@ def prefixes(count: int, seed: int) -> list[list[int]]:
 
 def complete(router: RouterProcess, prompt: list[int], **kw: object) -> httpx.Response:
     with router.http() as http:
-        response = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2, "temperature": 0, **kw})
+        response = http.post(
+            "/v1/completions", json={"prompt": prompt, "max_tokens": 2, "temperature": 0, **kw}
+        )
     assert response.status_code == 200, response.text
     return response
 
@@ -61,8 +64,9 @@ def wait_indexed(redis_url: str, prompt: list[int], timeout: float = 10.0) -> No
     raise AssertionError("the prompt's blocks never showed up in the index")
 
 
-def test_same_prefix_lands_on_its_holder_and_replicas_agree(routers: list[RouterProcess], pool_redis: RedisServer,
-                                                            engines: list[ServerProcess]) -> None:
+def test_same_prefix_lands_on_its_holder_and_replicas_agree(
+    routers: list[RouterProcess], pool_redis: RedisServer, engines: list[ServerProcess]
+) -> None:
     rng = random.Random(7)
     holders = {}
     for i, prefix in enumerate(prefixes(3, seed=1)):
@@ -82,12 +86,21 @@ def test_same_prefix_lands_on_its_holder_and_replicas_agree(routers: list[Router
     assert m["kvferry_router_index_lookup_seconds_count"] >= 3
 
 
-def test_openai_client_streams_chat_and_completions(routers: list[RouterProcess],
-                                                    engines: list[ServerProcess]) -> None:
+def test_openai_client_streams_chat_and_completions(
+    routers: list[RouterProcess], engines: list[ServerProcess]
+) -> None:
     client = openai.OpenAI(base_url=f"{routers[1].url}/v1", api_key="unused", max_retries=0)
     messages = [{"role": "user", "content": "Tell me about the ferry that carries KV blocks."}]
-    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=6, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
@@ -96,33 +109,44 @@ def test_openai_client_streams_chat_and_completions(routers: list[RouterProcess]
     reference = direct.chat.completions.create(model=MODEL, messages=messages, max_tokens=6, temperature=0)
     assert text == reference.choices[0].message.content  # the same tokens on both paths
     assert reference.usage.prompt_tokens == chunks[-1].usage.prompt_tokens
-    plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=6, temperature=0,
-                                           logprobs=True, top_logprobs=2)
+    plain = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2
+    )
     assert plain.choices[0].message.content == text
     assert len(plain.choices[0].logprobs.content) == 6
     assert len(plain.choices[0].logprobs.content[0].top_logprobs) == 2
-    stream = client.completions.create(model=MODEL, prompt="The router says", max_tokens=5, temperature=0,
-                                       stream=True)
+    stream = client.completions.create(
+        model=MODEL, prompt="The router says", max_tokens=5, temperature=0, stream=True
+    )
     pieces = list(stream)
     assert pieces[-1].choices[0].finish_reason == "length"
     expected = direct.completions.create(model=MODEL, prompt="The router says", max_tokens=5, temperature=0)
     assert "".join(p.choices[0].text for p in pieces) == expected.choices[0].text
 
 
-def test_prompt_logprobs_through_the_router(routers: list[RouterProcess], engines: list[ServerProcess]) -> None:
+def test_prompt_logprobs_through_the_router(
+    routers: list[RouterProcess], engines: list[ServerProcess]
+) -> None:
     """echo + logprobs and vLLM's prompt_logprobs pass through; chat gets them at the top level, as vLLM does."""
     client = openai.OpenAI(base_url=f"{routers[0].url}/v1", api_key="unused", max_retries=0)
     direct = openai.OpenAI(base_url=f"{engines[0].url}/v1", api_key="unused", max_retries=0)
-    kw = {"model": MODEL, "prompt": "The ferry scores its prompt", "max_tokens": 2, "temperature": 0,
-          "echo": True, "logprobs": 1}
+    kw = {
+        "model": MODEL,
+        "prompt": "The ferry scores its prompt",
+        "max_tokens": 2,
+        "temperature": 0,
+        "echo": True,
+        "logprobs": 1,
+    }
     routed, plain = client.completions.create(**kw).choices[0], direct.completions.create(**kw).choices[0]
     assert routed.text == plain.text and routed.text.startswith(kw["prompt"])  # the caller's text is echoed
     routed_lp, direct_lp = routed.logprobs, plain.logprobs
     assert routed_lp.tokens == direct_lp.tokens and routed_lp.token_logprobs[0] is None
     assert routed_lp.token_logprobs[1:] == pytest.approx(direct_lp.token_logprobs[1:], abs=1e-5)
     messages = [{"role": "user", "content": "score me"}]
-    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1,
-                                          extra_body={"prompt_logprobs": 1})
+    chat = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=1, extra_body={"prompt_logprobs": 1}
+    )
     plp = chat.model_extra["prompt_logprobs"]
     assert len(plp) == chat.usage.prompt_tokens and plp[0] is None and all(1 <= len(e) <= 2 for e in plp[1:])
 
@@ -130,13 +154,18 @@ def test_prompt_logprobs_through_the_router(routers: list[RouterProcess], engine
 def test_bad_input_gets_openai_error_json(routers: list[RouterProcess]) -> None:
     with routers[0].http() as http:
         missing = http.post("/v1/completions", json={"max_tokens": 2})
-        wrong_model = http.post("/v1/chat/completions", json={"model": "gpt-9", "messages": [{"role": "user",
-                                                                                               "content": "x"}]})
+        wrong_model = http.post(
+            "/v1/chat/completions", json={"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}
+        )
         too_long = http.post("/v1/completions", json={"prompt": [5] * 10, "max_tokens": 5000})
-        bad_json = http.post("/v1/completions", content=b"{nope", headers={"content-type": "application/json"})
+        bad_json = http.post(
+            "/v1/completions", content=b"{nope", headers={"content-type": "application/json"}
+        )
     assert missing.status_code == 400 and missing.json()["error"]["param"] == "prompt"
     assert wrong_model.status_code == 404 and wrong_model.json()["error"]["code"] == "model_not_found"
-    assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "max_tokens"  # the engine's answer
+    assert (
+        too_long.status_code == 400 and too_long.json()["error"]["param"] == "max_tokens"
+    )  # the engine's answer
     assert bad_json.status_code == 400 and bad_json.json()["error"]["type"] == "invalid_request_error"
 
 
@@ -155,7 +184,9 @@ def routed(router: RouterProcess) -> float:
     return sum(v for k, v in router.metrics().items() if k.startswith("kvferry_router_requests_total"))
 
 
-def test_context_length_comes_from_the_engines(routers: list[RouterProcess], engines: list[ServerProcess]) -> None:
+def test_context_length_comes_from_the_engines(
+    routers: list[RouterProcess], engines: list[ServerProcess]
+) -> None:
     with engines[0].http() as direct:
         limit = direct.get("/v1/models").json()["data"][0]["max_model_len"]
         long = [5] * (limit + 10)
@@ -165,12 +196,18 @@ def test_context_length_comes_from_the_engines(routers: list[RouterProcess], eng
         assert http.get("/v1/models").json()["data"][0]["max_model_len"] == limit
         assert http.post("/tokenize", json={"prompt": "hello ferry"}).json()["max_model_len"] == limit
         too_long = http.post("/v1/completions", json={"prompt": long, "max_tokens": 1})
-        chat = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "ferry " * limit}],
-                                                       "max_tokens": 1})
+        chat = http.post(
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "ferry " * limit}], "max_tokens": 1},
+        )
         fits = http.post("/v1/completions", json={"prompt": [5] * (limit - 1), "max_tokens": 1})
-    assert too_long.status_code == 400 and too_long.json()["error"] == engine_error  # the engine's words and field
+    assert (
+        too_long.status_code == 400 and too_long.json()["error"] == engine_error
+    )  # the engine's words and field
     assert chat.status_code == 400 and chat.json()["error"]["param"] == "messages"
-    assert chat.json()["error"]["message"].startswith(f"This model's maximum context length is {limit} tokens")
+    assert chat.json()["error"]["message"].startswith(
+        f"This model's maximum context length is {limit} tokens"
+    )
     assert fits.status_code == 200, fits.text
     assert routed(routers[0]) - before == 1  # the two long prompts never reached an engine
 
@@ -187,10 +224,13 @@ def test_context_length_before_any_engine_answered(llama_dir: Path, log_dir: Pat
         router.stop()
 
 
-def test_client_disconnect_aborts_the_engine_request(routers: list[RouterProcess],
-                                                     engines: list[ServerProcess]) -> None:
+def test_client_disconnect_aborts_the_engine_request(
+    routers: list[RouterProcess], engines: list[ServerProcess]
+) -> None:
     def aborted() -> float:
-        return sum(e.metrics().get('kvferry_request_success_total{finish_reason="abort"}', 0) for e in engines)
+        return sum(
+            e.metrics().get('kvferry_request_success_total{finish_reason="abort"}', 0) for e in engines
+        )
 
     before = aborted()
     body = {"prompt": prefixes(1, seed=4)[0], "max_tokens": 800, "ignore_eos": True, "stream": True}
@@ -202,8 +242,9 @@ def test_client_disconnect_aborts_the_engine_request(routers: list[RouterProcess
         time.sleep(0.1)
 
 
-def test_mismatched_block_size_fails_the_self_check(llama_dir: Path, log_dir: Path,
-                                                    engines: list[ServerProcess]) -> None:
+def test_mismatched_block_size_fails_the_self_check(
+    llama_dir: Path, log_dir: Path, engines: list[ServerProcess]
+) -> None:
     router = start_router(llama_dir, log_dir, [engines[0].url], "--block-size", "32", healthy=False)
     try:
         deadline = time.monotonic() + 20
@@ -232,12 +273,17 @@ def test_redis_stopped_mid_test_routes_by_load(routers: list[RouterProcess], poo
         pool_redis.start()
 
 
-def test_killed_engine_mid_stream_then_retried_and_taken_out(llama_dir: Path, log_dir: Path,
-                                                             routers: list[RouterProcess], pool_redis: RedisServer,
-                                                             engines: list[ServerProcess]) -> None:
+def test_killed_engine_mid_stream_then_retried_and_taken_out(
+    llama_dir: Path,
+    log_dir: Path,
+    routers: list[RouterProcess],
+    pool_redis: RedisServer,
+    engines: list[ServerProcess],
+) -> None:
     # A replica that polls rarely still sends requests to the dead engine: they must be retried elsewhere.
-    slow = start_router(llama_dir, log_dir, [e.url for e in engines], "--poll-interval", "60",
-                        redis_url=pool_redis.url)
+    slow = start_router(
+        llama_dir, log_dir, [e.url for e in engines], "--poll-interval", "60", redis_url=pool_redis.url
+    )
     try:
         prefix = prefixes(1, seed=3)[0]
         holder = complete(slow, prefix).headers["x-kvferry-endpoint"]

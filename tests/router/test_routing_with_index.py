@@ -22,7 +22,9 @@ def publish_prefixes(redis_url: str) -> list[KVEventPublisher]:
     """Engine i has served prefix i (its blocks are in its GPU cache)."""
     pubs = []
     for i, url in enumerate(URLS):
-        pub = KVEventPublisher(redis_url, f"engine-{i}", url, settings=PublisherSettings(heartbeat_interval_s=0.2))
+        pub = KVEventPublisher(
+            redis_url, f"engine-{i}", url, settings=PublisherSettings(heartbeat_interval_s=0.2)
+        )
         pub.publish([BlockStored(tuple(HASHER.hash_tokens(PREFIXES[i])), None, (), BS)])
         assert pub.flush()
         pubs.append(pub)
@@ -37,10 +39,14 @@ async def route(index: AsyncPrefixIndex, sched: Scheduler, pool: list[Endpoint],
 
 def test_same_prefix_lands_on_its_holder_and_two_replicas_agree(redis_server: RedisServer) -> None:
     pubs = publish_prefixes(redis_server.url)
-    pool = [Endpoint(u, load=EndpointLoad(waiting=w, kv_usage=0.3)) for u, w in zip(URLS, (2, 0, 1), strict=True)]
+    pool = [
+        Endpoint(u, load=EndpointLoad(waiting=w, kv_usage=0.3)) for u, w in zip(URLS, (2, 0, 1), strict=True)
+    ]
     rng = random.Random(1)
-    requests = [(i, PREFIXES[i] + [rng.randrange(50000) for _ in range(rng.randrange(1, 100))])
-                for i in rng.choices(range(3), k=24)]
+    requests = [
+        (i, PREFIXES[i] + [rng.randrange(50000) for _ in range(rng.randrange(1, 100))])
+        for i in rng.choices(range(3), k=24)
+    ]
 
     async def scenario() -> tuple[list[str], list[str]]:
         replicas = [AsyncPrefixIndex.from_url(redis_server.url, budget_s=0.5) for _ in range(2)]

@@ -35,18 +35,28 @@ def ctx(prompt_tokens: int, **longest: int) -> RequestContext:
 
 
 def test_filters_drop_unhealthy_draining_wrong_role_and_tried() -> None:
-    pool = [ep("http://a"), ep("http://b", healthy=False), ep("http://c", draining=True),
-            ep("http://p", "prefill"), ep("http://d", "decode"), ep("http://e/")]
+    pool = [
+        ep("http://a"),
+        ep("http://b", healthy=False),
+        ep("http://c", draining=True),
+        ep("http://p", "prefill"),
+        ep("http://d", "decode"),
+        ep("http://e/"),
+    ]
     assert [e.url for e in eligible(pool, DECODE_ROLES)] == ["http://a", "http://d", "http://e"]
     assert [e.url for e in eligible(pool, DECODE_ROLES, exclude=["http://a/", "http://e"])] == ["http://d"]
 
 
 def test_scorers() -> None:
     pool = [ep("http://a", waiting=4, kv=0.25), ep("http://b", waiting=0, kv=1.5), ep("http://c", waiting=2)]
-    c = RequestContext(10 * BS, BS, {
-        "http://a": PrefixMatch("a", "http://a", gpu=8, longest=8),
-        "http://b": PrefixMatch("b", "http://b", gpu=2, cpu=10, longest=10),
-    })
+    c = RequestContext(
+        10 * BS,
+        BS,
+        {
+            "http://a": PrefixMatch("a", "http://a", gpu=8, longest=8),
+            "http://b": PrefixMatch("b", "http://b", gpu=2, cpu=10, longest=10),
+        },
+    )
     assert PrefixScorer().score(pool, c) == pytest.approx([0.8, 0.8, 0.0])  # b's cpu blocks weigh 0.8
     assert PrefixScorer({"gpu": 1.0}).score(pool, c) == pytest.approx([0.8, 0.2, 0.0])
     assert PrefixScorer().score(pool, RequestContext(160, BS, None)) == [0.0, 0.0, 0.0]  # index down
@@ -127,5 +137,9 @@ def test_context_rekeys_the_index_answer_by_url() -> None:
     assert c.cached_tokens(ep("http://10.0.0.7:8000")) == 48
     assert c.cached_tokens(ep("http://other")) == 0
     assert RequestContext.from_lookup(100, BS, None).matches is None
-    assert RequestContext(40, BS, {"http://x": PrefixMatch("x", "http://x", gpu=3, longest=3)}).cached_tokens(
-        ep("http://x")) == 40
+    assert (
+        RequestContext(40, BS, {"http://x": PrefixMatch("x", "http://x", gpu=3, longest=3)}).cached_tokens(
+            ep("http://x")
+        )
+        == 40
+    )

@@ -27,7 +27,15 @@ def generate(out_dir: Path = REPO_ROOT) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     for proto in sorted(PROTO_DIR.glob("*.proto")):
         rel = proto.relative_to(REPO_ROOT)
-        cmd = [sys.executable, "-c", _PROTOC, f"-I{REPO_ROOT}", f"--python_out={out_dir}", f"--grpc_python_out={out_dir}", str(rel)]
+        cmd = [
+            sys.executable,
+            "-c",
+            _PROTOC,
+            f"-I{REPO_ROOT}",
+            f"--python_out={out_dir}",
+            f"--grpc_python_out={out_dir}",
+            str(rel),
+        ]
         done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"protoc failed on {rel}: {done.stderr.strip()}")
@@ -37,7 +45,9 @@ def generate(out_dir: Path = REPO_ROOT) -> list[Path]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", type=Path, default=REPO_ROOT, help="root to write services/common/proto/ under")
+    parser.add_argument(
+        "--out", type=Path, default=REPO_ROOT, help="root to write services/common/proto/ under"
+    )
     for path in generate(parser.parse_args().out):
         print(path)
     return 0

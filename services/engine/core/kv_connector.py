@@ -77,9 +77,13 @@ class KVConnector(Protocol):
 
     def get_num_new_matched_tokens(self, request: Request, num_local_computed: int) -> Match | None: ...
 
-    def update_state_after_alloc(self, request: Request, block_ids: Sequence[int], num_external: int) -> None: ...
+    def update_state_after_alloc(
+        self, request: Request, block_ids: Sequence[int], num_external: int
+    ) -> None: ...
 
-    def request_finished(self, request: Request, block_ids: Sequence[int]) -> tuple[bool, KVTransferParams | None]: ...
+    def request_finished(
+        self, request: Request, block_ids: Sequence[int]
+    ) -> tuple[bool, KVTransferParams | None]: ...
 
     def get_finished(self) -> FinishedTransfers: ...
 
@@ -99,7 +103,9 @@ class NullConnector:
     def update_state_after_alloc(self, request: Request, block_ids: Sequence[int], num_external: int) -> None:
         return None
 
-    def request_finished(self, request: Request, block_ids: Sequence[int]) -> tuple[bool, KVTransferParams | None]:
+    def request_finished(
+        self, request: Request, block_ids: Sequence[int]
+    ) -> tuple[bool, KVTransferParams | None]:
         return False, None
 
     def get_finished(self) -> FinishedTransfers:
@@ -134,7 +140,9 @@ class MultiConnector:
         if owner is not None:
             owner.update_state_after_alloc(request, block_ids, num_external)
 
-    def request_finished(self, request: Request, block_ids: Sequence[int]) -> tuple[bool, KVTransferParams | None]:
+    def request_finished(
+        self, request: Request, block_ids: Sequence[int]
+    ) -> tuple[bool, KVTransferParams | None]:
         self._owner.pop(request.request_id, None)
         delay, params = False, None
         for member in self.members:
@@ -147,9 +155,11 @@ class MultiConnector:
         reports = [f for f in (m.get_finished() for m in self.members) if f]
         if not reports:
             return NOTHING_FINISHED
-        return FinishedTransfers(frozenset().union(*(f.sent for f in reports)),
-                                 frozenset().union(*(f.received for f in reports)),
-                                 frozenset().union(*(f.failed for f in reports)))
+        return FinishedTransfers(
+            frozenset().union(*(f.sent for f in reports)),
+            frozenset().union(*(f.received for f in reports)),
+            frozenset().union(*(f.failed for f in reports)),
+        )
 
     def stats(self) -> TransferStats:
         total = TransferStats()

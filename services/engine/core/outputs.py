@@ -79,9 +79,13 @@ class EngineCoreOutput:
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
     error: str | None = None
-    kv_transfer_params: dict[str, Any] | None = None  # prefill: where the prompt's blocks are (for a decode engine)
+    kv_transfer_params: dict[str, Any] | None = (
+        None  # prefill: where the prompt's blocks are (for a decode engine)
+    )
     queue_time_s: float | None = None  # arrival in the engine to first scheduled
-    prompt_logprobs: tuple[Logprobs | None, ...] | None = None  # with the first token; None for prompt token 0
+    prompt_logprobs: tuple[Logprobs | None, ...] | None = (
+        None  # with the first token; None for prompt token 0
+    )
 
     @property
     def finished(self) -> bool:

@@ -47,8 +47,14 @@ _FINISHED = frozenset(
     }
 )
 _S = RequestStatus
-_FINISH_REASONS: Mapping[RequestStatus, FinishReason] = MappingProxyType({
-    _S.FINISHED_STOPPED: "stop", _S.FINISHED_LENGTH: "length", _S.FINISHED_ABORTED: "abort", _S.FINISHED_ERROR: "error"})
+_FINISH_REASONS: Mapping[RequestStatus, FinishReason] = MappingProxyType(
+    {
+        _S.FINISHED_STOPPED: "stop",
+        _S.FINISHED_LENGTH: "length",
+        _S.FINISHED_ABORTED: "abort",
+        _S.FINISHED_ERROR: "error",
+    }
+)
 _ALLOWED: dict[RequestStatus, frozenset[RequestStatus]] = {
     _S.WAITING: frozenset({_S.RUNNING, _S.WAITING_FOR_REMOTE_KV}) | _FINISHED,
     _S.WAITING_FOR_REMOTE_KV: frozenset({_S.WAITING, _S.RUNNING}) | _FINISHED,
@@ -91,11 +97,14 @@ class Request:
         self.stop_reason: int | str | None = None
         # P/D: do_remote_decode (prefill keeps the KV) or do_remote_prefill (decode pulls it, once)
         self.kv_transfer_params = kv_transfer_params
-        self.remote_kv_out: KVTransferParams | None = None  # what a connector answers (prefill: where the blocks are)
+        self.remote_kv_out: KVTransferParams | None = (
+            None  # what a connector answers (prefill: where the blocks are)
+        )
         # prompt logprobs: the first prompt token has none; filled chunk by chunk, sent (and dropped) with the
         # first generated token
         self.prompt_logprobs: list[Logprobs | None] | None = (
-            [None] if sampling_params.prompt_logprobs is not None else None)
+            [None] if sampling_params.prompt_logprobs is not None else None
+        )
         self._hash_fn = hash_fn
         self.block_hashes: list[bytes] = []
         if hash_fn is not None:
@@ -136,7 +145,7 @@ class Request:
         """Record prompt tokens first..; a recompute after preemption repeats known ones, which are kept."""
         have = self.prompt_logprobs
         if have is not None and first <= len(have):
-            have.extend(entries[len(have) - first:])
+            have.extend(entries[len(have) - first :])
 
     def take_prompt_logprobs(self) -> tuple[Logprobs | None, ...] | None:
         """The complete prompt logprobs, once (they go out with the first generated token)."""

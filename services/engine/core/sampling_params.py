@@ -26,7 +26,9 @@ class SamplingParams(BaseModel):
     stop_token_ids: tuple[int, ...] = ()
     include_stop_str_in_output: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)
-    prompt_logprobs: int | None = Field(None, ge=0, le=20)  # logprobs of the prompt's tokens (top-n alternatives)
+    prompt_logprobs: int | None = Field(
+        None, ge=0, le=20
+    )  # logprobs of the prompt's tokens (top-n alternatives)
     skip_special_tokens: bool = True
 
     @field_validator("stop", mode="before")

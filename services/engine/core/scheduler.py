@@ -57,8 +57,9 @@ class Scheduler:
     WAITING_FOR_REMOTE_KV, and finished requests may keep their blocks until the connector lets go.
     """
 
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager,
-                 connector: KVConnector | None = None) -> None:
+    def __init__(
+        self, config: SchedulerConfig, kv_cache_manager: KVCacheManager, connector: KVConnector | None = None
+    ) -> None:
         self.config = config
         self.kv = kv_cache_manager
         self.connector: KVConnector = connector or NullConnector()
@@ -203,8 +204,10 @@ class Scheduler:
         self._known_to_runner.discard(request.request_id)
         plan.preempted.add(request.request_id)
         # Behind the waiting requests that hold received KV: they cannot be preempted, only run.
-        holders = next((i for i, r in enumerate(self.waiting) if r.request_id not in self.kv.req_to_blocks),
-                       len(self.waiting))
+        holders = next(
+            (i for i, r in enumerate(self.waiting) if r.request_id not in self.kv.req_to_blocks),
+            len(self.waiting),
+        )
         self.waiting.insert(holders, request)
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
@@ -234,8 +237,9 @@ class Scheduler:
                 num_external, load_async = match[0], match[1] and match[0] > 0
         num_computed = request.num_computed_tokens + num_local + num_external
         num_new = 0 if load_async else min(request.num_tokens - num_computed, plan.budget)
-        new_blocks = self.kv.allocate_slots(request, num_external + num_new, computed, num_local,
-                                            cache=not load_async)
+        new_blocks = self.kv.allocate_slots(
+            request, num_external + num_new, computed, num_local, cache=not load_async
+        )
         if new_blocks is None:
             return _Admit.BLOCKED
         if not holds_kv:
@@ -272,9 +276,7 @@ class Scheduler:
         plan.budget -= num_new
 
     # ------------------------------------------------------------------ results
-    def update_from_output(
-        self, sched: SchedulerOutput, result: ModelRunnerOutput
-    ) -> list[EngineCoreOutput]:
+    def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """Advance every scheduled request by its computed tokens and its sampled token."""
         sampled = dict(zip(result.req_ids, result.sampled_token_ids, strict=True))
         logprobs = dict(zip(result.req_ids, result.logprobs, strict=True))

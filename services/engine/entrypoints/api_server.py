@@ -95,9 +95,16 @@ def build_app(llm: AsyncLLM, settings: ServerSettings, role: EngineRole | None =
     ``role`` must be the one whose connectors ``llm`` was built with (its routes and admission use them).
     """
     name = llm.config.model_name
-    ctx = ServingContext(llm=llm, settings=settings, metrics=ServerMetrics(llm.stats, name), model_name=name,
-                         max_model_len=llm.engine.max_model_len, vocab_size=llm.engine.core.model_config.vocab_size,
-                         state=ServerState(drain_timeout=settings.drain_timeout), role=role or AggregatedRole())
+    ctx = ServingContext(
+        llm=llm,
+        settings=settings,
+        metrics=ServerMetrics(llm.stats, name),
+        model_name=name,
+        max_model_len=llm.engine.max_model_len,
+        vocab_size=llm.engine.core.model_config.vocab_size,
+        state=ServerState(drain_timeout=settings.drain_timeout),
+        role=role or AggregatedRole(),
+    )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

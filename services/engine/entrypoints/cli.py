@@ -44,7 +44,9 @@ def _role(value: str) -> RoleName:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def add_parser(subparsers: argparse._SubParsersAction, roles: Mapping[str, RoleFactory]) -> argparse.ArgumentParser:
+def add_parser(
+    subparsers: argparse._SubParsersAction, roles: Mapping[str, RoleFactory]
+) -> argparse.ArgumentParser:
     """Add ``serve`` to the ``kvferry`` parser; ``roles`` builds the role each ``--role`` value names."""
     p = subparsers.add_parser("serve", help="run an engine server (OpenAI API)")
     add = p.add_argument
@@ -63,18 +65,34 @@ def add_parser(subparsers: argparse._SubParsersAction, roles: Mapping[str, RoleF
     add("--host", default="127.0.0.1")
     add("--port", type=int, default=8000)
     add("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
-    add("--role", type=_role, default="both",
-        help="both (aggregated) | prefill (keeps KV for a decode engine) | decode (pulls KV from prefill)")
-    add("--kv-lease", type=float, default=None, help="prefill only: seconds blocks are kept for a decode read (30)")
+    add(
+        "--role",
+        type=_role,
+        default="both",
+        help="both (aggregated) | prefill (keeps KV for a decode engine) | decode (pulls KV from prefill)",
+    )
+    add(
+        "--kv-lease",
+        type=float,
+        default=None,
+        help="prefill only: seconds blocks are kept for a decode read (30)",
+    )
     add("--kvstore-url", default=None, help="shared KV tier (grpc://host:port): offload blocks, fetch misses")
-    add("--no-nixl", dest="use_nixl", action="store_false",
-        help="prefill/decode: move KV through the kvstore instead of NIXL")
+    add(
+        "--no-nixl",
+        dest="use_nixl",
+        action="store_false",
+        help="prefill/decode: move KV through the kvstore instead of NIXL",
+    )
     add("--request-timeout", type=float, default=None, help="seconds before a request is aborted")
     add("--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits for running requests")
     add("--redis-url", default=None, help="publish KV cache events to this prefix index (redis://host:port)")
     add("--engine-id", default=None, help="stable id in the prefix index (default: $POD_NAME or host:port)")
-    add("--advertise-url", default=None,
-        help="URL routers use for this engine, as listed in the index (default: http://host:port)")
+    add(
+        "--advertise-url",
+        default=None,
+        help="URL routers use for this engine, as listed in the index (default: http://host:port)",
+    )
     add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=partial(run, roles=roles))
     return p
@@ -90,14 +108,24 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
 
         model = str(ensure_default_model())
     engine = EngineConfig(
-        model=model, served_model_name=args.served_model_name, dtype=args.dtype, block_size=args.block_size,
-        num_kv_blocks=args.num_kv_blocks, kv_cache_memory_gb=args.kv_cache_memory,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len, enable_prefix_caching=args.prefix_caching, device=args.device,
-        seed=args.seed, kvstore_url=args.kvstore_url, use_nixl=args.use_nixl,
+        model=model,
+        served_model_name=args.served_model_name,
+        dtype=args.dtype,
+        block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks,
+        kv_cache_memory_gb=args.kv_cache_memory,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=args.prefix_caching,
+        device=args.device,
+        seed=args.seed,
+        kvstore_url=args.kvstore_url,
+        use_nixl=args.use_nixl,
     )
-    server = ServerSettings(api_key=args.api_key, request_timeout=args.request_timeout,
-                            drain_timeout=args.drain_timeout)
+    server = ServerSettings(
+        api_key=args.api_key, request_timeout=args.request_timeout, drain_timeout=args.drain_timeout
+    )
     return engine, server
 
 
@@ -166,15 +194,23 @@ def build(args: argparse.Namespace, roles: Mapping[str, RoleFactory]) -> tuple[F
 
 def run(args: argparse.Namespace, roles: Mapping[str, RoleFactory]) -> int:
     """Load the model, serve until SIGTERM/SIGINT, drain, exit 0 (1 when the model cannot load)."""
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         app, settings = build(args, roles)
     except ServeError as exc:
         print(f"kvferry serve: error: {exc}", file=sys.stderr)
         return exc.code
     # The app fails what is left at --drain-timeout itself; uvicorn's own cut is only a backstop.
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                            timeout_graceful_shutdown=math.ceil(settings.drain_timeout + _BACKSTOP_S))
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=math.ceil(settings.drain_timeout + _BACKSTOP_S),
+    )
     server = DrainingServer(config, on_exit=app.state.ctx.state.begin_drain)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _ignore)

@@ -44,9 +44,14 @@ class Generation:
     async def _pump(self, sub: SubRequest) -> None:
         timer = self._timers[sub.index]
         opts = self._options
-        gen = self._ctx.llm.generate(sub.prompt_ids, sub.params, f"{opts.request_id}-{sub.index}",
-                                     cache_salt=opts.cache_salt, priority=opts.priority,
-                                     kv_transfer_params=opts.kv_transfer_params)
+        gen = self._ctx.llm.generate(
+            sub.prompt_ids,
+            sub.params,
+            f"{opts.request_id}-{sub.index}",
+            cache_salt=opts.cache_salt,
+            priority=opts.priority,
+            kv_transfer_params=opts.kv_transfer_params,
+        )
         try:
             async with aclosing(gen):
                 async for out in gen:
@@ -114,8 +119,11 @@ class Generation:
     def usage(self) -> Usage:
         """Usage over all choices: each prompt counted once, cached tokens from its first sample."""
         prompt = sum(len(s.prompt_ids) for s in self.subs if s.sample == 0)
-        cached = sum(self.finals[s.index].num_cached_tokens for s in self.subs
-                     if s.sample == 0 and s.index in self.finals)
+        cached = sum(
+            self.finals[s.index].num_cached_tokens
+            for s in self.subs
+            if s.sample == 0 and s.index in self.finals
+        )
         completion = sum(len(out.outputs[0].token_ids) for out in self.finals.values())
         return Usage.of(prompt, completion, cached)
 

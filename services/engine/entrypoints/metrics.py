@@ -15,12 +15,76 @@ from services.engine.async_llm import EngineStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-                 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
-_ITL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-                10.0, 20.0, 40.0, 80.0)
-_REQUEST_BUCKETS = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
-                    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+_TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+)
+_ITL_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+_REQUEST_BUCKETS = (
+    0.05,
+    0.1,
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 
 
 class _EngineCollector(Collector):
@@ -31,26 +95,35 @@ class _EngineCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s = self._stats()
-        yield GaugeMetricFamily(lr.NUM_REQUESTS_RUNNING, "Requests in the running batch.",
-                                value=s.num_running)
-        yield GaugeMetricFamily(lr.NUM_REQUESTS_WAITING, "Requests waiting to be scheduled.",
-                                value=s.num_waiting)
-        yield GaugeMetricFamily(lr.KV_CACHE_USAGE_RATIO, "Fraction of KV blocks in use (0..1).",
-                                value=s.kv_cache_usage)
-        yield CounterMetricFamily(lr.PREFIX_CACHE_QUERIES, "Prompt tokens looked up in the prefix cache.",
-                                  value=s.prefix_queries)
-        yield CounterMetricFamily(lr.PREFIX_CACHE_HITS, "Prompt tokens served from the prefix cache.",
-                                  value=s.prefix_hits)
-        yield CounterMetricFamily(lr.NUM_PREEMPTIONS, "Requests preempted (KV blocks ran out).",
-                                  value=s.num_preemptions)
-        blocks = CounterMetricFamily(lr.KV_TRANSFER_BLOCKS, "KV blocks moved between engines.",
-                                     labels=["direction", "path"])
+        yield GaugeMetricFamily(
+            lr.NUM_REQUESTS_RUNNING, "Requests in the running batch.", value=s.num_running
+        )
+        yield GaugeMetricFamily(
+            lr.NUM_REQUESTS_WAITING, "Requests waiting to be scheduled.", value=s.num_waiting
+        )
+        yield GaugeMetricFamily(
+            lr.KV_CACHE_USAGE_RATIO, "Fraction of KV blocks in use (0..1).", value=s.kv_cache_usage
+        )
+        yield CounterMetricFamily(
+            lr.PREFIX_CACHE_QUERIES, "Prompt tokens looked up in the prefix cache.", value=s.prefix_queries
+        )
+        yield CounterMetricFamily(
+            lr.PREFIX_CACHE_HITS, "Prompt tokens served from the prefix cache.", value=s.prefix_hits
+        )
+        yield CounterMetricFamily(
+            lr.NUM_PREEMPTIONS, "Requests preempted (KV blocks ran out).", value=s.num_preemptions
+        )
+        blocks = CounterMetricFamily(
+            lr.KV_TRANSFER_BLOCKS, "KV blocks moved between engines.", labels=["direction", "path"]
+        )
         for (direction, path), n in sorted(s.kv_transfer_blocks.items()):
             blocks.add_metric([direction, path], n)
         yield blocks
-        failures = CounterMetricFamily(lr.KV_TRANSFER_FAILURES,
-                                       "KV transfers that failed (the prompt was recomputed), by reason.",
-                                       labels=["reason"])
+        failures = CounterMetricFamily(
+            lr.KV_TRANSFER_FAILURES,
+            "KV transfers that failed (the prompt was recomputed), by reason.",
+            labels=["reason"],
+        )
         for reason, n in sorted(s.kv_transfer_failures.items()):
             failures.add_metric([reason], n)
         yield failures
@@ -64,22 +137,39 @@ class ServerMetrics:
         reg = self.registry
         self.prompt_tokens = Counter(lr.PROMPT_TOKENS, "Prompt tokens of finished requests.", registry=reg)
         self.generation_tokens = Counter(lr.GENERATION_TOKENS, "Generated tokens.", registry=reg)
-        self.request_success = Counter(lr.REQUEST_SUCCESS, "Finished requests by finish reason.",
-                                       ["finish_reason"], registry=reg)
-        self.ttft = Histogram(lr.TIME_TO_FIRST_TOKEN_SECONDS, "Arrival to first generated token.",
-                              buckets=_TTFT_BUCKETS, registry=reg)
-        self.itl = Histogram(lr.INTER_TOKEN_LATENCY_SECONDS, "Time between consecutive outputs.",
-                             buckets=_ITL_BUCKETS, registry=reg)
-        self.e2e = Histogram(lr.E2E_REQUEST_LATENCY_SECONDS, "Arrival to last token.",
-                             buckets=_REQUEST_BUCKETS, registry=reg)
-        self.queue_time = Histogram(lr.REQUEST_QUEUE_TIME_SECONDS,
-                                    "Arrival to the engine's first output (queueing plus the prefill step).",
-                                    buckets=_REQUEST_BUCKETS, registry=reg)
+        self.request_success = Counter(
+            lr.REQUEST_SUCCESS, "Finished requests by finish reason.", ["finish_reason"], registry=reg
+        )
+        self.ttft = Histogram(
+            lr.TIME_TO_FIRST_TOKEN_SECONDS,
+            "Arrival to first generated token.",
+            buckets=_TTFT_BUCKETS,
+            registry=reg,
+        )
+        self.itl = Histogram(
+            lr.INTER_TOKEN_LATENCY_SECONDS,
+            "Time between consecutive outputs.",
+            buckets=_ITL_BUCKETS,
+            registry=reg,
+        )
+        self.e2e = Histogram(
+            lr.E2E_REQUEST_LATENCY_SECONDS, "Arrival to last token.", buckets=_REQUEST_BUCKETS, registry=reg
+        )
+        self.queue_time = Histogram(
+            lr.REQUEST_QUEUE_TIME_SECONDS,
+            "Arrival to the engine's first output (queueing plus the prefill step).",
+            buckets=_REQUEST_BUCKETS,
+            registry=reg,
+        )
         stats_now = stats()
-        Info(lr.CACHE_CONFIG, "KV cache settings a pool must agree on.", registry=reg).info({
-            "block_size": str(stats_now.block_size), "num_blocks": str(stats_now.num_blocks),
-            "hash_version": str(HASH_VERSION), "model": model,
-        })
+        Info(lr.CACHE_CONFIG, "KV cache settings a pool must agree on.", registry=reg).info(
+            {
+                "block_size": str(stats_now.block_size),
+                "num_blocks": str(stats_now.num_blocks),
+                "hash_version": str(HASH_VERSION),
+                "model": model,
+            }
+        )
         reg.register(_EngineCollector(stats))
 
     def render(self) -> bytes:

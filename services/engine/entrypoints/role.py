@@ -53,12 +53,16 @@ def parse_kv_transfer_params(raw: dict[str, Any], n: int, role: str, unsupported
     try:
         params = KVTransferParams.model_validate(raw)
     except ValidationError as exc:
-        raise bad_request(f"invalid kv_transfer_params: {exc.errors()[0]['msg']}", "kv_transfer_params") from exc
+        raise bad_request(
+            f"invalid kv_transfer_params: {exc.errors()[0]['msg']}", "kv_transfer_params"
+        ) from exc
     if n != 1:
         raise bad_request("kv_transfer_params needs n=1", "n")
     if getattr(params, unsupported):
-        raise bad_request(f"this is a {role} engine: kv_transfer_params.{unsupported} is not served here",
-                          "kv_transfer_params")
+        raise bad_request(
+            f"this is a {role} engine: kv_transfer_params.{unsupported} is not served here",
+            "kv_transfer_params",
+        )
     return params
 
 

@@ -43,7 +43,9 @@ class ServingContext:
     def check_ready(self) -> None:
         """Raise 503 unless the engine is warm and not draining."""
         if not self.state.is_ready(self.llm):
-            raise not_ready("The server is draining." if self.state.draining else "The server is not ready yet.")
+            raise not_ready(
+                "The server is draining." if self.state.draining else "The server is not ready yet."
+            )
 
     def check_model(self, model: str | None) -> None:
         """Raise 404 for a model this server does not serve (no model means this one)."""
@@ -67,19 +69,31 @@ def output_budget(req: SamplingRequest, prompt_len: int, max_model_len: int) -> 
     requested = req.max_output_tokens()
     room = max_model_len - prompt_len
     if room < 1:
-        raise bad_request(f"This model's maximum context length is {max_model_len} tokens, but the prompt has "
-                          f"{prompt_len} tokens (at least one must be left for the output).", "prompt")
+        raise bad_request(
+            f"This model's maximum context length is {max_model_len} tokens, but the prompt has "
+            f"{prompt_len} tokens (at least one must be left for the output).",
+            "prompt",
+        )
     if requested is None:
         return room
     if requested > room:
-        raise bad_request(f"This model's maximum context length is {max_model_len} tokens; you requested "
-                          f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for the "
-                          "output). Reduce the prompt or max_tokens.", "max_tokens")
+        raise bad_request(
+            f"This model's maximum context length is {max_model_len} tokens; you requested "
+            f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for the "
+            "output). Reduce the prompt or max_tokens.",
+            "max_tokens",
+        )
     return requested
 
 
-def sampling_params(req: SamplingRequest, max_tokens: int, logprobs: int | None, seed: int | None,
-                    vocab_size: int, prompt_logprobs: int | None = None) -> SamplingParams:
+def sampling_params(
+    req: SamplingRequest,
+    max_tokens: int,
+    logprobs: int | None,
+    seed: int | None,
+    vocab_size: int,
+    prompt_logprobs: int | None = None,
+) -> SamplingParams:
     """Engine SamplingParams for one sub-request; 400 for values the engine cannot serve."""
     if req.n > MAX_N:
         raise bad_request(f"n must be at most {MAX_N}, got {req.n}", "n")
@@ -89,19 +103,32 @@ def sampling_params(req: SamplingRequest, max_tokens: int, logprobs: int | None,
         return SamplingParams(
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=req.top_k or 0, min_p=req.min_p or 0.0, seed=seed,
-            presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-            repetition_penalty=req.repetition_penalty or 1.0, max_tokens=max_tokens,
-            min_tokens=min(req.min_tokens, max_tokens), ignore_eos=req.ignore_eos, stop=tuple(req.stop_strings()),
-            stop_token_ids=tuple(req.stop_token_ids or ()), logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+            top_k=req.top_k or 0,
+            min_p=req.min_p or 0.0,
+            seed=seed,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            repetition_penalty=req.repetition_penalty or 1.0,
+            max_tokens=max_tokens,
+            min_tokens=min(req.min_tokens, max_tokens),
+            ignore_eos=req.ignore_eos,
+            stop=tuple(req.stop_strings()),
+            stop_token_ids=tuple(req.stop_token_ids or ()),
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         raise bad_request(f"invalid sampling parameters: {first['msg']}") from exc
 
 
-def fan_out(req: SamplingRequest, prompts: list[list[int]], ctx: ServingContext,
-            logprobs: int | None, prompt_logprobs: int | None = None) -> list[SubRequest]:
+def fan_out(
+    req: SamplingRequest,
+    prompts: list[list[int]],
+    ctx: ServingContext,
+    logprobs: int | None,
+    prompt_logprobs: int | None = None,
+) -> list[SubRequest]:
     """``n`` sub-requests per prompt (seeds ``seed + i``); choice index ``prompt * n + i``."""
     subs = []
     for p, ids in enumerate(prompts):
@@ -125,10 +152,17 @@ def validate_prompt(ctx: ServingContext, sub: SubRequest) -> None:
 
 def engine_error(message: str) -> OpenAIError:
     """500 for a request the engine failed (a failing step fails only its requests)."""
-    return OpenAIError(500, f"The engine failed this request: {message}", "server_error", None, "engine_error")
+    return OpenAIError(
+        500, f"The engine failed this request: {message}", "server_error", None, "engine_error"
+    )
 
 
 def request_timeout(seconds: float) -> OpenAIError:
     """504 for a request that ran past ``--request-timeout`` (it was aborted and its KV freed)."""
-    return OpenAIError(504, f"The request did not finish within the server's request timeout of {seconds:g}s "
-                       "and was aborted.", "server_error", None, "request_timeout")
+    return OpenAIError(
+        504,
+        f"The request did not finish within the server's request timeout of {seconds:g}s and was aborted.",
+        "server_error",
+        None,
+        "request_timeout",
+    )

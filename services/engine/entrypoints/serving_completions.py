@@ -43,8 +43,9 @@ def _prompts(ctx: ServingContext, body: CompletionRequest) -> list[_Prompt]:
     return out
 
 
-async def create_completion(ctx: ServingContext, body: CompletionRequest, request: Request,
-                            request_id: str) -> Response:
+async def create_completion(
+    ctx: ServingContext, body: CompletionRequest, request: Request, request_id: str
+) -> Response:
     """Serve one completions request (streamed or not)."""
     ctx.check_ready()
     ctx.check_model(body.model)
@@ -52,33 +53,53 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, reques
     subs = fan_out(body, [p.ids for p in prompts], ctx, body.logprobs, body.engine_prompt_logprobs())
     kv_params = await ctx.role.admit(body.kv_transfer_params, len(subs))
     gen = Generation(ctx, subs, RequestOptions(request_id, body.cache_salt, body.priority, kv_params))
-    stream = StreamContext("completion", ctx.model_name, body.include_usage_in_stream(), id=f"cmpl-{request_id}")
+    stream = StreamContext(
+        "completion", ctx.model_name, body.include_usage_in_stream(), id=f"cmpl-{request_id}"
+    )
     if body.stream:
         return SSEResponse(_events(ctx, body, gen, prompts, stream))
     finals = await cancel_on_disconnect(request, gen.run())
     if finals is None:
         return Response(status_code=499)
     choices = [_choice(ctx, body, sub, prompts[sub.prompt], finals[sub.index]) for sub in subs]
-    response = CompletionResponse(id=stream.id, created=stream.created, model=ctx.model_name,
-                                  choices=choices, usage=gen.usage(), kv_transfer_params=finals[0].kv_transfer_params)
+    response = CompletionResponse(
+        id=stream.id,
+        created=stream.created,
+        model=ctx.model_name,
+        choices=choices,
+        usage=gen.usage(),
+        kv_transfer_params=finals[0].kv_transfer_params,
+    )
     return JSONResponse(response.model_dump(mode="json"))
 
 
-def _choice(ctx: ServingContext, body: CompletionRequest, sub: SubRequest, prompt: _Prompt,
-            final: RequestOutput) -> CompletionChoice:
+def _choice(
+    ctx: ServingContext, body: CompletionRequest, sub: SubRequest, prompt: _Prompt, final: RequestOutput
+) -> CompletionChoice:
     out = final.outputs[0]
     text = prompt.text + out.text if body.echo else out.text
     logprobs = prompt_lps = None
     if body.logprobs is not None:
         echoed = prompt.ids if body.echo else []
         echoed_lps = _prompt_token_logprobs(final, len(echoed))
-        logprobs = completion_logprobs(ctx.llm.tokenizer, echoed + out.token_ids,
-                                       echoed_lps + list(out.logprobs or []), 0, body.logprobs)
+        logprobs = completion_logprobs(
+            ctx.llm.tokenizer, echoed + out.token_ids, echoed_lps + list(out.logprobs or []), 0, body.logprobs
+        )
     if body.prompt_logprobs is not None:
-        prompt_lps = prompt_logprobs_json(ctx.llm.tokenizer, prompt.ids, _prompt_token_logprobs(final, len(prompt.ids)),
-                                          body.prompt_logprobs)
-    return CompletionChoice(index=sub.index, text=text, logprobs=logprobs, finish_reason=out.finish_reason,
-                            stop_reason=out.stop_reason, prompt_logprobs=prompt_lps)
+        prompt_lps = prompt_logprobs_json(
+            ctx.llm.tokenizer,
+            prompt.ids,
+            _prompt_token_logprobs(final, len(prompt.ids)),
+            body.prompt_logprobs,
+        )
+    return CompletionChoice(
+        index=sub.index,
+        text=text,
+        logprobs=logprobs,
+        finish_reason=out.finish_reason,
+        stop_reason=out.stop_reason,
+        prompt_logprobs=prompt_lps,
+    )
 
 
 def _prompt_token_logprobs(final: RequestOutput, num_prompt: int) -> list[Logprobs | None]:
@@ -96,8 +117,13 @@ class _ChoiceCursor:
     offset: int = 0
 
 
-async def _events(ctx: ServingContext, body: CompletionRequest, gen: Generation, prompts: list[_Prompt],
-                  stream: StreamContext) -> AsyncGenerator[bytes, None]:
+async def _events(
+    ctx: ServingContext,
+    body: CompletionRequest,
+    gen: Generation,
+    prompts: list[_Prompt],
+    stream: StreamContext,
+) -> AsyncGenerator[bytes, None]:
     cursors = {sub.index: _ChoiceCursor() for sub in gen.subs}
     echo_pending = {sub.index: prompts[sub.prompt] for sub in gen.subs} if body.echo else {}
     try:
@@ -108,8 +134,9 @@ async def _events(ctx: ServingContext, body: CompletionRequest, gen: Generation,
         async with aclosing(gen.stream()) as outputs:
             async for index, out in outputs:
                 if index in echo_pending:
-                    yield sse_event(_echo_chunk(ctx, body, stream, index, echo_pending.pop(index), out,
-                                                cursors[index]))
+                    yield sse_event(
+                        _echo_chunk(ctx, body, stream, index, echo_pending.pop(index), out, cursors[index])
+                    )
                 chunk = _chunk(ctx, body, stream, index, out, cursors[index])
                 if chunk is not None:
                     yield sse_event(chunk)
@@ -120,24 +147,39 @@ async def _events(ctx: ServingContext, body: CompletionRequest, gen: Generation,
     yield SSE_DONE
 
 
-def _echo_chunk(ctx: ServingContext, body: CompletionRequest, stream: StreamContext, index: int,
-                prompt: _Prompt, first: RequestOutput | None, cursor: _ChoiceCursor) -> CompletionStreamResponse:
+def _echo_chunk(
+    ctx: ServingContext,
+    body: CompletionRequest,
+    stream: StreamContext,
+    index: int,
+    prompt: _Prompt,
+    first: RequestOutput | None,
+    cursor: _ChoiceCursor,
+) -> CompletionStreamResponse:
     logprobs = None
     if body.logprobs is not None and first is not None:
-        logprobs = completion_logprobs(ctx.llm.tokenizer, prompt.ids, _prompt_token_logprobs(first, len(prompt.ids)), 0,
-                                       body.logprobs)
+        logprobs = completion_logprobs(
+            ctx.llm.tokenizer, prompt.ids, _prompt_token_logprobs(first, len(prompt.ids)), 0, body.logprobs
+        )
         cursor.offset = sum(len(t) for t in logprobs.tokens)
     return stream.completion_chunk(index, prompt.text, logprobs=logprobs)
 
 
-def _chunk(ctx: ServingContext, body: CompletionRequest, stream: StreamContext, index: int,
-           out: RequestOutput, cursor: _ChoiceCursor) -> CompletionStreamResponse | None:
+def _chunk(
+    ctx: ServingContext,
+    body: CompletionRequest,
+    stream: StreamContext,
+    index: int,
+    out: RequestOutput,
+    cursor: _ChoiceCursor,
+) -> CompletionStreamResponse | None:
     choice = out.outputs[0]
     logprobs = None
     if body.logprobs is not None and len(choice.token_ids) > cursor.tokens:
-        new_ids = choice.token_ids[cursor.tokens:]
-        logprobs = completion_logprobs(ctx.llm.tokenizer, new_ids, (choice.logprobs or [])[cursor.tokens:],
-                                       cursor.offset, body.logprobs)
+        new_ids = choice.token_ids[cursor.tokens :]
+        logprobs = completion_logprobs(
+            ctx.llm.tokenizer, new_ids, (choice.logprobs or [])[cursor.tokens :], cursor.offset, body.logprobs
+        )
         cursor.offset += sum(len(t) for t in logprobs.tokens)
     cursor.tokens = len(choice.token_ids)
     if not (out.delta_text or out.finished or logprobs):

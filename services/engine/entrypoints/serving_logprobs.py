@@ -17,8 +17,13 @@ def token_text(tokenizer: Tokenizer, token_id: int) -> str:
     return tokenizer.decode([token_id], skip_special_tokens=False)
 
 
-def completion_logprobs(tokenizer: Tokenizer, token_ids: Sequence[int], logprobs: Sequence[Logprobs | None],
-                        text_offset: int, top_n: int | None = None) -> CompletionLogprobs:
+def completion_logprobs(
+    tokenizer: Tokenizer,
+    token_ids: Sequence[int],
+    logprobs: Sequence[Logprobs | None],
+    text_offset: int,
+    top_n: int | None = None,
+) -> CompletionLogprobs:
     """Completions logprobs of ``token_ids``; a ``None`` entry (the first prompt token) has no logprob.
 
     ``top_logprobs`` holds the top-n alternatives (at most ``top_n``) plus the token itself, as vLLM returns them.
@@ -41,26 +46,37 @@ def completion_logprobs(tokenizer: Tokenizer, token_ids: Sequence[int], logprobs
     return out
 
 
-def prompt_logprobs_json(tokenizer: Tokenizer, prompt_ids: Sequence[int], logprobs: Sequence[Logprobs | None],
-                         top_n: int) -> PromptLogprobs:
+def prompt_logprobs_json(
+    tokenizer: Tokenizer, prompt_ids: Sequence[int], logprobs: Sequence[Logprobs | None], top_n: int
+) -> PromptLogprobs:
     """vLLM's ``prompt_logprobs``: per prompt token {token id: logprob, rank, text} for it and its top-n."""
     out: PromptLogprobs = []
     for token_id, lp in zip(prompt_ids, logprobs, strict=True):
         if lp is None:
             out.append(None)
             continue
-        entry = {token_id: PromptLogprob(logprob=lp.token_logprob, rank=lp.rank,
-                                         decoded_token=token_text(tokenizer, token_id))}
+        entry = {
+            token_id: PromptLogprob(
+                logprob=lp.token_logprob, rank=lp.rank, decoded_token=token_text(tokenizer, token_id)
+            )
+        }
         for rank, (t, v) in enumerate(lp.top[:top_n], start=1):
             entry.setdefault(t, PromptLogprob(logprob=v, rank=rank, decoded_token=token_text(tokenizer, t)))
         out.append(entry)
     return out
 
 
-def chat_logprobs(tokenizer: Tokenizer, token_ids: Sequence[int], logprobs: Sequence[Logprobs],
-                  top_n: int) -> ChatLogprobs:
+def chat_logprobs(
+    tokenizer: Tokenizer, token_ids: Sequence[int], logprobs: Sequence[Logprobs], top_n: int
+) -> ChatLogprobs:
     """Chat logprobs: one entry per token with its ``top_n`` alternatives."""
-    return ChatLogprobs(content=[
-        chat_logprob_entry(token_text(tokenizer, token_id), lp.token_logprob,
-                           [(token_text(tokenizer, t), v) for t, v in lp.top[:top_n]])
-        for token_id, lp in zip(token_ids, logprobs, strict=True)])
+    return ChatLogprobs(
+        content=[
+            chat_logprob_entry(
+                token_text(tokenizer, token_id),
+                lp.token_logprob,
+                [(token_text(tokenizer, t), v) for t, v in lp.top[:top_n]],
+            )
+            for token_id, lp in zip(token_ids, logprobs, strict=True)
+        ]
+    )

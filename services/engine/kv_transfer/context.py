@@ -40,8 +40,12 @@ class KVTransferContext:
                 self._transfer = NixlTransfer(self.kv_cache, self.compat)
         if self._transfer is None and purpose is not None:
             path = "the kvstore" if self.config.kvstore_url else "nothing: decode will recompute prompts"
-            log.warning("NIXL is %s: role %s moves KV through %s",
-                        "disabled" if not self.config.use_nixl else "not available", purpose, path)
+            log.warning(
+                "NIXL is %s: role %s moves KV through %s",
+                "disabled" if not self.config.use_nixl else "not available",
+                purpose,
+                path,
+            )
         return self._transfer
 
     def kvstore(self, offload: bool = True) -> list[KVConnector]:

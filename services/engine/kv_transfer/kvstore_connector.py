@@ -24,7 +24,9 @@ _IN_FLIGHT = None  # a lookup whose answer has not arrived
 class KVStoreConnector:
     """One engine's use of the kvstore tier; ``offload=False`` on decode (prefill offloaded the prompt)."""
 
-    def __init__(self, tier: KVStoreTier, block_size: int, stats: TransferStats, offload: bool = True) -> None:
+    def __init__(
+        self, tier: KVStoreTier, block_size: int, stats: TransferStats, offload: bool = True
+    ) -> None:
         self.tier, self.block_size, self.offload = tier, block_size, offload
         self._stats = stats  # failures are counted here by the tier's on_failure callback
         self._lookups: dict[str, Fetch | None] = {}  # request id -> its answer (None while in flight)
@@ -69,7 +71,9 @@ class KVStoreConnector:
         else:
             self.tier.copy_in(ids, part.payloads[:n])
 
-    def request_finished(self, request: Request, block_ids: Sequence[int]) -> tuple[bool, KVTransferParams | None]:
+    def request_finished(
+        self, request: Request, block_ids: Sequence[int]
+    ) -> tuple[bool, KVTransferParams | None]:
         rid = request.request_id
         self._checked.discard(rid)
         self._matched.pop(rid, None)
@@ -84,8 +88,9 @@ class KVStoreConnector:
         first = max(request.num_cached_tokens, 0) // bs
         last = min(request.num_prompt_tokens // bs, len(request.block_hashes), len(block_ids))
         toks = request.all_token_ids
-        self.tier.offload([(request.block_hashes[i], toks[i * bs : (i + 1) * bs], block_ids[i])
-                           for i in range(first, last)])
+        self.tier.offload(
+            [(request.block_hashes[i], toks[i * bs : (i + 1) * bs], block_ids[i]) for i in range(first, last)]
+        )
 
     def get_finished(self) -> FinishedTransfers:
         for fetch in self.tier.finished_fetches():

@@ -60,8 +60,14 @@ class Fetch:
 class KVStoreTier:
     """Moves whole blocks (all layers, one contiguous region each) between the KV cache and the store."""
 
-    def __init__(self, url: str, kv_cache: torch.Tensor, on_failure: Callable[[str, str, str | None], None],
-                 timeout_s: float = 2.0, transfer: NixlTransfer | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        kv_cache: torch.Tensor,
+        on_failure: Callable[[str, str, str | None], None],
+        timeout_s: float = 2.0,
+        transfer: NixlTransfer | None = None,
+    ) -> None:
         self.url = url
         self._transfer = transfer
         self._store_peer: str | None = None  # the store's NIXL engine id once handshaken
@@ -72,7 +78,9 @@ class KVStoreTier:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._done: queue.SimpleQueue = queue.SimpleQueue()
         self._pending: set[str] = set()
-        self._reads: dict[str, tuple[Any, int]] = {}  # request id -> (NIXL handle, blocks): engine thread only
+        self._reads: dict[
+            str, tuple[Any, int]
+        ] = {}  # request id -> (NIXL handle, blocks): engine thread only
         self._down_until = 0.0
         self.blocks_received = 0
         self.blocks_sent = 0

@@ -83,13 +83,19 @@ class NixlTransfer:
     """
 
     def __init__(
-        self, kv_cache: torch.Tensor, compat: KVCompat, engine_id: str | None = None, config: NixlConfig | None = None
+        self,
+        kv_cache: torch.Tensor,
+        compat: KVCompat,
+        engine_id: str | None = None,
+        config: NixlConfig | None = None,
     ) -> None:
         if not kv_cache.is_contiguous() or kv_cache.dim() < 2:
             raise ValueError("the KV cache must be one contiguous block-major tensor")
         bytes_per_block = kv_cache[0].numel() * kv_cache.element_size()
         if bytes_per_block != compat.bytes_per_block:
-            raise ValueError(f"KV cache has {bytes_per_block} bytes per block, compat says {compat.bytes_per_block}")
+            raise ValueError(
+                f"KV cache has {bytes_per_block} bytes per block, compat says {compat.bytes_per_block}"
+            )
         self.config = config or NixlConfig()
         self.compat = compat
         self.engine_id = engine_id or uuid.uuid4().hex
@@ -102,10 +108,14 @@ class NixlTransfer:
         mem_type = "VRAM" if kv_cache.is_cuda else "DRAM"
         device_id = kv_cache.get_device() if kv_cache.is_cuda else 0
         base = kv_cache.data_ptr()
-        self._reg = self._nb.nixlRegDList(self._mem(mem_type), [(base, self.num_blocks * bytes_per_block, device_id, "")])
+        self._reg = self._nb.nixlRegDList(
+            self._mem(mem_type), [(base, self.num_blocks * bytes_per_block, device_id, "")]
+        )
         self._agent.registerMem(self._reg, [])
         local = block_descs(base, self.num_blocks, bytes_per_block, device_id)
-        self._local = self._agent.prepXferDlist(self._nb.NIXL_INIT_AGENT, self._nb.nixlXferDList(self._mem(mem_type), local), [])
+        self._local = self._agent.prepXferDlist(
+            self._nb.NIXL_INIT_AGENT, self._nb.nixlXferDList(self._mem(mem_type), local), []
+        )
         self.handshake = KVHandshake(
             engine_id=self.engine_id,
             agent_metadata=self._agent.getLocalMD(),
@@ -150,7 +160,9 @@ class NixlTransfer:
             try:
                 name = self._agent.loadRemoteMD(hs.agent_metadata)
                 descs = block_descs(hs.base_addr, hs.num_blocks, hs.compat.bytes_per_block, hs.device_id)
-                dlist = self._agent.prepXferDlist(name, self._nb.nixlXferDList(self._mem(hs.mem_type), descs), [])
+                dlist = self._agent.prepXferDlist(
+                    name, self._nb.nixlXferDList(self._mem(hs.mem_type), descs), []
+                )
             except Exception as exc:
                 raise KVTransferError(f"NIXL handshake with engine {hs.engine_id} failed: {exc}") from exc
             name = name.decode() if isinstance(name, bytes) else name
@@ -174,7 +186,10 @@ class NixlTransfer:
         peer = self._peers.pop(engine_id, None)
         if peer is None:
             return
-        for call, arg in ((self._agent.releasedDlistH, peer.dlist), (self._agent.invalidateRemoteMD, engine_id)):
+        for call, arg in (
+            (self._agent.releasedDlistH, peer.dlist),
+            (self._agent.invalidateRemoteMD, engine_id),
+        ):
             try:
                 call(arg)
             except Exception as exc:  # the peer may already be gone; nothing else to undo
@@ -183,18 +198,28 @@ class NixlTransfer:
     # -- transfers -----------------------------------------------------------------------------------
 
     def read_blocks(
-        self, peer_engine_id: str, remote_block_ids: list[int], local_block_ids: list[int], notify: bytes = b""
+        self,
+        peer_engine_id: str,
+        remote_block_ids: list[int],
+        local_block_ids: list[int],
+        notify: bytes = b"",
     ) -> TransferHandle:
         """Start READing the peer's blocks into ours (pairwise, any order); ``notify`` reaches the peer when done."""
         return self._post("READ", peer_engine_id, remote_block_ids, local_block_ids, notify)
 
     def write_blocks(
-        self, peer_engine_id: str, local_block_ids: list[int], remote_block_ids: list[int], notify: bytes = b""
+        self,
+        peer_engine_id: str,
+        local_block_ids: list[int],
+        remote_block_ids: list[int],
+        notify: bytes = b"",
     ) -> TransferHandle:
         """Start WRITing our blocks into the peer's (pairwise, any order)."""
         return self._post("WRITE", peer_engine_id, remote_block_ids, local_block_ids, notify)
 
-    def _post(self, op: str, peer_id: str, remote_ids: list[int], local_ids: list[int], notify: bytes) -> TransferHandle:
+    def _post(
+        self, op: str, peer_id: str, remote_ids: list[int], local_ids: list[int], notify: bytes
+    ) -> TransferHandle:
         if len(remote_ids) != len(local_ids):
             raise KVTransferError(f"{len(remote_ids)} remote blocks but {len(local_ids)} local blocks")
         dest = local_ids if op == "READ" else remote_ids
@@ -221,7 +246,9 @@ class NixlTransfer:
                 return handle
             nixl_op = self._nb.NIXL_READ if op == "READ" else self._nb.NIXL_WRITE
             try:
-                handle.request = self._agent.makeXferReq(nixl_op, self._local, local, peer.dlist, remote, notify, [])
+                handle.request = self._agent.makeXferReq(
+                    nixl_op, self._local, local, peer.dlist, remote, notify, []
+                )
                 status = self._agent.postXferReq(handle.request, notify)
             except Exception as exc:
                 self._fail(handle, f"NIXL {op} from {peer_id} could not start: {exc}")
@@ -249,7 +276,9 @@ class NixlTransfer:
             self._fail(handle, f"NIXL transfer with {handle.peer} timed out after {self.config.timeout_s}s")
         return handle.state
 
-    def wait(self, handle: TransferHandle, spin_s: float = 1e-3, poll_interval_s: float = 50e-6) -> TransferState:
+    def wait(
+        self, handle: TransferHandle, spin_s: float = 1e-3, poll_interval_s: float = 50e-6
+    ) -> TransferState:
         """Poll until DONE or ERROR: yield-spin for ``spin_s`` (small reads), then sleep between polls."""
         spin_until = time.perf_counter() + spin_s
         while self.poll(handle) is TransferState.PENDING:

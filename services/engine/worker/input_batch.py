@@ -47,8 +47,13 @@ class PromptLogprobRows:
     top_n: int
 
 
-def build_inputs(sched: SchedulerOutput, states: dict[str, CachedRequestState], backend: ComputeBackend,
-                 block_size: int, device: torch.device) -> StepInputs:
+def build_inputs(
+    sched: SchedulerOutput,
+    states: dict[str, CachedRequestState],
+    backend: ComputeBackend,
+    block_size: int,
+    device: torch.device,
+) -> StepInputs:
     """Flatten the scheduled requests (batch order) into one step's inputs and attention metadata."""
     ids: list[int] = []
     pos: list[int] = []
@@ -75,15 +80,20 @@ def build_inputs(sched: SchedulerOutput, states: dict[str, CachedRequestState], 
     return StepInputs(
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),
         positions=torch.tensor(pos, dtype=torch.long, device=device),
-        meta=meta, sample_rows=sample_rows,
+        meta=meta,
+        sample_rows=sample_rows,
         logits_idx=torch.tensor(logits_idx, dtype=torch.long, device=device),
         prompt_rows=prompt_rows,
     )
 
 
-
 def _prompt_rows(req_id: str, st: CachedRequestState, start: int, end: int, base: int) -> PromptLogprobRows:
     """Positions start..end of the prompt that have a next prompt token (the last one has none)."""
     last = min(end, len(st.prompt_ids) - 1)
-    return PromptLogprobRows(req_id, start + 1, [base + p - start for p in range(start, last)],
-                             st.prompt_ids[start + 1 : last + 1], st.params.prompt_logprobs or 0)
+    return PromptLogprobRows(
+        req_id,
+        start + 1,
+        [base + p - start for p in range(start, last)],
+        st.prompt_ids[start + 1 : last + 1],
+        st.params.prompt_logprobs or 0,
+    )

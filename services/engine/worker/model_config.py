@@ -74,7 +74,9 @@ class ModelConfig(BaseModel):
     def from_folder(cls, path: Path) -> ModelConfig:
         cfg_path = Path(path) / "config.json"
         if not cfg_path.is_file():
-            raise ValueError(f"model: {path} has no config.json (expected an HF checkpoint folder or a .gguf file)")
+            raise ValueError(
+                f"model: {path} has no config.json (expected an HF checkpoint folder or a .gguf file)"
+            )
         cfg = json.loads(cfg_path.read_text())
         gen_path = Path(path) / "generation_config.json"
         if gen_path.is_file():

@@ -20,8 +20,17 @@ _PROMPT_LOGITS_SLICE = 512  # prompt rows per logits matrix when scoring prompt 
 class ModelRunner:
     """Runs a model over the paged KV cache (one block-major tensor, see allocate_kv_cache)."""
 
-    def __init__(self, model: CausalLM, cfg: ModelConfig, kv_cache: torch.Tensor, block_size: int,
-                 backend: ComputeBackend, device: torch.device, eos_ids: tuple[int, ...], seed: int = 0) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        cfg: ModelConfig,
+        kv_cache: torch.Tensor,
+        block_size: int,
+        backend: ComputeBackend,
+        device: torch.device,
+        eos_ids: tuple[int, ...],
+        seed: int = 0,
+    ) -> None:
         self.model, self.cfg, self.kv_cache = model, cfg, kv_cache
         self.block_size, self.backend, self.device = block_size, backend, device
         self.eos_ids = eos_ids
@@ -35,8 +44,11 @@ class ModelRunner:
             p = new.sampling_params
             stop_ids = () if p.ignore_eos else tuple(self.eos_ids)
             self.states[new.req_id] = CachedRequestState(
-                prompt_ids=list(new.prompt_token_ids), output_ids=list(new.output_token_ids), params=p,
-                block_ids=list(new.block_ids), num_computed=new.num_computed_tokens,
+                prompt_ids=list(new.prompt_token_ids),
+                output_ids=list(new.output_token_ids),
+                params=p,
+                block_ids=list(new.block_ids),
+                num_computed=new.num_computed_tokens,
                 stop_ids=stop_ids + tuple(p.stop_token_ids),
                 token_ids=list(new.prompt_token_ids) + list(new.output_token_ids),
             )
@@ -71,17 +83,26 @@ class ModelRunner:
             log.exception("model step failed; failing its %d requests", len(req_ids))
             for req_id in req_ids:
                 self.states.pop(req_id, None)
-            return ModelRunnerOutput(req_ids, ((),) * len(req_ids), (None,) * len(req_ids),
-                                     failed_req_ids=frozenset(req_ids), error=f"{type(exc).__name__}: {exc}")
+            return ModelRunnerOutput(
+                req_ids,
+                ((),) * len(req_ids),
+                (None,) * len(req_ids),
+                failed_req_ids=frozenset(req_ids),
+                error=f"{type(exc).__name__}: {exc}",
+            )
         for req_id, n in sched.num_scheduled_tokens:
             self.states[req_id].num_computed += n
         return ModelRunnerOutput(req_ids, tuple(sampled), tuple(lps), prompt_logprobs=prompt_lps)
 
-    def _prompt_logprobs(self, hidden: torch.Tensor, rows: PromptLogprobRows) -> tuple[str, int, tuple[Logprobs, ...]]:
+    def _prompt_logprobs(
+        self, hidden: torch.Tensor, rows: PromptLogprobRows
+    ) -> tuple[str, int, tuple[Logprobs, ...]]:
         """Raw-logit logprobs of the next prompt tokens, in slices so the logits stay small."""
         entries: list[Logprobs] = []
         for s in range(0, len(rows.hidden_idx), _PROMPT_LOGITS_SLICE):
-            idx = torch.tensor(rows.hidden_idx[s : s + _PROMPT_LOGITS_SLICE], dtype=torch.long, device=self.device)
+            idx = torch.tensor(
+                rows.hidden_idx[s : s + _PROMPT_LOGITS_SLICE], dtype=torch.long, device=self.device
+            )
             lp = torch.log_softmax(self.model.compute_logits(hidden[idx]), dim=-1)
             entries.extend(batch_logprobs(lp, rows.targets[s : s + _PROMPT_LOGITS_SLICE], rows.top_n))
         return rows.req_id, rows.first, tuple(entries)

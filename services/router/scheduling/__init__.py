@@ -8,7 +8,18 @@ from services.router.scheduling.scheduler import RouteDecision, Scheduler, Sched
 from services.router.scheduling.strategies import ScorerWeights, StrategyName, make_strategy
 
 __all__ = [
-    "CacheConfig", "Endpoint", "EndpointLoad", "MaxScorePicker", "PDDecider", "RequestContext", "Role",
-    "RouteDecision", "Scheduler", "SchedulingConfig", "ScorerWeights", "StrategyName", "make_strategy",
+    "CacheConfig",
+    "Endpoint",
+    "EndpointLoad",
+    "MaxScorePicker",
+    "PDDecider",
+    "RequestContext",
+    "Role",
+    "RouteDecision",
+    "Scheduler",
+    "SchedulingConfig",
+    "ScorerWeights",
+    "StrategyName",
+    "make_strategy",
     "normalize_url",
 ]

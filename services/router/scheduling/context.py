@@ -20,8 +20,9 @@ class RequestContext:
     splittable: bool = True  # False: decode must compute the prompt itself (no separate prefill)
 
     @classmethod
-    def from_lookup(cls, prompt_tokens: int, block_size: int,
-                    lookup: Mapping[str, PrefixMatch] | None) -> RequestContext:
+    def from_lookup(
+        cls, prompt_tokens: int, block_size: int, lookup: Mapping[str, PrefixMatch] | None
+    ) -> RequestContext:
         """Re-key the index's answer (by engine id) by the url each engine registered.
 
         A kvstore reports its blocks under its grpc:// address: every engine of the pool shares it, so

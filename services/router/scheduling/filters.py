@@ -7,8 +7,17 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from services.common.roles import DECODE_ROLES, PREFILL_ROLES
 from services.router.scheduling.endpoint import Endpoint, Role, normalize_url
 
-__all__ = ["DECODE_ROLES", "PREFILL_ROLES", "Filter", "apply_filters", "eligible", "is_healthy", "is_not_draining",
-           "not_in", "role_in"]
+__all__ = [
+    "DECODE_ROLES",
+    "PREFILL_ROLES",
+    "Filter",
+    "apply_filters",
+    "eligible",
+    "is_healthy",
+    "is_not_draining",
+    "not_in",
+    "role_in",
+]
 
 Filter = Callable[[Endpoint], bool]
 
@@ -39,6 +48,8 @@ def apply_filters(endpoints: Sequence[Endpoint], filters: Iterable[Filter]) -> l
     return [e for e in endpoints if all(check(e) for check in checks)]
 
 
-def eligible(endpoints: Sequence[Endpoint], roles: Collection[Role], exclude: Iterable[str] = ()) -> list[Endpoint]:
+def eligible(
+    endpoints: Sequence[Endpoint], roles: Collection[Role], exclude: Iterable[str] = ()
+) -> list[Endpoint]:
     """The standard chain: healthy, not draining, of one of ``roles``, not already tried."""
     return apply_filters(endpoints, [is_healthy, is_not_draining, role_in(roles), not_in(exclude)])

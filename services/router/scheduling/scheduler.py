@@ -52,8 +52,9 @@ class Scheduler:
         self.prefill_strategy = make_strategy(c.strategy, c.weights, c.tier_weights, rng)
         self.decider = PDDecider(c.pd_threshold)
 
-    def schedule(self, endpoints: Sequence[Endpoint], ctx: RequestContext,
-                 exclude: Iterable[str] = ()) -> RouteDecision | None:
+    def schedule(
+        self, endpoints: Sequence[Endpoint], ctx: RequestContext, exclude: Iterable[str] = ()
+    ) -> RouteDecision | None:
         """The route for one request, or ``None`` when no endpoint can serve it."""
         exclude = list(exclude)
         decoders = eligible(endpoints, DECODE_ROLES, exclude)
@@ -68,5 +69,11 @@ class Scheduler:
             prefillers = eligible(endpoints, PREFILL_ROLES, exclude)
             if prefillers:
                 prefill_choice = self.prefill_strategy.choose(prefillers, ctx)
-        return RouteDecision(decode, prefill_choice.endpoint if prefill_choice else None, cached, uncached,
-                             decode_choice, prefill_choice)
+        return RouteDecision(
+            decode,
+            prefill_choice.endpoint if prefill_choice else None,
+            cached,
+            uncached,
+            decode_choice,
+            prefill_choice,
+        )

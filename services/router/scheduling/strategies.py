@@ -77,14 +77,21 @@ class RoundRobinStrategy:
         return Choice(endpoint=chosen)
 
 
-def make_strategy(name: StrategyName, weights: ScorerWeights | None = None,
-                  tier_weights: Mapping[str, float] = DEFAULT_TIER_WEIGHTS,
-                  rng: random.Random | None = None) -> Strategy:
+def make_strategy(
+    name: StrategyName,
+    weights: ScorerWeights | None = None,
+    tier_weights: Mapping[str, float] = DEFAULT_TIER_WEIGHTS,
+    rng: random.Random | None = None,
+) -> Strategy:
     """PrefixAware (prefix + queue + kv), LeastLoad (queue + kv) or RoundRobin."""
     w = weights or ScorerWeights()
     picker = MaxScorePicker(rng)
     if name == "round-robin":
         return RoundRobinStrategy()
     prefix = 0.0 if name == "least-load" else w.prefix
-    scorers: dict[Scorer, float] = {PrefixScorer(tier_weights): prefix, QueueScorer(): w.queue, KVUsageScorer(): w.kv}
+    scorers: dict[Scorer, float] = {
+        PrefixScorer(tier_weights): prefix,
+        QueueScorer(): w.queue,
+        KVUsageScorer(): w.kv,
+    }
     return ScoringStrategy(name, scorers, picker)

@@ -61,7 +61,9 @@ class ScriptedConnector:
         if script.load_async:
             self.loads[rid] = _Load(script.late, script.fail)
 
-    def request_finished(self, request: Request, block_ids: Sequence[int]) -> tuple[bool, KVTransferParams | None]:
+    def request_finished(
+        self, request: Request, block_ids: Sequence[int]
+    ) -> tuple[bool, KVTransferParams | None]:
         rid = request.request_id
         self.finished.append(rid)
         script = self.scripts.get(rid)

@@ -78,7 +78,9 @@ def test_invariants_over_random_streams(lengths, max_tokens, aborts, blocks, bud
     ids = []
     for i, n in enumerate(lengths):
         rid = f"r{i}"
-        s.add_request(make_request(rid, [(seed + i * 7 + j) % 13 + 1 for j in range(n)], max_tokens=max_tokens[i]))
+        s.add_request(
+            make_request(rid, [(seed + i * 7 + j) % 13 + 1 for j in range(n)], max_tokens=max_tokens[i])
+        )
         ids.append(rid)
     for step in range(2000):
         if not s.has_unfinished():
@@ -91,7 +93,10 @@ def test_invariants_over_random_streams(lengths, max_tokens, aborts, blocks, bud
         assert len(s.running) <= 4
         assert all(b.ref_cnt >= 0 for b in s.kv.pool.blocks)
         held = sum(len(v) for v in s.kv.req_to_blocks.values())
-        assert s.kv.pool.num_free_blocks + len({b.block_id for v in s.kv.req_to_blocks.values() for b in v}) == blocks
+        assert (
+            s.kv.pool.num_free_blocks + len({b.block_id for v in s.kv.req_to_blocks.values() for b in v})
+            == blocks
+        )
         assert held >= 0
         for h, block in s.kv.pool.cached.items():
             assert block.block_hash == h

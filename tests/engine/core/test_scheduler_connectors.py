@@ -66,7 +66,9 @@ def test_undecided_request_keeps_its_place_but_does_not_block_the_queue() -> Non
     s.add_request(make_request("next", [7, 8, 9], max_tokens=1))
     first = _step(s, runner)
     assert [r for r, _ in first.num_scheduled_tokens] == ["next"]
-    assert s.waiting[0].request_id == "slow" and s.kv.prefix_queries == 3  # counted once admitted, not per look
+    assert (
+        s.waiting[0].request_id == "slow" and s.kv.prefix_queries == 3
+    )  # counted once admitted, not per look
     _step(s, runner)
     third = _step(s, runner)
     assert third.new_reqs[0].req_id == "slow" and third.new_reqs[0].num_computed_tokens == 8
@@ -118,13 +120,23 @@ def test_abort_while_loading_frees_blocks_only_when_the_load_ends() -> None:
 
 
 def test_lease_keeps_blocks_after_finish_and_answers_params() -> None:
-    params = KVTransferParams(do_remote_prefill=True, remote_engine_id="p", remote_block_ids=[0, 1, 2, 3],
-                              remote_host="127.0.0.1", remote_port=8000)
+    params = KVTransferParams(
+        do_remote_prefill=True,
+        remote_engine_id="p",
+        remote_block_ids=[0, 1, 2, 3],
+        remote_host="127.0.0.1",
+        remote_port=8000,
+    )
     conn = ScriptedConnector({"p": Script(hold=2, params=params)})
     s, runner = _sched(conn), FakeRunner()
     s.add_request(make_request("p", PROMPT, max_tokens=1))
     outputs = s.update_from_output(out := s.schedule(), runner.execute(out))
-    assert outputs[0].finish_reason == "length" and outputs[0].kv_transfer_params["remote_block_ids"] == [0, 1, 2, 3]
+    assert outputs[0].finish_reason == "length" and outputs[0].kv_transfer_params["remote_block_ids"] == [
+        0,
+        1,
+        2,
+        3,
+    ]
     assert _held(s) == 5 and "p" in s.delayed_free
     try:
         s.add_request(make_request("p", PROMPT))
@@ -188,8 +200,13 @@ def test_preempted_request_queues_behind_one_holding_received_kv() -> None:
 
 
 _SCRIPTS = st.builds(
-    Script, external=st.integers(0, 40), load_async=st.booleans(), undecided=st.integers(0, 3),
-    late=st.integers(0, 4), fail=st.booleans(), hold=st.one_of(st.none(), st.integers(0, 3)),
+    Script,
+    external=st.integers(0, 40),
+    load_async=st.booleans(),
+    undecided=st.integers(0, 3),
+    late=st.integers(0, 4),
+    fail=st.booleans(),
+    hold=st.one_of(st.none(), st.integers(0, 3)),
 )
 
 
@@ -207,7 +224,9 @@ def test_invariants_with_random_connector_outcomes(lengths, scripts, aborts, blo
     conn = ScriptedConnector({f"r{i}": script for i, script in enumerate(scripts)})
     s, runner = _sched(conn, blocks=blocks, budget=budget, seqs=4), FakeRunner(seed)
     for i, n in enumerate(lengths):
-        s.add_request(make_request(f"r{i}", [(seed + i * 5 + j) % 11 + 1 for j in range(n)], max_tokens=1 + i % 5))
+        s.add_request(
+            make_request(f"r{i}", [(seed + i * 5 + j) % 11 + 1 for j in range(n)], max_tokens=1 + i % 5)
+        )
     for step in range(1500):
         if not s.has_unfinished() and not s.delayed_free:
             break

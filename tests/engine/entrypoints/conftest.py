@@ -15,8 +15,9 @@ from tests.engine.entrypoints.helpers import API_KEY, ServerProcess, start_serve
 @pytest.fixture(scope="session")
 def server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """The shared server: API key on, no request timeout, the model's full 1024-token context."""
-    proc = start_server(llama_dir, tmp_path_factory.mktemp("serve"), "--max-model-len", "1024",
-                        api_key=API_KEY)
+    proc = start_server(
+        llama_dir, tmp_path_factory.mktemp("serve"), "--max-model-len", "1024", api_key=API_KEY
+    )
     yield proc
     assert proc.stop() == 0
     assert "Traceback" not in proc.log_text(), proc.log_text()

@@ -90,12 +90,25 @@ class ServerProcess(EngineEndpoint):
         return self.proc.wait(timeout)
 
 
-def start_server(model: Path, log_dir: Path, *args: str, api_key: str | None = None,
-                 timeout: float = 120.0) -> ServerProcess:
+def start_server(
+    model: Path, log_dir: Path, *args: str, api_key: str | None = None, timeout: float = 120.0
+) -> ServerProcess:
     """Start ``kvferry serve`` and wait until /health says 200 (the warm-up finished)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "services.cli", "serve", str(model), "--port", str(port),
-           "--served-model-name", MODEL, "--log-level", "info", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "services.cli",
+        "serve",
+        str(model),
+        "--port",
+        str(port),
+        "--served-model-name",
+        MODEL,
+        "--log-level",
+        "info",
+        *args,
+    ]
     if api_key:
         cmd += ["--api-key", api_key]
     log = log_dir / f"serve-{port}.log"

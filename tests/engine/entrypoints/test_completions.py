@@ -25,7 +25,11 @@ def test_usage_matches_token_counts(client: openai.OpenAI, http: httpx.Client) -
     choice = out.choices[0]
     assert out.object == "text_completion" and out.model == MODEL
     assert choice.finish_reason == "length" and len(choice.logprobs.tokens) == 7
-    assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == (n_prompt, 7, n_prompt + 7)
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == (
+        n_prompt,
+        7,
+        n_prompt + 7,
+    )
 
 
 def test_cached_tokens_are_reported(client: openai.OpenAI) -> None:
@@ -40,8 +44,16 @@ def test_cached_tokens_are_reported(client: openai.OpenAI) -> None:
 def test_stream_equals_non_stream(client: openai.OpenAI) -> None:
     prompt = unique_prompt(10, seed=2)
     whole = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, **GREEDY)
-    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, stream=True,
-                                            stream_options={"include_usage": True}, **GREEDY))
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt=prompt,
+            max_tokens=12,
+            stream=True,
+            stream_options={"include_usage": True},
+            **GREEDY,
+        )
+    )
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == whole.choices[0].text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
@@ -52,7 +64,13 @@ def test_stream_equals_non_stream(client: openai.OpenAI) -> None:
 
 def test_n2_with_seed_uses_seed_plus_i(client: openai.OpenAI) -> None:
     prompt = unique_prompt(6, seed=3)
-    kw = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 1.0, "extra_body": {"ignore_eos": True}}
+    kw = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": 8,
+        "temperature": 1.0,
+        "extra_body": {"ignore_eos": True},
+    }
     pair = client.completions.create(n=2, seed=1234, **kw)
     again = client.completions.create(n=2, seed=1234, **kw)
     second = client.completions.create(n=1, seed=1235, **kw)
@@ -65,8 +83,18 @@ def test_n2_with_seed_uses_seed_plus_i(client: openai.OpenAI) -> None:
 
 
 def test_n2_stream_has_both_choices(client: openai.OpenAI) -> None:
-    chunks = list(client.completions.create(model=MODEL, prompt=unique_prompt(5, 4), max_tokens=5, n=2,
-                                            stream=True, seed=7, temperature=1.0, extra_body={"ignore_eos": True}))
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt=unique_prompt(5, 4),
+            max_tokens=5,
+            n=2,
+            stream=True,
+            seed=7,
+            temperature=1.0,
+            extra_body={"ignore_eos": True},
+        )
+    )
     finished = {c.choices[0].index: c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason}
     assert finished == {0: "length", 1: "length"}
 
@@ -74,10 +102,16 @@ def test_n2_stream_has_both_choices(client: openai.OpenAI) -> None:
 def test_stop_string_ends_the_text(client: openai.OpenAI) -> None:
     prompt = unique_prompt(8, seed=5)
     full = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, **GREEDY).choices[0].text
-    candidates = [full[i : i + 2] for i in range(2, len(full) - 2) if full[i : i + 2].strip() and "\ufffd" not in full[i : i + 2]]
+    candidates = [
+        full[i : i + 2]
+        for i in range(2, len(full) - 2)
+        if full[i : i + 2].strip() and "\ufffd" not in full[i : i + 2]
+    ]
     assert candidates, full
     stop = candidates[len(candidates) // 2]
-    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, stop=[stop], **GREEDY).choices[0]
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, stop=[stop], **GREEDY).choices[
+        0
+    ]
     assert out.text == full[: full.index(stop)]
     assert out.finish_reason == "stop"
     assert out.model_extra["stop_reason"] == stop
@@ -95,8 +129,9 @@ def test_logprobs_shape(client: openai.OpenAI) -> None:
 
 
 def test_echo_and_batched_prompts(client: openai.OpenAI) -> None:
-    out = client.completions.create(model=MODEL, prompt=["hello world", "the lazy dog"], max_tokens=3, echo=True,
-                                    **GREEDY)
+    out = client.completions.create(
+        model=MODEL, prompt=["hello world", "the lazy dog"], max_tokens=3, echo=True, **GREEDY
+    )
     assert [c.index for c in out.choices] == [0, 1]
     assert out.choices[0].text.startswith("hello world") and out.choices[1].text.startswith("the lazy dog")
     assert out.usage.completion_tokens == 6

@@ -10,7 +10,11 @@ import pytest
 from services.common.sse import aiter_sse
 from tests.engine.entrypoints.helpers import ServerProcess
 
-RUNNING, WAITING, USAGE = "kvferry_num_requests_running", "kvferry_num_requests_waiting", "kvferry_kv_cache_usage_ratio"
+RUNNING, WAITING, USAGE = (
+    "kvferry_num_requests_running",
+    "kvferry_num_requests_waiting",
+    "kvferry_kv_cache_usage_ratio",
+)
 ABORTED = 'kvferry_request_success_total{finish_reason="abort"}'
 LONG = {"max_tokens": 900, "ignore_eos": True, "temperature": 0.0, "stream": True}
 
@@ -39,8 +43,9 @@ async def _read_a_little_then_leave(client: httpx.AsyncClient, i: int) -> int:
 
 
 async def _fifty_clients(server: ServerProcess) -> list[int]:
-    async with httpx.AsyncClient(base_url=server.url, headers=server.headers(), timeout=60,
-                                 limits=httpx.Limits(max_connections=100)) as client:
+    async with httpx.AsyncClient(
+        base_url=server.url, headers=server.headers(), timeout=60, limits=httpx.Limits(max_connections=100)
+    ) as client:
         return await asyncio.gather(*(_read_a_little_then_leave(client, i) for i in range(50)))
 
 

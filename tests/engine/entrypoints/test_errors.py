@@ -27,23 +27,41 @@ CASES = [
     ("empty prompt", CMPL, {"prompt": ""}, 400, "prompt"),
     ("token id out of vocab", CMPL, {"prompt": [1, 10**6]}, 400, "prompt"),
     ("logprobs too many", CMPL, {"prompt": "a", "logprobs": 21}, 400, "logprobs"),
-    ("stream_options without stream", CMPL, {"prompt": "a", "stream_options": {"include_usage": True}}, 400,
-     "stream_options"),
+    (
+        "stream_options without stream",
+        CMPL,
+        {"prompt": "a", "stream_options": {"include_usage": True}},
+        400,
+        "stream_options",
+    ),
     ("stop_token_ids out of vocab", CMPL, {"prompt": "a", "stop_token_ids": [10**6]}, 400, "stop_token_ids"),
     ("missing prompt", CMPL, {"max_tokens": 2}, 400, "prompt"),
-    ("min_tokens over max_tokens", CMPL, {"prompt": "a", "max_tokens": 2, "min_tokens": 3}, 400, "min_tokens"),
+    (
+        "min_tokens over max_tokens",
+        CMPL,
+        {"prompt": "a", "max_tokens": 2, "min_tokens": 3},
+        400,
+        "min_tokens",
+    ),
     ("empty messages", CHAT, {"messages": []}, 400, "messages"),
     ("bad role", CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages.[0].role"),
     ("top_logprobs without logprobs", CHAT, {"messages": MSG, "top_logprobs": 2}, 400, "top_logprobs"),
-    ("chat max_completion_tokens over context", CHAT, {"messages": MSG, "max_completion_tokens": 5000}, 400,
-     "max_tokens"),
+    (
+        "chat max_completion_tokens over context",
+        CHAT,
+        {"messages": MSG, "max_completion_tokens": 5000},
+        400,
+        "max_tokens",
+    ),
     ("chat temperature string", CHAT, {"messages": MSG, "temperature": "hot"}, 400, "temperature"),
     ("tokenize prompt and messages", "/tokenize", {"prompt": "a", "messages": MSG}, 400, "prompt"),
     ("detokenize out of vocab", "/detokenize", {"tokens": [10**6]}, 400, "tokens"),
 ]
 
 
-@pytest.mark.parametrize(("path", "body", "status", "param"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
 def test_bad_input(http: httpx.Client, path: str, body: dict, status: int, param: str | None) -> None:
     response = http.post(path, json=body)
     assert response.status_code == status, response.text
@@ -54,9 +72,18 @@ def test_bad_input(http: httpx.Client, path: str, body: dict, status: int, param
 
 
 @pytest.mark.parametrize("path", [CMPL, CHAT])
-@pytest.mark.parametrize("raw", [b"{not json", b"", b"[1, 2]", b'"text"', b"\xff\xfe",
-                                 b'{"prompt": "a", "messages": [], "temperature": NaN}',
-                                 b'{"prompt": "a", "messages": [], "top_p": Infinity}'])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"{not json",
+        b"",
+        b"[1, 2]",
+        b'"text"',
+        b"\xff\xfe",
+        b'{"prompt": "a", "messages": [], "temperature": NaN}',
+        b'{"prompt": "a", "messages": [], "top_p": Infinity}',
+    ],
+)
 def test_malformed_body_is_400(http: httpx.Client, path: str, raw: bytes) -> None:
     response = http.post(path, content=raw, headers={"Content-Type": "application/json"})
     assert response.status_code == 400, response.text

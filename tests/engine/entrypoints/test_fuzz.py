@@ -42,7 +42,10 @@ SAMPLING = {
 }
 COMPLETION = {
     **SAMPLING,
-    "prompt": (["hi", ["a", "b"], [1, 2, 3], [[1, 2], [3]], "x " * 60], [[[]], [-1], [10**6], [1.5], ["a", 1]]),
+    "prompt": (
+        ["hi", ["a", "b"], [1, 2, 3], [[1, 2], [3]], "x " * 60],
+        [[[]], [-1], [10**6], [1.5], ["a", 1]],
+    ),
     "logprobs": ([0, 2, 20], [21]),
     "echo": ([True, False], []),
 }
@@ -51,19 +54,38 @@ MESSAGES = [
     [{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "a"}]}],
     [{"role": "assistant", "content": ""}],
 ]
-BAD_MESSAGES = [[{"role": "tool", "content": "x"}], [{"role": "user"}], "hi",
-                [{"role": "user", "content": [{"type": "image_url", "image_url": "u"}]}]]
-CHAT = {**SAMPLING, "messages": (MESSAGES, BAD_MESSAGES), "logprobs": ([True, False], []),
-        "top_logprobs": ([0, 2, 20], [21]), "max_completion_tokens": ([2, 5], [10**9]),
-        "add_generation_prompt": ([True, False], [])}
-TOKENIZE = {"prompt": (["hello", ""], []), "messages": (MESSAGES, BAD_MESSAGES),
-            "add_special_tokens": ([True, False], []), "return_token_strs": ([True, False], []),
-            "model": ([MODEL], ["nope"])}
+BAD_MESSAGES = [
+    [{"role": "tool", "content": "x"}],
+    [{"role": "user"}],
+    "hi",
+    [{"role": "user", "content": [{"type": "image_url", "image_url": "u"}]}],
+]
+CHAT = {
+    **SAMPLING,
+    "messages": (MESSAGES, BAD_MESSAGES),
+    "logprobs": ([True, False], []),
+    "top_logprobs": ([0, 2, 20], [21]),
+    "max_completion_tokens": ([2, 5], [10**9]),
+    "add_generation_prompt": ([True, False], []),
+}
+TOKENIZE = {
+    "prompt": (["hello", ""], []),
+    "messages": (MESSAGES, BAD_MESSAGES),
+    "add_special_tokens": ([True, False], []),
+    "return_token_strs": ([True, False], []),
+    "model": ([MODEL], ["nope"]),
+}
 DETOKENIZE = {"tokens": ([[1, 2], []], [[-1], [10**6], ["a"]]), "model": ([MODEL], ["nope"])}
 
-json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
-                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
-                                                                                        max_size=3), max_leaves=8)
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
 
 
 def _value(valid: list, invalid: list) -> st.SearchStrategy:
@@ -132,8 +154,10 @@ def test_fuzz_tokenize(fuzz_http: httpx.Client, statuses: list[int], path: str, 
 
 
 @FUZZ
-@given(path=st.sampled_from(["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]),
-       body=json_values | st.binary(max_size=40))
+@given(
+    path=st.sampled_from(["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]),
+    body=json_values | st.binary(max_size=40),
+)
 def test_fuzz_garbage(fuzz_http: httpx.Client, statuses: list[int], path: str, body: object) -> None:
     if isinstance(body, bytes):
         response = fuzz_http.post(path, content=body, headers={"Content-Type": "application/json"})

@@ -11,9 +11,14 @@ from tests.engine.entrypoints.helpers import MODEL, start_server
 from tests.redis_server import redis_server  # noqa: F401 - fixture
 
 
-def test_engine_publishes_blocks_and_deregisters_on_exit(llama_dir: Path, tmp_path: Path, redis_server) -> None:  # noqa: F811
-    server = start_server(llama_dir, tmp_path, "--redis-url", redis_server.url, "--engine-id", "engine-a",
-                          "--block-size", "16")
+def test_engine_publishes_blocks_and_deregisters_on_exit(
+    llama_dir: Path,
+    tmp_path: Path,
+    redis_server,  # noqa: F811
+) -> None:
+    server = start_server(
+        llama_dir, tmp_path, "--redis-url", redis_server.url, "--engine-id", "engine-a", "--block-size", "16"
+    )
     index = PrefixIndex.from_url(redis_server.url)
     prompt = list(range(3, 70))  # 67 tokens: 4 full blocks
     hashes = BlockHasher(MODEL, 16).hash_tokens(prompt)

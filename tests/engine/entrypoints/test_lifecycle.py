@@ -35,8 +35,11 @@ def test_timeout_fails_and_frees_the_request(impatient: ServerProcess) -> None:
         response = http.post("/v1/completions", json=LONG)
         assert response.status_code == 504
         assert response.json()["error"]["code"] == "request_timeout"
-        with http.stream("POST", "/v1/chat/completions", json={
-            "messages": [{"role": "user", "content": "hi"}], "stream": True, **LONG}) as stream:
+        with http.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}], "stream": True, **LONG},
+        ) as stream:
             events = list(iter_sse(stream.iter_bytes()))
         assert events[-1].is_done
         assert events[-2].json()["error"]["code"] == "request_timeout"
@@ -59,9 +62,13 @@ def test_sigterm_drains_then_exits_zero(llama_dir: Path, tmp_path: Path) -> None
     server = start_server(llama_dir, tmp_path, "--drain-timeout", "2")
     short, long_ = [], []
     started = [threading.Event(), threading.Event()]
-    threads = [threading.Thread(target=_stream, args=(server.url, {"prompt": "s", "max_tokens": 40,
-                                                                  "ignore_eos": True}, short, started[0])),
-               threading.Thread(target=_stream, args=(server.url, {**LONG, "n": 16}, long_, started[1]))]
+    threads = [
+        threading.Thread(
+            target=_stream,
+            args=(server.url, {"prompt": "s", "max_tokens": 40, "ignore_eos": True}, short, started[0]),
+        ),
+        threading.Thread(target=_stream, args=(server.url, {**LONG, "n": 16}, long_, started[1])),
+    ]
     for t in threads:
         t.start()
     for event in started:

@@ -63,8 +63,11 @@ def test_first_handshake_creates_the_arena_and_keeps_stored_blocks() -> None:
     keys = [(h, tokens[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE]) for i, h in enumerate(hashes)]
     flat = source.view(4, -1).view(torch.uint8)
     local = torch.zeros((4, *source.shape[1:]))
-    with running_kvstore(capacity_gb="0.002") as target, KVStoreClient(target) as client, \
-            NixlTransfer(local, compat()) as transfer:
+    with (
+        running_kvstore(capacity_gb="0.002") as target,
+        KVStoreClient(target) as client,
+        NixlTransfer(local, compat()) as transfer,
+    ):
         client.wait_ready()
         client.put((h, t, flat[i].numpy().tobytes()) for i, (h, t) in enumerate(keys))
         with pytest.raises(KVStoreUnavailable, match="no arena yet"):

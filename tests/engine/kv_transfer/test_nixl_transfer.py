@@ -30,7 +30,16 @@ class Peer:
     """A tests.engine.kv_transfer.nixl_peer process; talks JSON lines over stdin/stdout."""
 
     def __init__(self, seed: int, *extra: str) -> None:
-        cmd = [sys.executable, "-m", "tests.engine.kv_transfer.nixl_peer", "--seed", str(seed), "--num-blocks", str(PEER_BLOCKS), *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tests.engine.kv_transfer.nixl_peer",
+            "--seed",
+            str(seed),
+            "--num-blocks",
+            str(PEER_BLOCKS),
+            *extra,
+        ]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.seed = seed
         self.handshake = self._read()["handshake"]

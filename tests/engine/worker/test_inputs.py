@@ -12,11 +12,24 @@ from services.engine import LLM, SamplingParams
 from services.engine.detokenizer import IncrementalDetokenizer
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("temperature", -0.5), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2), ("min_p", 1.5), ("n", 0),
-    ("max_tokens", 0), ("max_tokens", -3), ("logprobs", 21), ("repetition_penalty", 0.0),
-    ("presence_penalty", 3.0), ("stop", [""]), ("unknown_field", 1),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", -0.5),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_k", -2),
+        ("min_p", 1.5),
+        ("n", 0),
+        ("max_tokens", 0),
+        ("max_tokens", -3),
+        ("logprobs", 21),
+        ("repetition_penalty", 0.0),
+        ("presence_penalty", 3.0),
+        ("stop", [""]),
+        ("unknown_field", 1),
+    ],
+)
 def test_invalid_sampling_values_name_the_field(field: str, value: object) -> None:
     with pytest.raises(ValidationError, match=field):
         SamplingParams(**{field: value})
@@ -33,9 +46,15 @@ def llm(llama_dir: Path) -> LLM:
     return LLM(model=str(llama_dir), num_kv_blocks=64, max_model_len=128)
 
 
-@pytest.mark.parametrize(("prompt", "match"), [
-    ("", "prompt"), ([], "prompt"), (list(range(3, 200)), "max_model_len"), ([10**6], "token ids"),
-])
+@pytest.mark.parametrize(
+    ("prompt", "match"),
+    [
+        ("", "prompt"),
+        ([], "prompt"),
+        (list(range(3, 200)), "max_model_len"),
+        ([10**6], "token ids"),
+    ],
+)
 def test_bad_prompts_raise_and_engine_keeps_running(llm: LLM, prompt, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         llm.generate([prompt], SamplingParams(max_tokens=2))
@@ -45,7 +64,9 @@ def test_bad_prompts_raise_and_engine_keeps_running(llm: LLM, prompt, match: str
 
 
 def test_generation_stops_at_max_model_len(llm: LLM) -> None:
-    out = llm.generate([list(range(3, 120))], SamplingParams(max_tokens=50, temperature=0, ignore_eos=True))[0]
+    out = llm.generate([list(range(3, 120))], SamplingParams(max_tokens=50, temperature=0, ignore_eos=True))[
+        0
+    ]
     assert len(out.outputs[0].token_ids) == 128 - 117 and out.outputs[0].finish_reason == "length"
 
 

@@ -21,8 +21,10 @@ def _hf_greedy(model, prompt: list[int], n: int = 12) -> list[int]:
     ids = torch.tensor([prompt])
     model.generation_config.eos_token_id = None
     with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(ids))
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            ids, max_new_tokens=n, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(ids)
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +32,9 @@ def gguf_file(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     return write_gguf(llama_dir, tmp_path_factory.mktemp("gguf") / "tiny-llama.Q4.gguf")
 
 
-def test_quantized_gguf_matches_hf_on_dequantized_weights(llama_dir: Path, gguf_file: Path,
-                                                          tmp_path: Path) -> None:
+def test_quantized_gguf_matches_hf_on_dequantized_weights(
+    llama_dir: Path, gguf_file: Path, tmp_path: Path
+) -> None:
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(str(llama_dir), dtype=torch.float32).eval()
@@ -41,7 +44,9 @@ def test_quantized_gguf_matches_hf_on_dequantized_weights(llama_dir: Path, gguf_
     # plain rope in GGUF metadata: give the HF model the same (drop llama3 scaling)
     cfg = json.loads((llama_dir / "config.json").read_text())
     assert cfg["rope_parameters"]["rope_type"] == "llama3"
-    plain = type(hf.config)(**{**hf.config.to_dict(), "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}})
+    plain = type(hf.config)(
+        **{**hf.config.to_dict(), "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+    )
     ref = type(hf)(plain).eval()
     ref.load_state_dict(hf.state_dict())
     llm = LLM(model=str(gguf_file), num_kv_blocks=64, kv_cache_memory_gb=None)
@@ -74,7 +79,9 @@ def test_sharded_safetensors_and_mistral(mistral_dir: Path, tmp_path: Path) -> N
         fname = f"model-0000{i + 1}-of-00002.safetensors"
         save_file({n: tensors[n] for n in chunk}, str(sharded / fname), metadata={"format": "pt"})
         weight_map.update({n: fname for n in chunk})
-    (sharded / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (sharded / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
     hf = AutoModelForCausalLM.from_pretrained(str(mistral_dir), dtype=torch.float32).eval()
     outs = LLM(model=str(sharded), num_kv_blocks=64).generate(PROMPTS, GREEDY)
     for prompt, out in zip(PROMPTS, outs, strict=True):
@@ -87,7 +94,10 @@ def test_unknown_architecture_lists_supported(llama_dir: Path, tmp_path: Path) -
     cfg = json.loads((bad / "config.json").read_text())
     cfg["architectures"] = ["GPTNeoXForCausalLM"]
     (bad / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="GPTNeoXForCausalLM.*supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM"):
+    with pytest.raises(
+        ValueError,
+        match="GPTNeoXForCausalLM.*supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM",
+    ):
         LLM(model=str(bad), num_kv_blocks=16)
 
 

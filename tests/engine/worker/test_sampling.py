@@ -27,7 +27,9 @@ def test_seeded_sampling_is_reproducible_across_runs_and_batches(llm: LLM) -> No
     alone = _tokens(llm, [PROMPT], p)[0]
     again = _tokens(llm, [PROMPT], p)[0]
     noise = SamplingParams(temperature=1.3, max_tokens=20, ignore_eos=True)
-    in_batch = llm.generate([[9, 9, 9], PROMPT, list(range(3, 90))], [noise, p, noise])[1].outputs[0].token_ids
+    in_batch = (
+        llm.generate([[9, 9, 9], PROMPT, list(range(3, 90))], [noise, p, noise])[1].outputs[0].token_ids
+    )
     assert alone == again == in_batch
     other_seed = _tokens(llm, [PROMPT], p.model_copy(update={"seed": 99}))[0]
     assert other_seed != alone
@@ -35,7 +37,9 @@ def test_seeded_sampling_is_reproducible_across_runs_and_batches(llm: LLM) -> No
 
 def test_top_k_one_is_greedy_and_temperature_explores(llm: LLM) -> None:
     greedy = _tokens(llm, [PROMPT], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))[0]
-    topk1 = _tokens(llm, [PROMPT], SamplingParams(temperature=1.5, top_k=1, max_tokens=10, ignore_eos=True))[0]
+    topk1 = _tokens(llm, [PROMPT], SamplingParams(temperature=1.5, top_k=1, max_tokens=10, ignore_eos=True))[
+        0
+    ]
     assert greedy == topk1
     hot = _tokens(llm, [PROMPT] * 6, SamplingParams(temperature=2.0, max_tokens=10, ignore_eos=True))
     assert len({tuple(t) for t in hot}) > 1
@@ -44,7 +48,9 @@ def test_top_k_one_is_greedy_and_temperature_explores(llm: LLM) -> None:
 def test_repetition_and_frequency_penalties_reduce_repeats(llm: LLM) -> None:
     base = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     plain = _tokens(llm, [PROMPT], base)[0]
-    penal = _tokens(llm, [PROMPT], base.model_copy(update={"frequency_penalty": 2.0, "presence_penalty": 2.0}))[0]
+    penal = _tokens(
+        llm, [PROMPT], base.model_copy(update={"frequency_penalty": 2.0, "presence_penalty": 2.0})
+    )[0]
     rep = _tokens(llm, [PROMPT], base.model_copy(update={"repetition_penalty": 5.0}))[0]
     assert len(set(penal)) > len(set(plain)) or len(set(plain)) == len(plain)
     assert len(set(rep)) >= len(set(plain))
@@ -66,20 +72,27 @@ def test_logprobs_match_hf_distribution(llm: LLM, llama_dir: Path) -> None:
 def test_min_tokens_suppresses_eos_and_stop_token_ids_stop(llm: LLM) -> None:
     greedy = _tokens(llm, [PROMPT], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0]
     stop_at = greedy[3]
-    out = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[stop_at]))[0].outputs[0]
+    out = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[stop_at]))[
+        0
+    ].outputs[0]
     assert out.token_ids == greedy[: greedy.index(stop_at) + 1] and out.finish_reason == "stop"
     assert out.stop_reason == stop_at
-    held = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[stop_at],
-                                                 min_tokens=8))[0].outputs[0]
+    held = llm.generate(
+        [PROMPT], SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[stop_at], min_tokens=8)
+    )[0].outputs[0]
     assert len(held.token_ids) == 8 and stop_at not in held.token_ids and held.finish_reason == "length"
 
 
 def test_stop_strings_are_never_in_the_text(llm: LLM) -> None:
-    greedy = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0].outputs[0]
+    greedy = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0].outputs[
+        0
+    ]
     text = greedy.text
     stop = text[len(text) // 2 : len(text) // 2 + 3]
     assert stop.strip()
-    out = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, stop=[stop]))[0]
+    out = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, stop=[stop]))[
+        0
+    ]
     got = out.outputs[0]
     assert got.finish_reason == "stop" and got.stop_reason == stop
     assert got.text == text[: text.index(stop)] and stop not in got.text
@@ -87,6 +100,8 @@ def test_stop_strings_are_never_in_the_text(llm: LLM) -> None:
 
 
 def test_n_sequences_with_seed(llm: LLM) -> None:
-    out = llm.generate([PROMPT], SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8, ignore_eos=True))[0]
+    out = llm.generate([PROMPT], SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8, ignore_eos=True))[
+        0
+    ]
     assert [o.index for o in out.outputs] == [0, 1, 2]
     assert len({tuple(o.token_ids) for o in out.outputs}) > 1

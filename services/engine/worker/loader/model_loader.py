@@ -58,8 +58,9 @@ def load_model_config(path: str | Path) -> ModelConfig:
     return ModelConfig.from_folder(p)
 
 
-def load_model(path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
-               max_positions: int) -> CausalLM:
+def load_model(
+    path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int
+) -> CausalLM:
     """Instantiate the registered class for ``cfg.architecture`` and fill it with the checkpoint."""
     cls = get_model_class(cfg.architecture)
     with torch.device("meta"):

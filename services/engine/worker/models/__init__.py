@@ -8,11 +8,13 @@ from torch import nn
 
 from services.engine.worker.models.llama import LlamaForCausalLM
 
-_REGISTRY: MappingProxyType[str, type[nn.Module]] = MappingProxyType({
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": LlamaForCausalLM,
-})
+_REGISTRY: MappingProxyType[str, type[nn.Module]] = MappingProxyType(
+    {
+        "LlamaForCausalLM": LlamaForCausalLM,
+        "MistralForCausalLM": LlamaForCausalLM,
+        "Qwen2ForCausalLM": LlamaForCausalLM,
+    }
+)
 
 
 def supported_architectures() -> list[str]:

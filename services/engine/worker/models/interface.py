@@ -13,8 +13,14 @@ from services.engine.worker.attention import AttentionMetadata, ComputeBackend
 class CausalLM(Protocol):
     """An ``nn.Module`` built as ``cls(model_config, max_positions, dtype)`` on the meta device."""
 
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
-                 meta: AttentionMetadata, backend: ComputeBackend) -> torch.Tensor:
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        backend: ComputeBackend,
+    ) -> torch.Tensor:
         """Hidden states [T, hidden] of the step's flattened tokens (K/V written into ``kv_cache``)."""
         ...
 

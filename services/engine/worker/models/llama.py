@@ -22,8 +22,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, backend: Backend,
-                residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, backend: Backend, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return backend.rms_norm(x, self.weight, self.eps, residual)
 
 
@@ -37,8 +38,9 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.scale = self.d**-0.5
 
-    def forward(self, x: torch.Tensor, rope: Any, kv_cache: torch.Tensor, meta: AttentionMetadata,
-                backend: Backend) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: Any, kv_cache: torch.Tensor, meta: AttentionMetadata, backend: Backend
+    ) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = backend.rotary(q.view(t, self.hq, self.d), k.view(t, self.hkv, self.d), rope)
@@ -66,8 +68,15 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: Any, kv_cache: torch.Tensor,
-                meta: AttentionMetadata, backend: Backend) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: Any,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        backend: Backend,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """x is the previous layer's MLP output (or the embeddings); the residual add is fused into the norm."""
         h, residual = self.input_layernorm(x, backend, residual)
         h = self.self_attn(h, rope, kv_cache, meta, backend)
@@ -95,8 +104,14 @@ class LlamaForCausalLM(nn.Module):
         cfg = self.cfg
         return build_cos_sin_cache(cfg.head_dim, self.max_positions, cfg.rope_theta, cfg.rope_scaling, dtype)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata, backend: Backend) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        backend: Backend,
+    ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         rope = backend.rope_inputs(positions, self.cos_sin_cache)
         residual = None
@@ -127,8 +142,13 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"checkpoint is missing tensors for: {', '.join(missing[:8])}")
 
 
-_FUSED = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
-          "gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up")}
+_FUSED = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", "gate"),
+    "up_proj": ("gate_up_proj", "up"),
+}
 
 
 def _map_name(name: str, cfg: ModelConfig) -> tuple[str | None, str | None]:
@@ -146,9 +166,21 @@ def _copy_shard(param: torch.Tensor, tensor: torch.Tensor, shard: str | None, cf
     if shard is None:
         rows = (0, param.shape[0])
     else:
-        q, kv, inter = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size
-        rows = {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv), "gate": (0, inter), "up": (inter, 2 * inter)}[shard]
+        q, kv, inter = (
+            cfg.num_attention_heads * cfg.head_dim,
+            cfg.num_key_value_heads * cfg.head_dim,
+            cfg.intermediate_size,
+        )
+        rows = {
+            "q": (0, q),
+            "k": (q, q + kv),
+            "v": (q + kv, q + 2 * kv),
+            "gate": (0, inter),
+            "up": (inter, 2 * inter),
+        }[shard]
     dst = param.data[rows[0] : rows[1]]
     if dst.shape != tensor.shape:
-        raise ValueError(f"weight shape mismatch for {shard or 'tensor'}: expected {tuple(dst.shape)}, got {tuple(tensor.shape)}")
+        raise ValueError(
+            f"weight shape mismatch for {shard or 'tensor'}: expected {tuple(dst.shape)}, got {tuple(tensor.shape)}"
+        )
     dst.copy_(tensor.to(dst.dtype))
