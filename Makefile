@@ -10,9 +10,9 @@ KVFERRY_HOME ?= $(HOME)/.cache/kvferry
 export KVFERRY_HOME
 STAMP := $(VENV)/.setup-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
-.PHONY: setup test test-all test-gpu lint run bench bench-kernels crds proto images helm clean
+.PHONY: setup cpu-kernels test test-all test-gpu lint run bench bench-kernels crds proto images helm clean
 
-setup: $(STAMP) redis model helm
+setup: $(STAMP) redis model helm cpu-kernels
 
 $(STAMP):
 	test -x $(PY) || $(PY_BOOT) -m venv $(VENV)
@@ -23,6 +23,12 @@ $(STAMP):
 
 redis:
 	@command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server; }
+
+# The C++ CPU kernels for this machine's ISA, built once into $(KVFERRY_HOME)/torch_extensions (a cache
+# hit takes ~2 s); when they cannot build (no g++), the engine runs the plain torch backend and says so.
+cpu-kernels: $(STAMP)
+	@command -v g++ >/dev/null || { apt-get update -qq && apt-get install -y -qq build-essential; } || true
+	$(PY) -m kernels.cpu.build
 
 model: $(STAMP)
 	$(PY) -m services.engine.worker.loader.default_model

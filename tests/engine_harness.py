@@ -18,7 +18,7 @@ import uvicorn
 from services.cli import build_parser
 from services.engine.entrypoints.cli import build
 from services.serve_cli import ROLE_FACTORIES
-from tests.engine.entrypoints.helpers import MODEL, EngineEndpoint
+from tests.engine.entrypoints.helpers import MODEL, EngineEndpoint, with_test_dtype
 
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -43,7 +43,7 @@ class InProcessEngine(EngineEndpoint):
         self._sock.bind(("127.0.0.1", 0))
         port = self._sock.getsockname()[1]
         self.url, self.api_key = f"http://127.0.0.1:{port}", api_key
-        argv = ["serve", str(model), "--port", str(port), "--served-model-name", MODEL, *args]
+        argv = ["serve", str(model), "--port", str(port), "--served-model-name", MODEL, *with_test_dtype(args)]
         argv += ["--api-key", api_key] if api_key else []
         self._capture = _Capture()
         root = logging.getLogger()

@@ -39,9 +39,9 @@ def _check(outputs, refs: list[torch.Tensor], top_n: int) -> None:
 
 def test_prompt_logprobs_match_hf_whole_and_chunked(llama_dir: Path, hf_prompt_logprobs) -> None:
     params = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=3, ignore_eos=True)
-    whole = LLM(model=str(llama_dir), num_kv_blocks=256, max_num_seqs=8)
+    whole = LLM(model=str(llama_dir), dtype="float32", num_kv_blocks=256, max_num_seqs=8)
     _check(whole.generate(PROMPTS, params), hf_prompt_logprobs, 3)
-    chunked = LLM(model=str(llama_dir), num_kv_blocks=256, max_num_seqs=8, max_num_batched_tokens=37)
+    chunked = LLM(model=str(llama_dir), dtype="float32", num_kv_blocks=256, max_num_seqs=8, max_num_batched_tokens=37)
     outs = chunked.generate(PROMPTS, params)
     _check(outs, hf_prompt_logprobs, 3)
     plain = whole.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
@@ -50,7 +50,7 @@ def test_prompt_logprobs_match_hf_whole_and_chunked(llama_dir: Path, hf_prompt_l
 
 
 def test_prompt_logprobs_skip_the_prefix_cache(llama_dir: Path, hf_prompt_logprobs) -> None:
-    llm = LLM(model=str(llama_dir), num_kv_blocks=256, max_num_seqs=8, block_size=16)
+    llm = LLM(model=str(llama_dir), dtype="float32", num_kv_blocks=256, max_num_seqs=8, block_size=16)
     warm = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=1))
     again = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=1))
     assert again[3].num_cached_tokens > 0 and warm[3].num_cached_tokens == 0
@@ -62,6 +62,7 @@ def test_prompt_logprobs_skip_the_prefix_cache(llama_dir: Path, hf_prompt_logpro
 def test_prompt_logprobs_survive_preemption(llama_dir: Path, hf_prompt_logprobs) -> None:
     llm = LLM(
         model=str(llama_dir),
+        dtype="float32",
         num_kv_blocks=14,
         block_size=16,
         max_num_seqs=8,
@@ -75,7 +76,7 @@ def test_prompt_logprobs_survive_preemption(llama_dir: Path, hf_prompt_logprobs)
 
 
 def test_prompt_logprobs_with_kv_transfer_is_refused(llama_dir: Path) -> None:
-    llm = LLM(model=str(llama_dir), num_kv_blocks=64)
+    llm = LLM(model=str(llama_dir), dtype="float32", num_kv_blocks=64)
     params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1)
     with pytest.raises(ValueError, match="prompt_logprobs"):
         llm.engine.add_request([1, 2, 3], params, kv_transfer_params=KVTransferParams(do_remote_decode=True))

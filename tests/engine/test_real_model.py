@@ -15,7 +15,7 @@ def smollm():
         path = default_gguf_path()
     except ValueError as exc:  # `make setup` installs the wheel; say so loudly elsewhere
         pytest.fail(str(exc))
-    return LLM(model=str(path), num_kv_blocks=256, max_model_len=2048)
+    return LLM(model=str(path), dtype="float32", num_kv_blocks=256, max_model_len=2048)
 
 
 def test_chat_answers_paris(smollm: LLM) -> None:

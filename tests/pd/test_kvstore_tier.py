@@ -162,13 +162,13 @@ def test_failed_nixl_read_from_the_store_is_counted_and_recomputed(
         "num_kv_blocks": 64,
         "max_model_len": 512,
     }
-    source = LLM(model=str(llama_dir), **kw)
+    source = LLM(model=str(llama_dir), dtype="float32", **kw)
     expected = source.generate([prompt], params)[0].outputs[0].token_ids
     # a prompt sharing 2 blocks with it, unique to this case, stored too
     changed = prompt[:40] + [prompt[40] % 300 + (2 if failure == "start" else 3)] + prompt[41:]
     expected_changed = source.generate([changed], params)[0].outputs[0].token_ids
     _wait_stored(kvstore, changed, (len(changed) - 1) // 16)
-    cold = LLM(model=str(llama_dir), **kw)
+    cold = LLM(model=str(llama_dir), dtype="float32", **kw)
     store = cold.engine.core.connector
     transfer = store.tier._transfer
     real_poll = transfer.poll

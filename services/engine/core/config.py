@@ -27,7 +27,7 @@ class EngineConfig(BaseModel):
     enable_prefix_caching: bool = True
     device: str = "auto"
     seed: int = 0
-    attention_backend: Literal["torch", "triton"] | None = None
+    attention_backend: Literal["cpu", "torch", "triton"] | None = None
     kvstore_url: str | None = None  # grpc://host:port of the shared kvstore tier
     use_nixl: bool = True  # False: KV moves between engines through the kvstore only
 

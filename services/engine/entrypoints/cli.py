@@ -61,6 +61,8 @@ def add_parser(
     add("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     add("--no-prefix-caching", dest="prefix_caching", action="store_false", help="disable prefix caching")
     add("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    add("--attention-backend", default=None, choices=["cpu", "torch", "triton"],
+        help="compute backend (default: triton on CUDA, the C++ kernels on CPU, torch where they cannot build)")
     add("--seed", type=int, default=0)
     add("--host", default="127.0.0.1")
     add("--port", type=int, default=8000)
@@ -119,6 +121,7 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
         max_model_len=args.max_model_len,
         enable_prefix_caching=args.prefix_caching,
         device=args.device,
+        attention_backend=args.attention_backend,
         seed=args.seed,
         kvstore_url=args.kvstore_url,
         use_nixl=args.use_nixl,

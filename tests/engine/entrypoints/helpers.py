@@ -90,6 +90,12 @@ class ServerProcess(EngineEndpoint):
         return self.proc.wait(timeout)
 
 
+def with_test_dtype(args: tuple[str, ...]) -> tuple[str, ...]:
+    """float32 unless the test says otherwise: tiny random models have near-tied logits, so greedy
+    equality (vs HF, P/D vs aggregated) holds in fp32 only; ``auto`` picks bf16 on AMX/AVX512-BF16 CPUs."""
+    return args if "--dtype" in args else (*args, "--dtype", "float32")
+
+
 def start_server(
     model: Path, log_dir: Path, *args: str, api_key: str | None = None, timeout: float = 120.0
 ) -> ServerProcess:
@@ -107,7 +113,7 @@ def start_server(
         MODEL,
         "--log-level",
         "info",
-        *args,
+        *with_test_dtype(args),
     ]
     if api_key:
         cmd += ["--api-key", api_key]

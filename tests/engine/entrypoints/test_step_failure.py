@@ -39,7 +39,7 @@ class PoisonedModel:
 
 @pytest.fixture(scope="module")
 def app_url(qwen2_dir: Path) -> Iterator[tuple[str, AsyncLLM]]:
-    llm = AsyncLLM(EngineConfig(model=str(qwen2_dir), max_model_len=256, num_kv_blocks=64))
+    llm = AsyncLLM(EngineConfig(model=str(qwen2_dir), dtype="float32", max_model_len=256, num_kv_blocks=64))
     llm.engine.core.runner.model = PoisonedModel(llm.engine.core.runner.model)  # before any request runs
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

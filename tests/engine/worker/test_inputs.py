@@ -43,7 +43,7 @@ def test_min_tokens_above_max_tokens() -> None:
 
 @pytest.fixture(scope="module")
 def llm(llama_dir: Path) -> LLM:
-    return LLM(model=str(llama_dir), num_kv_blocks=64, max_model_len=128)
+    return LLM(model=str(llama_dir), dtype="float32", num_kv_blocks=64, max_model_len=128)
 
 
 @pytest.mark.parametrize(

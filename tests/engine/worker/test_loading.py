@@ -49,14 +49,14 @@ def test_quantized_gguf_matches_hf_on_dequantized_weights(
     )
     ref = type(hf)(plain).eval()
     ref.load_state_dict(hf.state_dict())
-    llm = LLM(model=str(gguf_file), num_kv_blocks=64, kv_cache_memory_gb=None)
+    llm = LLM(model=str(gguf_file), dtype="float32", num_kv_blocks=64, kv_cache_memory_gb=None)
     outs = llm.generate(PROMPTS, GREEDY)
     for prompt, out in zip(PROMPTS, outs, strict=True):
         assert out.outputs[0].token_ids == _hf_greedy(ref, prompt)
 
 
 def test_gguf_tokenizer_and_chat_template_come_from_metadata(llama_dir: Path, gguf_file: Path) -> None:
-    llm = LLM(model=str(gguf_file), num_kv_blocks=64)
+    llm = LLM(model=str(gguf_file), dtype="float32", num_kv_blocks=64)
     original = Tokenizer(llama_dir)
     text = "the quick brown fox über 東京 🚀 0123"
     assert llm.tokenizer.encode(text) == original.encode(text)
@@ -83,7 +83,7 @@ def test_sharded_safetensors_and_mistral(mistral_dir: Path, tmp_path: Path) -> N
         json.dumps({"metadata": {}, "weight_map": weight_map})
     )
     hf = AutoModelForCausalLM.from_pretrained(str(mistral_dir), dtype=torch.float32).eval()
-    outs = LLM(model=str(sharded), num_kv_blocks=64).generate(PROMPTS, GREEDY)
+    outs = LLM(model=str(sharded), dtype="float32", num_kv_blocks=64).generate(PROMPTS, GREEDY)
     for prompt, out in zip(PROMPTS, outs, strict=True):
         assert out.outputs[0].token_ids == _hf_greedy(hf, prompt)
 
@@ -98,16 +98,16 @@ def test_unknown_architecture_lists_supported(llama_dir: Path, tmp_path: Path) -
         ValueError,
         match="GPTNeoXForCausalLM.*supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM",
     ):
-        LLM(model=str(bad), num_kv_blocks=16)
+        LLM(model=str(bad), dtype="float32", num_kv_blocks=16)
 
 
 def test_missing_model_path_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="does not exist"):
-        LLM(model=str(tmp_path / "nope"))
+        LLM(model=str(tmp_path / "nope"), dtype="float32")
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision_runs_close_to_fp32(llama_dir: Path, dtype: str) -> None:
-    fp32 = LLM(model=str(llama_dir), num_kv_blocks=64).generate(PROMPTS, GREEDY)
+    fp32 = LLM(model=str(llama_dir), dtype="float32", num_kv_blocks=64).generate(PROMPTS, GREEDY)
     half = LLM(model=str(llama_dir), num_kv_blocks=64, dtype=dtype).generate(PROMPTS, GREEDY)
     assert half[0].outputs[0].token_ids[:3] == fp32[0].outputs[0].token_ids[:3]

@@ -15,7 +15,7 @@ PROMPT = [5, 17, 33, 101, 7, 250]
 
 @pytest.fixture(scope="module")
 def llm(llama_dir: Path) -> LLM:
-    return LLM(model=str(llama_dir), num_kv_blocks=256, max_num_seqs=16, seed=0)
+    return LLM(model=str(llama_dir), dtype="float32", num_kv_blocks=256, max_num_seqs=16, seed=0)
 
 
 def _tokens(llm: LLM, prompts, params) -> list[list[int]]:

@@ -21,12 +21,19 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def resolve_dtype(name: str, cfg: ModelConfig, device: torch.device) -> torch.dtype:
-    """'auto' means the checkpoint's dtype on GPU and float32 on CPU (fp16 matmuls are slow there)."""
+    """'auto' means the checkpoint's dtype on GPU; on CPU bfloat16 where the CPU computes it natively
+    (AVX512-BF16 or AMX), else float32 (emulated bf16 and fp16 matmuls are slow there)."""
     if name != "auto":
         return _DTYPES[name]
     if device.type == "cpu":
-        return torch.float32
+        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
     return _DTYPES.get(cfg.torch_dtype or "", torch.bfloat16)
+
+
+def cpu_has_native_bf16() -> bool:
+    """True on CPUs with bf16 dot products (AVX512-BF16 or AMX-BF16)."""
+    caps = torch.cpu.get_capabilities()
+    return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
 
 
 def _safetensors_files(folder: Path) -> list[Path]:

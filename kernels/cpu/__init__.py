@@ -1,0 +1,139 @@
+"""C++ CPU kernels (paged attention, KV cache writes, RMSNorm, rotary, SiLU-and-mul); compiled on load()."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+__all__ = [
+    "available",
+    "fused_add_rms_norm",
+    "load",
+    "paged_attention",
+    "reshape_and_cache",
+    "rms_norm",
+    "rotary_embedding",
+    "silu_and_mul",
+    "unavailable_reason",
+]
+
+
+def load() -> ModuleType | None:
+    """The compiled extension (built on first call, then cached per process), or None; never raises."""
+    from kernels.cpu.build import load_extension  # here, so `python -m kernels.cpu.build` imports it once
+
+    return load_extension().module
+
+
+def unavailable_reason() -> str | None:
+    """Why load() returns None (no compiler, build error, ...), or None when the kernels are there."""
+    from kernels.cpu.build import load_extension
+
+    return load_extension().reason
+
+
+def available() -> bool:
+    """Whether the kernels can be used on this machine (builds them if needed)."""
+    return load() is not None
+
+
+def _ops() -> ModuleType:
+    ops = load()
+    if ops is None:
+        raise RuntimeError(f"kvferry CPU kernels unavailable: {unavailable_reason()}")
+    return ops
+
+
+# torch's sum kernel is not dispatched to AVX-512: its cascade sum always runs on 8 fp32 lanes (the
+# AVX2 and the 32-byte DEFAULT vectors), which fixes the order RMSNorm's mean must add in.
+_SUM_LANES = 8
+
+
+def _torch_lanes() -> int:
+    """fp32 lanes of torch's elementwise CPU kernels (where SiLU's vector/scalar split falls)."""
+    return 16 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 8
+
+
+def paged_attention(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    split_tokens: int = 0,
+) -> torch.Tensor:
+    """Causal attention of a mixed batch into out [T, Hq, D]; sequence b owns query rows
+    query_start_loc[b]:query_start_loc[b+1], its last positions of seq_lens[b]. Caches are
+    [num_blocks, block_size, Hkv, D] (strided layer views are fine). split_tokens > 0 forces decode
+    rows into kv splits of that many positions (else chosen from the thread count)."""
+    _ops().paged_attention(
+        out,
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        query_start_loc,
+        seq_lens,
+        float(scale),
+        int(split_tokens),
+    )
+    return out
+
+
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write key/value [T, Hkv, D] into cache slot slot_mapping[t] (block * block_size + offset); skip < 0."""
+    _ops().reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF Llama RMSNorm over the last dim (fp32 normalize, cast to x.dtype, times weight): bit-exact."""
+    x2 = _rows(x)
+    out = torch.empty(x2.shape, dtype=x.dtype)
+    _ops().rms_norm(out, x2, weight, float(eps), _SUM_LANES)
+    return out.view(x.shape)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual), the sum rounded to x.dtype first as the reference does."""
+    x2, r2 = _rows(x), _rows(residual)
+    out = torch.empty(x2.shape, dtype=x.dtype)
+    new_residual = torch.empty(x2.shape, dtype=x.dtype)
+    _ops().rms_norm(out, x2, weight, float(eps), _SUM_LANES, r2, new_residual)
+    return out.view(x.shape), new_residual.view(x.shape)
+
+
+def rotary_embedding(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor | None,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """RoPE in place on query [T, Hq, D] and key [T, Hkv, D] (strided views fine); returns them."""
+    _ops().rotary_embedding(positions, query, key, cos_sin_cache, bool(is_neox))
+    return query, key
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """silu(x[:, :I]) * x[:, I:] in fp32, cast to x.dtype: x [T, 2I] -> [T, I]."""
+    x2 = _rows(x)
+    out = torch.empty((x2.shape[0], x2.shape[1] // 2), dtype=x.dtype)
+    _ops().silu_and_mul(out, x2, _torch_lanes())
+    return out.view(*x.shape[:-1], x.shape[-1] // 2)

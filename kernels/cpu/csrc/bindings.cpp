@@ -1,0 +1,27 @@
+// Python bindings of the kvferry CPU ops (the GIL is released while a kernel runs).
+#include <torch/extension.h>
+
+#include "ops.h"
+#include "vec.h"
+
+#define KVF_STR2(x) #x
+#define KVF_STR(x) KVF_STR2(x)
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  namespace py = pybind11;
+  using py::arg;
+  const auto nogil = py::call_guard<py::gil_scoped_release>();
+  m.doc() = "kvferry CPU kernels: paged attention, KV cache writes, RMSNorm, rotary, SiLU-and-mul";
+  m.attr("capability") = KVF_STR(CPU_CAPABILITY);
+  m.attr("fp32_lanes") = kvf::W;
+  m.def("paged_attention", &kvf::paged_attention, arg("out"), arg("query"), arg("key_cache"),
+        arg("value_cache"), arg("block_tables"), arg("query_start_loc"), arg("seq_lens"), arg("scale"),
+        arg("split_tokens") = 0, nogil);
+  m.def("reshape_and_cache", &kvf::reshape_and_cache, arg("key"), arg("value"), arg("key_cache"),
+        arg("value_cache"), arg("slot_mapping"), nogil);
+  m.def("rms_norm", &kvf::rms_norm, arg("out"), arg("x"), arg("weight"), arg("eps"), arg("lanes"),
+        arg("residual") = py::none(), arg("res_out") = py::none(), nogil);
+  m.def("rotary_embedding", &kvf::rotary_embedding, arg("positions"), arg("query"), arg("key"),
+        arg("cos_sin_cache"), arg("is_neox"), nogil);
+  m.def("silu_and_mul", &kvf::silu_and_mul, arg("out"), arg("x"), arg("lanes"), nogil);
+}

@@ -1,0 +1,31 @@
+// The ops the Python module exposes (see bindings.cpp); every tensor is a CPU tensor.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace kvf {
+
+// Mixed decode + prefill attention of packed queries over a paged K/V cache (in place into out).
+void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+                     const at::Tensor& value_cache, const at::Tensor& block_tables,
+                     const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale,
+                     int64_t split_tokens);
+
+// key/value [T, Hkv, D] into cache slot slot_mapping[t] (block * block_size + offset); slot < 0 skipped.
+void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
+                       at::Tensor& value_cache, const at::Tensor& slot_mapping);
+
+// HF Llama RMSNorm of x [T, H] into out; with residual: res_out = x + residual is normalized instead.
+// lanes: fp32 lanes of torch's own sum kernel (8, also on AVX-512 machines), to sum in torch's order.
+void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps, int64_t lanes,
+              const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& res_out);
+
+// RoPE in place on query [T, Hq, D] and key [T, Hkv, D]; cos_sin_cache [max_pos, rot_dim].
+void rotary_embedding(const at::Tensor& positions, at::Tensor& query, const std::optional<at::Tensor>& key,
+                      const at::Tensor& cos_sin_cache, bool is_neox);
+
+// out [T, I] = silu(x[:, :I]) * x[:, I:] in fp32; lanes: torch's elementwise fp32 lanes (16 with AVX-512),
+// which decide where its vector exp ends and std::exp takes the row's tail.
+void silu_and_mul(at::Tensor& out, const at::Tensor& x, int64_t lanes);
+
+}  // namespace kvf
