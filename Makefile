@@ -10,7 +10,7 @@ KVFERRY_HOME ?= $(HOME)/.cache/kvferry
 export KVFERRY_HOME
 STAMP := $(VENV)/.setup-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
-.PHONY: setup cpu-kernels test test-all test-gpu lint run bench bench-kernels crds proto images helm clean
+.PHONY: setup cpu-kernels test test-all test-gpu lint run bench bench-kernels bench-vllm crds proto images helm clean
 
 setup: $(STAMP) redis model helm cpu-kernels
 
@@ -56,6 +56,13 @@ bench: setup
 
 bench-kernels: setup
 	$(PY) benchmarks/kernels.py
+
+# kvferry vs vLLM's CPU build side by side. Benchmark only: vLLM gets its own venv at $(KVFERRY_HOME)/vllm-venv
+# (~3.5 GB, created on first run) and is never a kvferry dependency. ~30 min; not part of `make test`.
+# Smoke run: make bench-vllm BENCH_VLLM_ARGS=--quick
+BENCH_VLLM_ARGS ?=
+bench-vllm: setup
+	$(PY) benchmarks/vs_vllm.py $(BENCH_VLLM_ARGS)
 
 # The CRD (and the chart's copy) is generated from operator/pool_operator/models.py.
 crds: $(STAMP)
