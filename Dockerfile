@@ -46,7 +46,10 @@ CMD ["operator"]
 
 # ---- engine: CUDA runtime + torch + triton + nixl -----------------------------------------
 FROM ${CUDA_IMAGE} AS engine
-RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv \
+# g++ and the Python headers build the C++ CPU kernels for the node's ISA on first start (into
+# $KVFERRY_HOME); tcmalloc is preloaded by `kvferry serve` (services/engine/cpu_runtime.py).
+RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv python3-dev g++ \
+        libtcmalloc-minimal4 \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 10001 --create-home --home-dir /home/kvferry kvferry \
     && python3 -m venv /opt/kvferry

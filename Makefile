@@ -23,6 +23,8 @@ $(STAMP):
 
 redis:
 	@command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server; }
+	@test -e /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 || test "$$(uname -m)" != x86_64 || \
+		{ apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4; } || true
 
 # The C++ CPU kernels for this machine's ISA, built once into $(KVFERRY_HOME)/torch_extensions (a cache
 # hit takes ~2 s); when they cannot build (no g++), the engine runs the plain torch backend and says so.

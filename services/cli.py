@@ -44,6 +44,10 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if next((a for a in argv if not a.startswith("-")), None) == "serve":
+        from services.engine.cpu_runtime import exec_with_runtime
+
+        exec_with_runtime(argv)  # once, before torch loads: Intel OpenMP + tcmalloc where installed
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

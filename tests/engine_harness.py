@@ -43,7 +43,15 @@ class InProcessEngine(EngineEndpoint):
         self._sock.bind(("127.0.0.1", 0))
         port = self._sock.getsockname()[1]
         self.url, self.api_key = f"http://127.0.0.1:{port}", api_key
-        argv = ["serve", str(model), "--port", str(port), "--served-model-name", MODEL, *with_test_dtype(args)]
+        argv = [
+            "serve",
+            str(model),
+            "--port",
+            str(port),
+            "--served-model-name",
+            MODEL,
+            *with_test_dtype(args),
+        ]
         argv += ["--api-key", api_key] if api_key else []
         self._capture = _Capture()
         root = logging.getLogger()

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-# OpenMP threads that spin at barriers collapse when a core is taken by another process (a shared
-# node, a CPU-limited pod): a 1-sequence step went from 35 ms to 300 ms. Passive waiting keeps both
-# cores useful. Must be set before torch loads its OpenMP runtime; an explicit setting wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# GNU OpenMP threads that spin at barriers collapse when a core is taken by another process (a shared
+# node, a CPU-limited pod): passive waits keep both cores useful. `kvferry serve` runs with Intel
+# OpenMP's bounded spin instead where it is installed (see cpu_runtime.py; it sets the marker).
+# Must be set before torch loads its OpenMP runtime; an explicit setting wins.
+if "KVFERRY_CPU_RUNTIME_APPLIED" not in os.environ:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 if TYPE_CHECKING:
     from services.engine.core.sampling_params import SamplingParams

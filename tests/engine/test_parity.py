@@ -71,7 +71,9 @@ def test_batched_greedy_matches_hf(tiny_model: Path, hf_reference, backend: str)
     """The C++ kernels (the CPU default) and the plain torch backend (the reference and fallback)."""
     if backend == "cpu" and not _cpu_kernels():
         pytest.skip("the C++ CPU kernels cannot be built here")
-    llm = LLM(model=str(tiny_model), dtype="float32", num_kv_blocks=1024, max_num_seqs=32, attention_backend=backend)
+    llm = LLM(
+        model=str(tiny_model), dtype="float32", num_kv_blocks=1024, max_num_seqs=32, attention_backend=backend
+    )
     assert llm.engine.core.runner.backend.name == backend
     _check(llm, _prompts(_vocab(tiny_model)), hf_reference)
 
@@ -83,12 +85,21 @@ def _cpu_kernels() -> bool:
 
 
 def test_chunked_prefill_matches_hf(tiny_model: Path, hf_reference) -> None:
-    llm = LLM(model=str(tiny_model), dtype="float32", num_kv_blocks=1024, max_num_seqs=32, max_num_batched_tokens=37)
+    llm = LLM(
+        model=str(tiny_model), dtype="float32", num_kv_blocks=1024, max_num_seqs=32, max_num_batched_tokens=37
+    )
     _check(llm, _prompts(_vocab(tiny_model)), hf_reference)
 
 
 def test_preemption_matches_hf(tiny_model: Path, hf_reference) -> None:
-    llm = LLM(model=str(tiny_model), dtype="float32", num_kv_blocks=40, block_size=16, max_num_seqs=32, max_model_len=512)
+    llm = LLM(
+        model=str(tiny_model),
+        dtype="float32",
+        num_kv_blocks=40,
+        block_size=16,
+        max_num_seqs=32,
+        max_model_len=512,
+    )
     _check(llm, _prompts(_vocab(tiny_model)), hf_reference)
     assert llm.engine.core.scheduler.num_preemptions > 0, "the tiny pool should have forced preemption"
     assert llm.engine.core.kv_manager.pool.num_free_blocks == 40
@@ -97,7 +108,9 @@ def test_preemption_matches_hf(tiny_model: Path, hf_reference) -> None:
 def test_prefix_cache_on_equals_off_and_hf(tiny_model: Path, hf_reference) -> None:
     prompts = _shared_prefix_prompts(_vocab(tiny_model))
     on = LLM(model=str(tiny_model), dtype="float32", num_kv_blocks=512, max_num_seqs=4)
-    off = LLM(model=str(tiny_model), dtype="float32", num_kv_blocks=512, max_num_seqs=4, enable_prefix_caching=False)
+    off = LLM(
+        model=str(tiny_model), dtype="float32", num_kv_blocks=512, max_num_seqs=4, enable_prefix_caching=False
+    )
     outs_on = _check(on, prompts, hf_reference)
     outs_off = _check(off, prompts, hf_reference)
     assert sum(o.num_cached_tokens for o in outs_on) > 0

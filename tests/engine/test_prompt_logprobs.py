@@ -41,7 +41,9 @@ def test_prompt_logprobs_match_hf_whole_and_chunked(llama_dir: Path, hf_prompt_l
     params = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=3, ignore_eos=True)
     whole = LLM(model=str(llama_dir), dtype="float32", num_kv_blocks=256, max_num_seqs=8)
     _check(whole.generate(PROMPTS, params), hf_prompt_logprobs, 3)
-    chunked = LLM(model=str(llama_dir), dtype="float32", num_kv_blocks=256, max_num_seqs=8, max_num_batched_tokens=37)
+    chunked = LLM(
+        model=str(llama_dir), dtype="float32", num_kv_blocks=256, max_num_seqs=8, max_num_batched_tokens=37
+    )
     outs = chunked.generate(PROMPTS, params)
     _check(outs, hf_prompt_logprobs, 3)
     plain = whole.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))

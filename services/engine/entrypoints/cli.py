@@ -61,8 +61,12 @@ def add_parser(
     add("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     add("--no-prefix-caching", dest="prefix_caching", action="store_false", help="disable prefix caching")
     add("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    add("--attention-backend", default=None, choices=["cpu", "torch", "triton"],
-        help="compute backend (default: triton on CUDA, the C++ kernels on CPU, torch where they cannot build)")
+    add(
+        "--attention-backend",
+        default=None,
+        choices=["cpu", "torch", "triton"],
+        help="compute backend (default: triton on CUDA, the C++ kernels on CPU, torch where they cannot build)",
+    )
     add("--seed", type=int, default=0)
     add("--host", default="127.0.0.1")
     add("--port", type=int, default=8000)
@@ -200,6 +204,9 @@ def run(args: argparse.Namespace, roles: Mapping[str, RoleFactory]) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    from services.engine.cpu_runtime import describe
+
+    log.info("CPU runtime: %s", describe())
     try:
         app, settings = build(args, roles)
     except ServeError as exc:

@@ -36,7 +36,9 @@ class CpuBackend:
         return normed, summed
 
     @staticmethod
-    def rope_inputs(positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope_inputs(
+        positions: torch.Tensor, cos_sin_cache: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return positions, cos_sin_cache
 
     def rotary(

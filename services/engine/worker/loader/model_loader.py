@@ -11,6 +11,7 @@ from typing import cast
 import torch
 from tqdm import tqdm
 
+from services.engine.worker.linear import pack_linears
 from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models import get_model_class
 from services.engine.worker.models.interface import CausalLM
@@ -85,6 +86,7 @@ def load_model(
     total = sum(1 for _ in model.parameters())
     bar = tqdm(tensors, desc=f"loading {p.name}", unit="tensor", leave=False, disable=None, total=None)
     lm.load_weights(bar)
-    log.info("loaded %s (%d parameter tensors, %s) on %s", p.name, total, dtype, device)
     model.eval()
+    linears = pack_linears(model, dtype, device)
+    log.info("loaded %s (%d parameter tensors, %s) on %s; matmuls: %s", p.name, total, dtype, device, linears)
     return lm
