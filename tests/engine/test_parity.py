@@ -76,6 +76,8 @@ def test_batched_greedy_matches_hf(tiny_model: Path, hf_reference, backend: str)
     )
     assert llm.engine.core.runner.backend.name == backend
     _check(llm, _prompts(_vocab(tiny_model)), hf_reference)
+    if backend == "cpu":  # steady decode steps advanced the last step's inputs in place
+        assert llm.engine.core.runner.inputs.num_updated > NEW_TOKENS // 2
 
 
 def _cpu_kernels() -> bool:

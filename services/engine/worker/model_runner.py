@@ -8,7 +8,8 @@ import torch
 
 from services.engine.core.outputs import Logprobs, ModelRunnerOutput, SchedulerOutput
 from services.engine.worker.attention import ComputeBackend
-from services.engine.worker.input_batch import CachedRequestState, PromptLogprobRows, build_inputs
+from services.engine.worker.decode_inputs import DecodeInputs
+from services.engine.worker.input_batch import CachedRequestState, PromptLogprobRows
 from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models.interface import CausalLM
 from services.engine.worker.sampler import Sampler, SamplingRow, batch_logprobs
@@ -36,6 +37,7 @@ class ModelRunner:
         self.eos_ids = eos_ids
         self.sampler = Sampler(seed)
         self.states: dict[str, CachedRequestState] = {}
+        self.inputs = DecodeInputs(backend, block_size, device)
 
     def _update_states(self, sched: SchedulerOutput) -> None:
         for req_id in sched.finished_req_ids | sched.preempted_req_ids:
@@ -65,7 +67,7 @@ class ModelRunner:
         if not req_ids:
             return ModelRunnerOutput((), (), ())
         try:
-            inputs = build_inputs(sched, self.states, self.backend, self.block_size, self.device)
+            inputs = self.inputs.build(sched, self.states)
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta, self.backend)
             prompt_lps = tuple(self._prompt_logprobs(hidden, rows) for rows in inputs.prompt_rows)
             sampled: list[tuple[int, ...]] = [()] * len(req_ids)
