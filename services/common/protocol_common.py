@@ -12,8 +12,12 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import Field, model_serializer, model_validator
+
+from services.common.protocol_base import RequestModel as RequestModel
+from services.common.protocol_base import ResponseModel as ResponseModel
+from services.common.protocol_base import field_error as field_error
+from services.common.protocol_structured import StructuredRequestFields
 
 MAX_LOGPROBS = 20
 
@@ -22,11 +26,6 @@ FinishReason = Literal["stop", "length", "abort", "error"]
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 TokenId = Annotated[int, Field(ge=0)]
-
-
-def field_error(param: str, message: str) -> PydanticCustomError:
-    """A validation error for a model-level check that names ``param`` as the offending field."""
-    return PydanticCustomError("invalid_field", message, {"param": param})
 
 
 def random_id(prefix: str) -> str:
@@ -39,25 +38,13 @@ def now() -> int:
     return int(time.time())
 
 
-class RequestModel(BaseModel):
-    """Base of every request body: strict types, no NaN or infinity, unknown fields ignored."""
-
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
-
-
-class ResponseModel(BaseModel):
-    """Base of every response body: lax, so the server may pass tuples or numpy scalars."""
-
-    model_config = ConfigDict(extra="forbid")
-
-
 class StreamOptions(RequestModel):
     """``stream_options``: ``include_usage`` adds a final chunk with empty choices and the usage."""
 
     include_usage: bool = False
 
 
-class SamplingRequest(RequestModel):
+class SamplingRequest(StructuredRequestFields):
     """Fields both endpoints accept: OpenAI's sampling parameters plus vLLM's extras.
 
     ``model`` is optional (vLLM behaviour): the server fills in its served model name.

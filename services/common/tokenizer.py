@@ -42,6 +42,11 @@ class Tokenizer:
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self._template: jinja2.Template | None = None
 
+    @property
+    def backend(self) -> Any:
+        """The underlying ``tokenizers.Tokenizer`` (grammar libraries build their token tables from it)."""
+        return self._tok
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 

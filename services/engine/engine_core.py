@@ -18,6 +18,7 @@ from services.engine.kv_transfer.context import ConnectorFactory, KVTransferCont
 from services.engine.worker.attention import select_backend
 from services.engine.worker.loader.model_loader import load_model, load_model_config, resolve_dtype
 from services.engine.worker.model_runner import ModelRunner, bytes_per_block, kv_cache_shape
+from services.engine.worker.structured.manager import StructuredOutputManager
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,9 @@ class EngineCore:
             self.connector,
         )
         self.last_step_tokens = 0
+        self.structured: StructuredOutputManager | None = (
+            None  # attached by LLMEngine (it owns the tokenizer)
+        )
         log.info(
             "engine ready: %s, %d KV blocks of %d tokens, dtype %s, device %s",
             config.model_name,
@@ -134,15 +138,31 @@ class EngineCore:
 
     def abort(self, req_ids: list[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
         self.scheduler.finish_requests(req_ids, status)
+        if self.structured is not None:
+            self.structured.release(req_ids)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[EngineCoreOutput]:
+        failed = self._fail_bad_grammars()
         sched = self.scheduler.schedule()
         self.last_step_tokens = sched.total_num_scheduled_tokens
         if sched.is_empty:
             self.runner.execute(sched)  # only forgets finished requests
+            return failed
+        structured = self.structured if self.structured is not None and self.structured.active else None
+        constraints = structured.for_step(sched, self.scheduler.requests) if structured else None
+        result = self.runner.execute(sched, constraints)
+        outputs = self.scheduler.update_from_output(sched, result)
+        if structured is not None:
+            structured.after_step(self.scheduler.requests)
+        return failed + outputs
+
+    def _fail_bad_grammars(self) -> list[EngineCoreOutput]:
+        """Requests whose grammar did not compile end with an error (the HTTP layer rejects them earlier)."""
+        if self.structured is None or not self.structured.active:
             return []
-        result = self.runner.execute(sched)
-        return self.scheduler.update_from_output(sched, result)
+        failed = self.structured.take_failures()
+        self.scheduler.finish_requests([rid for rid, _ in failed], RequestStatus.FINISHED_ERROR)
+        return [EngineCoreOutput(rid, (), finish_reason="error", error=str(err)) for rid, err in failed]

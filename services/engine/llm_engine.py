@@ -17,6 +17,7 @@ from services.engine.core.sampling_params import SamplingParams
 from services.engine.detokenizer import IncrementalDetokenizer
 from services.engine.engine_core import EngineCore
 from services.engine.kv_transfer.context import ConnectorFactory, aggregated_connectors
+from services.engine.worker.structured.manager import StructuredOutputManager
 
 
 @dataclass
@@ -77,6 +78,10 @@ class LLMEngine:
         if not cfg_eos and self.tokenizer.eos_token_id is not None:
             self.core.runner.eos_ids = (self.tokenizer.eos_token_id,)
         self.max_model_len = self.core.max_model_len
+        self.structured = StructuredOutputManager(
+            self.tokenizer, self.core.model_config.vocab_size, self.core.runner.eos_ids
+        )
+        self.core.structured = self.structured
         self._tracked: dict[str, _Tracked] = {}
         self._ids = itertools.count()
 
@@ -140,6 +145,8 @@ class LLMEngine:
             params.skip_special_tokens,
         )
         self._tracked[request_id] = _Tracked(req, text, detok, index)
+        if params.structured_outputs is not None:
+            self.structured.add(req, params.structured_outputs)
         self.core.add_request(req)
         return request_id
 

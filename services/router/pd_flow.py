@@ -32,7 +32,21 @@ from services.router.scheduling import Endpoint, RequestContext, RouteDecision, 
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 2  # the first try and one retry elsewhere
-_PREFILL_DROPPED = ("stream_options", "logprobs", "echo", "min_tokens", "n")
+# Prefill computes the prompt and discards its one token: decode samples (and constrains) every output
+# token, so output-shaping fields never reach prefill (no grammar compiled there for nothing).
+_PREFILL_DROPPED = (
+    "stream_options",
+    "logprobs",
+    "echo",
+    "min_tokens",
+    "n",
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+)
 
 
 def no_endpoint(reason: str) -> OpenAIError:

@@ -6,6 +6,7 @@ import enum
 import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
+from typing import Protocol
 
 from services.common.kv_transfer import KVTransferParams
 from services.common.protocol_common import FinishReason
@@ -63,6 +64,13 @@ _ALLOWED: dict[RequestStatus, frozenset[RequestStatus]] = {
 }
 
 
+class GrammarGate(Protocol):
+    """A structured-output request's grammar as the scheduler sees it: admit the request once ready."""
+
+    @property
+    def ready(self) -> bool: ...
+
+
 class InvalidTransition(RuntimeError):
     """A request was asked to move between states that are not connected."""
 
@@ -105,6 +113,7 @@ class Request:
         self.prompt_logprobs: list[Logprobs | None] | None = (
             [None] if sampling_params.prompt_logprobs is not None else None
         )
+        self.grammar: GrammarGate | None = None  # set for constrained requests (compiled off the step)
         self._hash_fn = hash_fn
         self.block_hashes: list[bytes] = []
         if hash_fn is not None:

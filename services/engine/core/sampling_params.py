@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from services.common.protocol_structured import StructuredOutputs, StructuredSpec
+
 
 class SamplingParams(BaseModel):
     """How to sample one request's tokens; invalid values raise ValueError naming the field."""
@@ -30,6 +32,18 @@ class SamplingParams(BaseModel):
         None, ge=0, le=20
     )  # logprobs of the prompt's tokens (top-n alternatives)
     skip_special_tokens: bool = True
+    # an output constraint (JSON schema, regex, choice, grammar, structural tag); also accepts vLLM's
+    # StructuredOutputsParams-style dict, e.g. {"json": schema} or {"regex": "a+"}
+    structured_outputs: StructuredSpec | None = None
+
+    @field_validator("structured_outputs", mode="before")
+    @classmethod
+    def _structured(cls, v: object) -> object:
+        if isinstance(v, dict) and "kind" not in v:
+            return StructuredOutputs.model_validate(v).spec()
+        if isinstance(v, StructuredOutputs):
+            return v.spec()
+        return v
 
     @field_validator("stop", mode="before")
     @classmethod

@@ -225,6 +225,8 @@ class Scheduler:
     def _admit(self, request: Request, plan: _StepPlan) -> _Admit:
         """Local prefix hit, then external tokens from the connector, then blocks for all of it."""
         rid = request.request_id
+        if request.grammar is not None and not request.grammar.ready:
+            return _Admit.SKIPPED  # its grammar is still compiling: keep its place, let others go
         holds_kv = rid in self.kv.req_to_blocks  # it received its KV: num_computed_tokens counts it
         computed: list[KVCacheBlock] = []
         num_local, num_external, load_async = 0, 0, False

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.common.errors import OpenAIError, bad_request, model_not_found, not_ready
 from services.common.protocol_common import SamplingRequest
+from services.common.protocol_structured import StructuredSpec
 from services.engine.async_llm import AsyncLLM
 from services.engine.core.sampling_params import SamplingParams
 from services.engine.entrypoints.lifecycle import ServerState
 from services.engine.entrypoints.metrics import ServerMetrics
 from services.engine.entrypoints.role import AggregatedRole, EngineRole
+from services.engine.worker.structured.grammars import GrammarError
 
 MAX_N = 128  # most choices one request may ask for (SamplingParams' own limit)
 
@@ -93,6 +96,7 @@ def sampling_params(
     seed: int | None,
     vocab_size: int,
     prompt_logprobs: int | None = None,
+    structured: StructuredSpec | None = None,
 ) -> SamplingParams:
     """Engine SamplingParams for one sub-request; 400 for values the engine cannot serve."""
     if req.n > MAX_N:
@@ -116,6 +120,7 @@ def sampling_params(
             stop_token_ids=tuple(req.stop_token_ids or ()),
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
+            structured_outputs=structured,
         )
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
@@ -128,6 +133,7 @@ def fan_out(
     ctx: ServingContext,
     logprobs: int | None,
     prompt_logprobs: int | None = None,
+    structured: StructuredSpec | None = None,
 ) -> list[SubRequest]:
     """``n`` sub-requests per prompt (seeds ``seed + i``); choice index ``prompt * n + i``."""
     subs = []
@@ -135,11 +141,22 @@ def fan_out(
         budget = output_budget(req, len(ids), ctx.max_model_len)
         for i in range(req.n):
             seed = None if req.seed is None else req.seed + i
-            params = sampling_params(req, budget, logprobs, seed, ctx.vocab_size, prompt_logprobs)
+            params = sampling_params(req, budget, logprobs, seed, ctx.vocab_size, prompt_logprobs, structured)
             subs.append(SubRequest(p * req.n + i, p, i, ids, params))
     for sub in subs[:: req.n]:
         validate_prompt(ctx, sub)
     return subs
+
+
+async def checked_constraint(ctx: ServingContext, spec: StructuredSpec | None) -> StructuredSpec | None:
+    """``spec`` once its grammar compiled (cached: the engine reuses it); 400 naming the field otherwise."""
+    if spec is None:
+        return None
+    try:
+        await asyncio.to_thread(ctx.llm.engine.structured.compiler.compile, spec)
+    except GrammarError as exc:
+        raise bad_request(str(exc), exc.param) from exc
+    return spec
 
 
 def validate_prompt(ctx: ServingContext, sub: SubRequest) -> None:

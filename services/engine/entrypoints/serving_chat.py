@@ -22,7 +22,7 @@ from services.common.protocol_stream import StreamContext
 from services.common.sse import SSE_DONE, sse_event
 from services.engine.entrypoints.generation import Generation, RequestOptions
 from services.engine.entrypoints.lifecycle import SSEResponse, cancel_on_disconnect
-from services.engine.entrypoints.serving import ServingContext, fan_out
+from services.engine.entrypoints.serving import ServingContext, checked_constraint, fan_out
 from services.engine.entrypoints.serving_logprobs import chat_logprobs, prompt_logprobs_json
 from services.engine.llm_engine import CompletionOutput, RequestOutput
 
@@ -34,7 +34,8 @@ async def create_chat_completion(
     ctx.check_ready()
     ctx.check_model(body.model)
     prompt_ids = chat_prompt_ids(ctx.llm.tokenizer, body)
-    subs = fan_out(body, [prompt_ids], ctx, chat_top_logprobs(body), body.prompt_logprobs)
+    structured = await checked_constraint(ctx, body.structured_spec())
+    subs = fan_out(body, [prompt_ids], ctx, chat_top_logprobs(body), body.prompt_logprobs, structured)
     kv_params = await ctx.role.admit(body.kv_transfer_params, len(subs))
     gen = Generation(ctx, subs, RequestOptions(request_id, body.cache_salt, body.priority, kv_params))
     stream = StreamContext(

@@ -21,7 +21,7 @@ from services.common.sse import SSE_DONE, sse_event
 from services.engine.core.outputs import Logprobs
 from services.engine.entrypoints.generation import Generation, RequestOptions
 from services.engine.entrypoints.lifecycle import SSEResponse, cancel_on_disconnect
-from services.engine.entrypoints.serving import ServingContext, SubRequest, fan_out
+from services.engine.entrypoints.serving import ServingContext, SubRequest, checked_constraint, fan_out
 from services.engine.entrypoints.serving_logprobs import completion_logprobs, prompt_logprobs_json
 from services.engine.llm_engine import RequestOutput
 
@@ -50,7 +50,10 @@ async def create_completion(
     ctx.check_ready()
     ctx.check_model(body.model)
     prompts = _prompts(ctx, body)
-    subs = fan_out(body, [p.ids for p in prompts], ctx, body.logprobs, body.engine_prompt_logprobs())
+    structured = await checked_constraint(ctx, body.structured_spec())
+    subs = fan_out(
+        body, [p.ids for p in prompts], ctx, body.logprobs, body.engine_prompt_logprobs(), structured
+    )
     kv_params = await ctx.role.admit(body.kv_transfer_params, len(subs))
     gen = Generation(ctx, subs, RequestOptions(request_id, body.cache_salt, body.priority, kv_params))
     stream = StreamContext(

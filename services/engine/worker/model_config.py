@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 
 class ModelConfig(BaseModel):
-    """Llama-family architecture description."""
+    """Llama-family architecture description (plus the few facts a BERT encoder needs)."""
 
     model_config = ConfigDict(frozen=True, protected_namespaces=())
 
@@ -33,6 +33,11 @@ class ModelConfig(BaseModel):
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str | None = None
+    # BERT-family encoders only (Llama ignores them)
+    layer_norm_eps: float = 1e-12
+    type_vocab_size: int = 0
+    hidden_act: str = "silu"
+    position_embedding_type: str = "absolute"
 
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
@@ -68,6 +73,10 @@ class ModelConfig(BaseModel):
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
             torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
+            layer_norm_eps=cfg.get("layer_norm_eps", 1e-12),
+            type_vocab_size=cfg.get("type_vocab_size", 0),
+            hidden_act=cfg.get("hidden_act", "silu"),
+            position_embedding_type=cfg.get("position_embedding_type") or "absolute",
         )
 
     @classmethod
@@ -86,4 +95,9 @@ class ModelConfig(BaseModel):
         return cls.from_hf_dict(cfg)
 
 
-_ARCH_BY_TYPE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_ARCH_BY_TYPE = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "bert": "BertModel",
+}

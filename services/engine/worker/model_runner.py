@@ -12,7 +12,8 @@ from services.engine.worker.decode_inputs import DecodeInputs
 from services.engine.worker.input_batch import CachedRequestState, PromptLogprobRows
 from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models.interface import CausalLM
-from services.engine.worker.sampler import Sampler, SamplingRow, batch_logprobs
+from services.engine.worker.sampler import Sampler, SamplingRow, TokenMask, batch_logprobs
+from services.engine.worker.structured.manager import StepConstraints
 
 log = logging.getLogger(__name__)
 _PROMPT_LOGITS_SLICE = 512  # prompt rows per logits matrix when scoring prompt tokens
@@ -60,8 +61,13 @@ class ModelRunner:
             state.num_computed = cached.num_computed_tokens
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one step; an exception fails this step's requests instead of the engine."""
+    def execute(
+        self, sched: SchedulerOutput, constraints: StepConstraints | None = None
+    ) -> ModelRunnerOutput:
+        """Run one step; an exception fails this step's requests instead of the engine.
+
+        ``constraints``: the token bitmask rows of the structured-output requests that sample now.
+        """
         self._update_states(sched)
         req_ids = tuple(r for r, _ in sched.num_scheduled_tokens)
         if not req_ids:
@@ -75,7 +81,8 @@ class ModelRunner:
             if inputs.sample_rows:
                 logits = self.model.compute_logits(hidden[inputs.logits_idx])
                 rows = [self._row(req_ids[r]) for r in inputs.sample_rows]
-                tokens, logprobs = self.sampler(logits, rows)
+                masked = _mask_rows(constraints, [req_ids[r] for r in inputs.sample_rows])
+                tokens, logprobs = self.sampler(logits, rows, masked)
                 for r, tok, lp in zip(inputs.sample_rows, tokens, logprobs, strict=True):
                     sampled[r], lps[r] = (tok,), lp
                     st = self.states[req_ids[r]]
@@ -122,3 +129,14 @@ def kv_cache_shape(cfg: ModelConfig, num_blocks: int, block_size: int) -> tuple[
 def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     elems = cfg.num_hidden_layers * 2 * block_size * cfg.num_key_value_heads * cfg.head_dim
     return elems * torch.empty((), dtype=dtype).element_size()
+
+
+def _mask_rows(constraints: StepConstraints | None, sampling: list[str]) -> TokenMask | None:
+    """(logit rows, bitmask rows, bitmask) of the sampling requests that carry a grammar."""
+    if constraints is None:
+        return None
+    pairs = [(i, constraints.rows[rid]) for i, rid in enumerate(sampling) if rid in constraints.rows]
+    if not pairs:
+        return None
+    logit_rows, mask_rows = zip(*pairs, strict=True)
+    return TokenMask(torch.tensor(logit_rows), torch.tensor(mask_rows), constraints.bitmask)

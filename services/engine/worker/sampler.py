@@ -8,6 +8,7 @@ import torch
 
 from services.engine.core.outputs import Logprobs
 from services.engine.core.sampling_params import SamplingParams
+from services.engine.worker.structured.bitmask import apply_token_bitmask
 
 _SEED_STRIDE = 1_000_003
 
@@ -22,6 +23,15 @@ class SamplingRow:
     stop_ids: tuple[int, ...]  # eos + stop_token_ids, masked while min_tokens is not reached
 
 
+@dataclass(frozen=True)
+class TokenMask:
+    """Grammar bitmask rows for some rows of the step's logits (see structured/bitmask.py)."""
+
+    logit_rows: torch.Tensor
+    mask_rows: torch.Tensor
+    bitmask: torch.Tensor
+
+
 class Sampler:
     """Samples one token per row from fp32 logits [B, V]."""
 
@@ -29,11 +39,13 @@ class Sampler:
         self.generator = torch.Generator().manual_seed(seed)
 
     def __call__(
-        self, logits: torch.Tensor, rows: list[SamplingRow]
+        self, logits: torch.Tensor, rows: list[SamplingRow], mask: TokenMask | None = None
     ) -> tuple[list[int], list[Logprobs | None]]:
         logits = logits.float()
         want_lp = [r.params.logprobs is not None for r in rows]
-        raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_lp) else None  # before any constraint
+        if mask is not None:
+            apply_token_bitmask(logits, mask.bitmask, mask.logit_rows, mask.mask_rows)
         logits = self._process(logits, rows)
         tokens = self._sample(logits, rows)
         lps: list[Logprobs | None] = [None] * len(rows)

@@ -9,12 +9,14 @@ from pathlib import Path
 from typing import cast
 
 import torch
+from torch import nn
 from tqdm import tqdm
 
 from services.engine.worker.linear import pack_linears
 from services.engine.worker.model_config import ModelConfig
-from services.engine.worker.models import get_model_class
+from services.engine.worker.models import get_model_class, is_encoder_architecture
 from services.engine.worker.models.interface import CausalLM
+from services.engine.worker.pooling import EmbeddingModel
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +72,30 @@ def load_model(
     path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int
 ) -> CausalLM:
     """Instantiate the registered class for ``cfg.architecture`` and fill it with the checkpoint."""
+    if is_encoder_architecture(cfg.architecture):
+        raise ValueError(
+            f"{cfg.architecture} is an encoder (embedding-only) model: load it with load_embedding_model"
+        )
+    return cast(CausalLM, _build_and_load(path, cfg, dtype, device, max_positions))
+
+
+def load_embedding_model(
+    path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int
+) -> EmbeddingModel:
+    """Like ``load_model`` for a model that serves embeddings: an encoder, or a decoder to pool."""
+    return cast(EmbeddingModel, _build_and_load(path, cfg, dtype, device, max_positions))
+
+
+def _build_and_load(
+    path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int
+) -> nn.Module:
     cls = get_model_class(cfg.architecture)
     with torch.device("meta"):
         model = cls(cfg, max_positions, dtype)
     model = model.to_empty(device=device).to(dtype)
-    lm = cast(CausalLM, model)
-    model.cos_sin_cache = lm.build_rope_cache(dtype).to(device)
+    build_rope_cache = getattr(model, "build_rope_cache", None)
+    if build_rope_cache is not None:  # rotary models: the table is not a checkpoint tensor
+        model.cos_sin_cache = build_rope_cache(dtype).to(device)
     p = Path(path)
     if p.suffix == ".gguf":
         from services.engine.worker.loader.gguf import GGUFCheckpoint
@@ -85,8 +105,8 @@ def load_model(
         tensors = iter_safetensors(p)
     total = sum(1 for _ in model.parameters())
     bar = tqdm(tensors, desc=f"loading {p.name}", unit="tensor", leave=False, disable=None, total=None)
-    lm.load_weights(bar)
+    cast(EmbeddingModel, model).load_weights(bar)
     model.eval()
     linears = pack_linears(model, dtype, device)
     log.info("loaded %s (%d parameter tensors, %s) on %s; matmuls: %s", p.name, total, dtype, device, linears)
-    return lm
+    return model
