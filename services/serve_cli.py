@@ -18,10 +18,16 @@ def _prefill(args: argparse.Namespace) -> EngineRole:
     from services.common.kv_transfer import DEFAULT_LEASE_S
     from services.prefill.role import PrefillRole, PrefillSettings
 
+    _generative(args)
     url = engine_cli.advertised_url(args.host, args.port, args.advertise_url)
     host = url.removeprefix("http://").rsplit(":", 1)[0]
     lease = DEFAULT_LEASE_S if args.kv_lease is None else args.kv_lease
     return PrefillRole(PrefillSettings(host=host, port=args.port, lease_s=lease))
+
+
+def _generative(args: argparse.Namespace) -> None:
+    if args.task == "embed":
+        raise ValueError(f"--task embed: embedding engines run as --role both (not --role {args.role})")
 
 
 def _not_prefill(args: argparse.Namespace) -> None:
@@ -33,6 +39,7 @@ def _decode(args: argparse.Namespace) -> EngineRole:
     from services.decode.role import DecodeRole
 
     _not_prefill(args)
+    _generative(args)
     return DecodeRole()
 
 

@@ -29,6 +29,10 @@ class Tokenizer:
         if not tok_file.is_file():
             raise ValueError(f"tokenizer: {folder} has no tokenizer.json")
         self._tok = HFTokenizer.from_file(str(tok_file))
+        # A tokenizer.json may pad every encoding to a fixed length or silently truncate it (sentence-
+        # transformers exports do): a prompt is its own tokens, and too long is an error, not a cut.
+        self._tok.no_padding()
+        self._tok.no_truncation()
         cfg_file = folder / "tokenizer_config.json"
         cfg: dict[str, Any] = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
         self.chat_template: str | None = cfg.get("chat_template")

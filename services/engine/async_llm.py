@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from services.common.kv_transfer import KVTransferParams
 from services.engine.core.config import EngineConfig
+from services.engine.core.pooling_params import PoolingParams
 from services.engine.core.sampling_params import SamplingParams
 from services.engine.kv_transfer.context import ConnectorFactory, aggregated_connectors
 from services.engine.llm_engine import LLMEngine, RequestOutput
@@ -39,6 +40,7 @@ class _Add:
     kv_transfer_params: KVTransferParams | None
     sink: asyncio.Queue
     loop: asyncio.AbstractEventLoop
+    pooling: PoolingParams | None = None
 
 
 @dataclass
@@ -116,8 +118,12 @@ class AsyncLLM:
         cache_salt: str | None = None,
         priority: int = 0,
         kv_transfer_params: KVTransferParams | None = None,
+        pooling: PoolingParams | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
-        """Yield a RequestOutput per engine step for this request; cancelling the iteration aborts it."""
+        """Yield a RequestOutput per engine step for this request; cancelling the iteration aborts it.
+
+        ``pooling``: an embedding request (one output, with ``embedding``), for engines with task 'embed'.
+        """
         if not self.is_alive:
             raise EngineDeadError("the engine loop is not running")
         self.engine.validate_prompt(prompt_token_ids, params)
@@ -132,6 +138,7 @@ class AsyncLLM:
                 kv_transfer_params,
                 sink,
                 asyncio.get_running_loop(),
+                pooling,
             )
         )
         finished = False
@@ -206,6 +213,7 @@ class AsyncLLM:
                 cache_salt=cmd.cache_salt,
                 priority=cmd.priority,
                 kv_transfer_params=cmd.kv_transfer_params,
+                pooling=cmd.pooling,
             )
         except ValueError as exc:
             self._deliver(cmd.request_id, exc, True)

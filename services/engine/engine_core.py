@@ -16,14 +16,37 @@ from services.engine.core.request import Request, RequestStatus
 from services.engine.core.scheduler import Scheduler, SchedulerConfig
 from services.engine.kv_transfer.context import ConnectorFactory, KVTransferContext, aggregated_connectors
 from services.engine.worker.attention import select_backend
-from services.engine.worker.loader.model_loader import load_model, load_model_config, resolve_dtype
+from services.engine.worker.loader.model_loader import (
+    load_embedding_model,
+    load_model,
+    load_model_config,
+    resolve_dtype,
+)
 from services.engine.worker.model_runner import ModelRunner, bytes_per_block, kv_cache_shape
+from services.engine.worker.models import is_encoder_architecture
+from services.engine.worker.models.interface import CausalLM
+from services.engine.worker.pooling import (
+    EmbeddingModel,
+    detect_task,
+    pooling_config_for,
+    sentence_max_seq_length,
+)
 from services.engine.worker.structured.manager import StructuredOutputManager
 
 log = logging.getLogger(__name__)
 
 _DEFAULT_CPU_KV_GB = 2.0
 _DEFAULT_BATCHED_TOKENS = 2048  # per step; longer prompts are chunked (vLLM V1's default)
+
+
+def resolve_task(task: str, model: str, architecture: str) -> str:
+    """'auto' -> what the checkpoint is for ('embed' for encoders and sentence-transformers folders)."""
+    detected = detect_task(model, architecture)
+    if task == "auto":
+        return detected
+    if task == "generate" and is_encoder_architecture(architecture):
+        raise ValueError(f"task: {architecture} is an encoder (embeddings only); use task='embed'")
+    return task
 
 
 def resolve_device(name: str) -> torch.device:
@@ -54,28 +77,36 @@ class EngineCore:
                 f"max_model_len={config.max_model_len} exceeds the model's "
                 f"max_position_embeddings={cfg.max_position_embeddings}"
             )
+        self.task = resolve_task(config.task, config.model, cfg.architecture)
+        self.encoder = is_encoder_architecture(cfg.architecture)
+        if self.encoder and not config.max_model_len:
+            self.max_model_len = min(
+                self.max_model_len, sentence_max_seq_length(config.model) or self.max_model_len
+            )
         self.dtype = resolve_dtype(config.dtype, cfg, self.device)
         self.block_size = config.block_size
         self.num_blocks = self._num_blocks()
         self.hasher = BlockHasher(config.model_name, self.block_size, HASH_VERSION)
         torch.manual_seed(config.seed)
-        model = load_model(config.model, cfg, self.dtype, self.device, self.max_model_len)
-        kv_cache = torch.zeros(
-            kv_cache_shape(cfg, self.num_blocks, self.block_size), dtype=self.dtype, device=self.device
-        )
+        model, kv_cache = self._load_model()
         backend = select_backend(self.device, config.attention_backend)
         self.runner = ModelRunner(
             model, cfg, kv_cache, self.block_size, backend, self.device, cfg.eos_token_ids, seed=config.seed
         )
+        if self.task == "embed":
+            self.runner.pooling = pooling_config_for(config.model, cfg.architecture)
         self.kv_manager = KVCacheManager(self.num_blocks, self.block_size, config.enable_prefix_caching)
         self.kv_transfer = KVTransferContext(config, kv_cache, self.kv_compat())
         self.connector: KVConnector = compose(list(connectors(self.kv_transfer)))
         batched = config.max_num_batched_tokens or _DEFAULT_BATCHED_TOKENS
+        if self.task == "embed":  # whole prompts per step: the budget must hold the longest
+            batched = max(batched, self.max_model_len)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
                 max_num_batched_tokens=batched,
                 max_model_len=self.max_model_len,
+                chunked_prefill=self.task != "embed",
             ),
             self.kv_manager,
             self.connector,
@@ -93,9 +124,23 @@ class EngineCore:
             self.device,
         )
 
+    def _load_model(self) -> tuple[CausalLM | EmbeddingModel, torch.Tensor]:
+        """The model for the task, and the paged KV cache (an encoder keeps no KV: an empty tensor)."""
+        args = (self.config.model, self.model_config, self.dtype, self.device, self.max_model_len)
+        if self.task == "embed":
+            model: CausalLM | EmbeddingModel = load_embedding_model(*args)
+        else:
+            model = load_model(*args)
+        if self.encoder:
+            return model, torch.empty(0, dtype=self.dtype, device=self.device)
+        shape = kv_cache_shape(self.model_config, self.num_blocks, self.block_size)
+        return model, torch.zeros(shape, dtype=self.dtype, device=self.device)
+
     def _num_blocks(self) -> int:
         if self.config.num_kv_blocks:
             return self.config.num_kv_blocks
+        if self.encoder:  # no KV is kept: blocks only count a batch's tokens
+            return self.config.max_num_seqs * -(-self.max_model_len // self.block_size)
         per_block = bytes_per_block(self.model_config, self.block_size, self.dtype)
         if self.config.kv_cache_memory_gb:
             budget = self.config.kv_cache_memory_gb * 2**30

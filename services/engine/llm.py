@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from services.engine.core.config import EngineConfig
+from services.engine.core.pooling_params import PoolingParams
 from services.engine.core.sampling_params import SamplingParams
 from services.engine.llm_engine import LLMEngine, RequestOutput
 
@@ -58,6 +59,25 @@ class LLM:
         first = outs[0]
         first.outputs = [o.outputs[0] for o in outs]
         return first
+
+    def embed(
+        self, prompts: Prompt | Sequence[Prompt], pooling: PoolingParams | None = None
+    ) -> list[list[float]]:
+        """Embeddings of each prompt, in order (the engine must have task 'embed')."""
+        single = isinstance(prompts, str) or (
+            isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], int)
+        )
+        batch = [cast(Prompt, prompts)] if single else list(cast(Sequence[Prompt], prompts))
+        params = SamplingParams(max_tokens=1)
+        ids = [self.engine.add_request(p, params, pooling=pooling or PoolingParams()) for p in batch]
+        final: dict[str, list[float]] = {}
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
+                if out.finished:
+                    if out.embedding is None:
+                        raise RuntimeError(f"embedding request {out.request_id} failed: {out.error}")
+                    final[out.request_id] = out.embedding
+        return [final[r] for r in ids]
 
     def chat(
         self,

@@ -12,6 +12,7 @@ from services.common.protocol_common import FinishReason
 from services.common.tokenizer import Tokenizer
 from services.engine.core.config import EngineConfig
 from services.engine.core.outputs import EngineCoreOutput, Logprobs
+from services.engine.core.pooling_params import PoolingParams
 from services.engine.core.request import Request, RequestStatus
 from services.engine.core.sampling_params import SamplingParams
 from services.engine.detokenizer import IncrementalDetokenizer
@@ -48,6 +49,7 @@ class RequestOutput:
     kv_transfer_params: dict | None = None
     queue_time_s: float | None = None  # arrival in the engine to first scheduled
     prompt_logprobs: list[Logprobs | None] | None = None  # per prompt token (the first is None), once known
+    embedding: list[float] | None = None  # an embedding request's pooled prompt
 
 
 class _Tracked:
@@ -104,6 +106,10 @@ class LLMEngine:
             )
         if any(not 0 <= t < vocab for t in token_ids):
             raise ValueError(f"prompt: token ids must be in [0, {vocab})")
+        if self.core.task == "embed":
+            if len(token_ids) > self.max_model_len:
+                raise ValueError(f"input: {len(token_ids)} tokens, but max_model_len is {self.max_model_len}")
+            return
         if len(token_ids) >= self.max_model_len:
             raise ValueError(
                 f"prompt: {len(token_ids)} tokens, but max_model_len is {self.max_model_len} "
@@ -120,8 +126,17 @@ class LLMEngine:
         priority: int = 0,
         index: int = 0,
         kv_transfer_params: KVTransferParams | None = None,
+        pooling: PoolingParams | None = None,
     ) -> str:
-        """Queue one sequence (n is expanded by the caller); returns its request id."""
+        """Queue one sequence (n is expanded by the caller); returns its request id.
+
+        ``pooling`` makes it an embedding request (engines with task 'embed' serve only those).
+        """
+        if (pooling is not None) != (self.core.task == "embed"):
+            raise ValueError(
+                "task: this engine serves "
+                + ("embeddings" if self.core.task == "embed" else "generation (start it with task 'embed')")
+            )
         text, token_ids = self.tokenize_prompt(prompt)
         self.validate_prompt(token_ids, params, kv_transfer_params)
         request_id = request_id or f"req-{next(self._ids)}"
@@ -136,6 +151,7 @@ class LLMEngine:
             hash_fn=lambda hashes, toks: self.core.hasher.extend(hashes, toks, extras),
             priority=priority,
             kv_transfer_params=kv_transfer_params,
+            pooling=pooling,
         )
         detok = IncrementalDetokenizer(
             self.tokenizer,
@@ -194,4 +210,5 @@ class LLMEngine:
             kv_transfer_params=o.kv_transfer_params,
             queue_time_s=o.queue_time_s,
             prompt_logprobs=tr.prompt_logprobs,
+            embedding=list(o.embedding) if o.embedding is not None else None,
         )

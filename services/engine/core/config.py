@@ -28,6 +28,9 @@ class EngineConfig(BaseModel):
     device: str = "auto"
     seed: int = 0
     attention_backend: Literal["cpu", "torch", "triton"] | None = None
+    task: Literal["auto", "generate", "embed"] = (
+        "auto"  # auto: embed for encoder / sentence-transformers models
+    )
     kvstore_url: str | None = None  # grpc://host:port of the shared kvstore tier
     use_nixl: bool = True  # False: KV moves between engines through the kvstore only
 

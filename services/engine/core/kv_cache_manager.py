@@ -28,7 +28,7 @@ class KVCacheManager:
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """Longest cached prefix of the request, never covering its last token (it must be computed)."""
-        if not self.enable_caching or request.needs_prompt_logprobs:
+        if not self.enable_caching or request.needs_whole_prompt:
             return [], 0
         max_blocks = (request.num_tokens - 1) // self.block_size
         hits: list[KVCacheBlock] = []

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.common.protocol_common import FinishReason
+from services.engine.core.pooling_params import PoolingParams
 from services.engine.core.sampling_params import SamplingParams
 
 
@@ -19,6 +20,7 @@ class NewRequestData:
     sampling_params: SamplingParams
     block_ids: tuple[int, ...]
     num_computed_tokens: int
+    pooling: PoolingParams | None = None  # an embedding request: pool its prompt, sample nothing
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +68,9 @@ class ModelRunnerOutput:
     error: str | None = None
     # (req_id, index of the first prompt token covered, logprobs of those prompt tokens) per prompt chunk
     prompt_logprobs: tuple[tuple[str, int, tuple[Logprobs, ...]], ...] = ()
+    pooled: tuple[
+        tuple[str, tuple[float, ...]], ...
+    ] = ()  # (req_id, embedding) of finished embedding requests
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +91,7 @@ class EngineCoreOutput:
     prompt_logprobs: tuple[Logprobs | None, ...] | None = (
         None  # with the first token; None for prompt token 0
     )
+    embedding: tuple[float, ...] | None = None  # an embedding request's result (it finishes with it)
 
     @property
     def finished(self) -> bool:

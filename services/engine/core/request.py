@@ -11,6 +11,7 @@ from typing import Protocol
 from services.common.kv_transfer import KVTransferParams
 from services.common.protocol_common import FinishReason
 from services.engine.core.outputs import Logprobs
+from services.engine.core.pooling_params import PoolingParams
 from services.engine.core.sampling_params import SamplingParams
 
 
@@ -88,6 +89,7 @@ class Request:
         arrival_time: float | None = None,
         priority: int = 0,
         kv_transfer_params: KVTransferParams | None = None,
+        pooling: PoolingParams | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -114,6 +116,7 @@ class Request:
             [None] if sampling_params.prompt_logprobs is not None else None
         )
         self.grammar: GrammarGate | None = None  # set for constrained requests (compiled off the step)
+        self.pooling = pooling  # an embedding request: finished with its pooled prompt, nothing sampled
         self._hash_fn = hash_fn
         self.block_hashes: list[bytes] = []
         if hash_fn is not None:
@@ -144,6 +147,12 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.finished
+
+    @property
+    def needs_whole_prompt(self) -> bool:
+        """Every prompt token must be computed here, in this request: no prefix-cache, kvstore or remote KV
+        reuse (prompt logprobs score each token; embeddings pool every token's hidden state)."""
+        return self.needs_prompt_logprobs or self.pooling is not None
 
     @property
     def needs_prompt_logprobs(self) -> bool:

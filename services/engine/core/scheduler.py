@@ -27,6 +27,8 @@ class SchedulerConfig(BaseModel):
     max_num_seqs: int = Field(64, ge=1)
     max_num_batched_tokens: int = Field(2048, ge=1)
     max_model_len: int = Field(2048, ge=1)
+    # False (encoder models): a prompt runs whole in one step or waits for a step with room for it
+    chunked_prefill: bool = True
 
 
 class _Admit(enum.Enum):
@@ -232,13 +234,15 @@ class Scheduler:
         num_local, num_external, load_async = 0, 0, False
         if not holds_kv:
             computed, num_local = self.kv.get_computed_blocks(request)
-            if not request.needs_prompt_logprobs:  # every prompt token must then be computed here
+            if not request.needs_whole_prompt:  # prompt logprobs, embeddings: every token computed here
                 match = self.connector.get_num_new_matched_tokens(request, num_local)
                 if match is None:
                     return _Admit.SKIPPED
                 num_external, load_async = match[0], match[1] and match[0] > 0
         num_computed = request.num_computed_tokens + num_local + num_external
         num_new = 0 if load_async else min(request.num_tokens - num_computed, plan.budget)
+        if not self.config.chunked_prefill and num_new < request.num_tokens - num_computed:
+            return _Admit.BLOCKED  # whole prompts only: it goes first in a later step
         new_blocks = self.kv.allocate_slots(
             request, num_external + num_new, computed, num_local, cache=not load_async
         )
@@ -272,6 +276,7 @@ class Scheduler:
                 sampling_params=request.sampling_params,
                 block_ids=tuple(self.kv.block_ids(request.request_id)),
                 num_computed_tokens=num_computed,
+                pooling=request.pooling,
             )
         )
         plan.tokens.append((request.request_id, num_new))
@@ -285,6 +290,7 @@ class Scheduler:
         for req_id, first, entries in result.prompt_logprobs:
             if (req := self.requests.get(req_id)) is not None:
                 req.add_prompt_logprobs(first, entries)
+        pooled = dict(result.pooled)
         outputs = []
         for req_id, num_tokens in sched.num_scheduled_tokens:
             request = self.requests.get(req_id)
@@ -295,6 +301,18 @@ class Scheduler:
                 outputs.append(EngineCoreOutput(req_id, (), finish_reason="error", error=result.error))
                 continue
             request.num_computed_tokens += num_tokens
+            if req_id in pooled:  # an embedding request is done once its prompt is pooled
+                self.finish_requests([req_id], RequestStatus.FINISHED_STOPPED)
+                outputs.append(
+                    EngineCoreOutput(
+                        req_id,
+                        (),
+                        finish_reason="stop",
+                        embedding=pooled[req_id],
+                        queue_time_s=request.queue_time_s,
+                    )
+                )
+                continue
             new_tokens = sampled.get(req_id, ())
             for token in new_tokens:
                 request.append_output_token(token)

@@ -22,6 +22,7 @@ from services.common.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from services.common.protocol_embeddings import EmbeddingRequest, EmbeddingResponse
 from services.engine.async_llm import AsyncLLM
 from services.engine.entrypoints.lifecycle import ServerState, warm_up
 from services.engine.entrypoints.metrics import CONTENT_TYPE, ServerMetrics
@@ -29,6 +30,7 @@ from services.engine.entrypoints.role import AggregatedRole, EngineRole
 from services.engine.entrypoints.serving import ServerSettings, ServingContext
 from services.engine.entrypoints.serving_chat import create_chat_completion
 from services.engine.entrypoints.serving_completions import create_completion
+from services.engine.entrypoints.serving_embeddings import create_embedding
 from services.engine.entrypoints.serving_tokens import detokenize, list_models, tokenize
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,10 @@ def _openai_routes(ctx: ServingContext) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await create_chat_completion(ctx, body, request, body.request_id or request.state.request_id)
+
+    @router.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest, request: Request) -> EmbeddingResponse:
+        return await create_embedding(ctx, body, request.state.request_id)
 
     @router.get("/v1/models")
     async def models() -> ModelList:

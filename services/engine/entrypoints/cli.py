@@ -62,6 +62,12 @@ def add_parser(
     add("--no-prefix-caching", dest="prefix_caching", action="store_false", help="disable prefix caching")
     add("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     add(
+        "--task",
+        default="auto",
+        choices=["auto", "generate", "embed"],
+        help="generate (completions, chat) or embed (/v1/embeddings); auto: from the checkpoint",
+    )
+    add(
         "--attention-backend",
         default=None,
         choices=["cpu", "torch", "triton"],
@@ -125,6 +131,7 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
         max_model_len=args.max_model_len,
         enable_prefix_caching=args.prefix_caching,
         device=args.device,
+        task=args.task,
         attention_backend=args.attention_backend,
         seed=args.seed,
         kvstore_url=args.kvstore_url,

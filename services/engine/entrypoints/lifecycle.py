@@ -15,6 +15,7 @@ from starlette.types import Receive, Scope, Send
 from services.common.errors import OpenAIError, not_ready
 from services.common.sse import SSE_CONTENT_TYPE
 from services.engine.async_llm import AsyncLLM
+from services.engine.core.pooling_params import PoolingParams
 from services.engine.core.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -65,11 +66,12 @@ class ServerState:
 
 
 async def warm_up(llm: AsyncLLM, state: ServerState) -> None:
-    """Generate one token end to end; the server reports ready only afterwards."""
+    """Generate one token (or embed one input) end to end; the server reports ready only afterwards."""
     ids = llm.tokenizer.encode("warm up") or [0]
     params = SamplingParams(max_tokens=1, temperature=0.0)
+    pooling = PoolingParams() if llm.engine.core.task == "embed" else None
     try:
-        async for _ in llm.generate(ids, params, "warmup"):
+        async for _ in llm.generate(ids, params, "warmup", pooling=pooling):
             pass
     except Exception:  # noqa: BLE001 - stay unready (health 503) and say why
         log.exception("warm-up failed; the server stays unready")

@@ -43,6 +43,20 @@ class ServingContext:
     state: ServerState = field(default_factory=ServerState)
     role: EngineRole = field(default_factory=AggregatedRole)
 
+    @property
+    def task(self) -> str:
+        """'generate' or 'embed' (what the engine was started for)."""
+        return self.llm.engine.core.task
+
+    def check_generates(self) -> None:
+        """400 on an embedding engine asked to generate."""
+        if self.task != "generate":
+            raise bad_request(
+                "this model serves embeddings (POST /v1/embeddings); it cannot generate text",
+                "model",
+                "model_not_generative",
+            )
+
     def check_ready(self) -> None:
         """Raise 503 unless the engine is warm and not draining."""
         if not self.state.is_ready(self.llm):

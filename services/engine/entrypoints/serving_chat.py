@@ -33,6 +33,7 @@ async def create_chat_completion(
     """Serve one chat completions request (streamed or not)."""
     ctx.check_ready()
     ctx.check_model(body.model)
+    ctx.check_generates()
     prompt_ids = chat_prompt_ids(ctx.llm.tokenizer, body)
     structured = await checked_constraint(ctx, body.structured_spec())
     subs = fan_out(body, [prompt_ids], ctx, chat_top_logprobs(body), body.prompt_logprobs, structured)

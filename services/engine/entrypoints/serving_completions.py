@@ -49,6 +49,7 @@ async def create_completion(
     """Serve one completions request (streamed or not)."""
     ctx.check_ready()
     ctx.check_model(body.model)
+    ctx.check_generates()
     prompts = _prompts(ctx, body)
     structured = await checked_constraint(ctx, body.structured_spec())
     subs = fan_out(

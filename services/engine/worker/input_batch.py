@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from services.engine.core.outputs import SchedulerOutput
+from services.engine.core.pooling_params import PoolingParams
 from services.engine.core.sampling_params import SamplingParams
 from services.engine.worker.attention import AttentionMetadata, ComputeBackend
 
@@ -22,6 +23,7 @@ class CachedRequestState:
     num_computed: int
     stop_ids: tuple[int, ...] = ()
     token_ids: list[int] = field(default_factory=list)
+    pooling: PoolingParams | None = None  # an embedding request: pooled when its prompt ends, never sampled
 
 
 @dataclass
@@ -34,6 +36,9 @@ class StepInputs:
     sample_rows: list[int]  # index into the scheduled requests of those that sample
     logits_idx: torch.Tensor  # token rows whose hidden state feeds the sampler
     prompt_rows: list[PromptLogprobRows] = field(default_factory=list)
+    pool_rows: list[int] = field(
+        default_factory=list
+    )  # index into the scheduled requests of those pooled now
 
 
 @dataclass
@@ -60,6 +65,7 @@ def build_inputs(
     slots: list[int] = []
     q_lens, seq_lens, tables, sample_rows, logits_idx = [], [], [], [], []
     prompt_rows: list[PromptLogprobRows] = []
+    pool_rows: list[int] = []
     for row, (req_id, n) in enumerate(sched.num_scheduled_tokens):
         st = states[req_id]
         start, end = st.num_computed, st.num_computed + n
@@ -73,7 +79,9 @@ def build_inputs(
         q_lens.append(n)
         seq_lens.append(end)
         tables.append(blocks)
-        if end == len(st.token_ids):
+        if end == len(st.token_ids) and st.pooling is not None:
+            pool_rows.append(row)
+        elif end == len(st.token_ids):
             sample_rows.append(row)
             logits_idx.append(len(ids) - 1)
     meta = backend.build_metadata(q_lens, seq_lens, tables, slots, block_size, device)
@@ -84,6 +92,7 @@ def build_inputs(
         sample_rows=sample_rows,
         logits_idx=torch.tensor(logits_idx, dtype=torch.long, device=device),
         prompt_rows=prompt_rows,
+        pool_rows=pool_rows,
     )
 
 

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 import torch
 
 from services.engine.core.outputs import Logprobs, ModelRunnerOutput, SchedulerOutput
 from services.engine.worker.attention import ComputeBackend
 from services.engine.worker.decode_inputs import DecodeInputs
-from services.engine.worker.input_batch import CachedRequestState, PromptLogprobRows
+from services.engine.worker.input_batch import CachedRequestState, PromptLogprobRows, StepInputs
 from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models.interface import CausalLM
+from services.engine.worker.pooling import EmbeddingModel, PoolingConfig, pool
 from services.engine.worker.sampler import Sampler, SamplingRow, TokenMask, batch_logprobs
 from services.engine.worker.structured.manager import StepConstraints
 
@@ -24,7 +26,7 @@ class ModelRunner:
 
     def __init__(
         self,
-        model: CausalLM,
+        model: CausalLM | EmbeddingModel,
         cfg: ModelConfig,
         kv_cache: torch.Tensor,
         block_size: int,
@@ -39,6 +41,13 @@ class ModelRunner:
         self.sampler = Sampler(seed)
         self.states: dict[str, CachedRequestState] = {}
         self.inputs = DecodeInputs(backend, block_size, device)
+        self.pooling: PoolingConfig | None = None  # set by the engine for --task embed
+
+    def _lm(self) -> CausalLM:
+        """The model as a language model (an encoder has no logits: its requests are pooled, never sampled)."""
+        if not hasattr(self.model, "compute_logits"):
+            raise ValueError("this engine serves embeddings only: nothing can be sampled from an encoder")
+        return cast(CausalLM, self.model)
 
     def _update_states(self, sched: SchedulerOutput) -> None:
         for req_id in sched.finished_req_ids | sched.preempted_req_ids:
@@ -54,6 +63,7 @@ class ModelRunner:
                 num_computed=new.num_computed_tokens,
                 stop_ids=stop_ids + tuple(p.stop_token_ids),
                 token_ids=list(new.prompt_token_ids) + list(new.output_token_ids),
+                pooling=new.pooling,
             )
         for cached in sched.cached_reqs:
             state = self.states[cached.req_id]
@@ -76,10 +86,11 @@ class ModelRunner:
             inputs = self.inputs.build(sched, self.states)
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta, self.backend)
             prompt_lps = tuple(self._prompt_logprobs(hidden, rows) for rows in inputs.prompt_rows)
+            pooled = self._pool(hidden, inputs, req_ids) if inputs.pool_rows else ()
             sampled: list[tuple[int, ...]] = [()] * len(req_ids)
             lps: list = [None] * len(req_ids)
             if inputs.sample_rows:
-                logits = self.model.compute_logits(hidden[inputs.logits_idx])
+                logits = self._lm().compute_logits(hidden[inputs.logits_idx])
                 rows = [self._row(req_ids[r]) for r in inputs.sample_rows]
                 masked = _mask_rows(constraints, [req_ids[r] for r in inputs.sample_rows])
                 tokens, logprobs = self.sampler(logits, rows, masked)
@@ -101,7 +112,27 @@ class ModelRunner:
             )
         for req_id, n in sched.num_scheduled_tokens:
             self.states[req_id].num_computed += n
-        return ModelRunnerOutput(req_ids, tuple(sampled), tuple(lps), prompt_logprobs=prompt_lps)
+        return ModelRunnerOutput(
+            req_ids, tuple(sampled), tuple(lps), prompt_logprobs=prompt_lps, pooled=pooled
+        )
+
+    def _pool(
+        self, hidden: torch.Tensor, inputs: StepInputs, req_ids: tuple[str, ...]
+    ) -> tuple[tuple[str, tuple[float, ...]], ...]:
+        """Embeddings of the requests whose whole prompt ran in this step (``pooling`` is set by the engine)."""
+        if self.pooling is None:
+            raise ValueError("this engine does not serve embeddings (start it with --task embed)")
+        starts = inputs.meta.query_start_loc.tolist()
+        out = []
+        for row in inputs.pool_rows:
+            st = self.states[req_ids[row]]
+            if st.num_computed != 0:
+                raise ValueError("an embedding request must run its whole prompt in one step")
+            span = hidden[starts[row] : starts[row + 1]]
+            loc = torch.tensor([0, span.shape[0]], dtype=torch.int32)
+            dims = st.pooling.dimensions if st.pooling is not None else None
+            out.append((req_ids[row], tuple(pool(span, loc, self.pooling, dims)[0].tolist())))
+        return tuple(out)
 
     def _prompt_logprobs(
         self, hidden: torch.Tensor, rows: PromptLogprobRows
@@ -112,7 +143,7 @@ class ModelRunner:
             idx = torch.tensor(
                 rows.hidden_idx[s : s + _PROMPT_LOGITS_SLICE], dtype=torch.long, device=self.device
             )
-            lp = torch.log_softmax(self.model.compute_logits(hidden[idx]), dim=-1)
+            lp = torch.log_softmax(self._lm().compute_logits(hidden[idx]), dim=-1)
             entries.extend(batch_logprobs(lp, rows.targets[s : s + _PROMPT_LOGITS_SLICE], rows.top_n))
         return rows.req_id, rows.first, tuple(entries)
 
