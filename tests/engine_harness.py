@@ -59,6 +59,7 @@ class InProcessEngine(EngineEndpoint):
         if root.level > logging.INFO or root.level == logging.NOTSET:
             root.setLevel(logging.INFO)
         app, settings = build(build_parser(argv).parse_args(argv), ROLE_FACTORIES)
+        self.ctx = app.state.ctx  # the app's ServingContext (its AsyncLLM is ctx.llm)
         self._state = app.state.ctx.state
         config = uvicorn.Config(
             app, log_level="warning", access_log=False, timeout_graceful_shutdown=settings.drain_timeout + 5

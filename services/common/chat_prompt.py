@@ -7,6 +7,7 @@ through these functions, so a prompt is the same ids wherever it is tokenized.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from services.common.errors import bad_request
 from services.common.protocol import (
@@ -21,18 +22,24 @@ from services.common.tokenizer import ChatTemplateError, Tokenizer
 
 
 def encode_messages(
-    tokenizer: Tokenizer, messages: Sequence[ChatMessage], add_generation_prompt: bool
+    tokenizer: Tokenizer,
+    messages: Sequence[ChatMessage],
+    add_generation_prompt: bool,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
-    """The chat template applied to ``messages``, encoded; 400 (param ``messages``) when the template refuses."""
+    """The chat template applied to ``messages`` (and ``tools``), encoded; 400 (param ``messages``) when the
+    template refuses."""
     try:
-        return tokenizer.encode_chat(conversation(messages), add_generation_prompt)
+        return tokenizer.encode_chat(conversation(messages), add_generation_prompt, tools)
     except ChatTemplateError as exc:
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
 
 
-def chat_prompt_ids(tokenizer: Tokenizer, body: ChatCompletionRequest) -> list[int]:
-    """The prompt ids of a chat completions request."""
-    return encode_messages(tokenizer, body.messages, body.add_generation_prompt)
+def chat_prompt_ids(
+    tokenizer: Tokenizer, body: ChatCompletionRequest, tools: list[dict[str, Any]] | None = None
+) -> list[int]:
+    """The prompt ids of a chat completions request (``tools``: what its template shows the model)."""
+    return encode_messages(tokenizer, body.messages, body.add_generation_prompt, tools)
 
 
 def chat_top_logprobs(body: ChatCompletionRequest) -> int | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
@@ -21,8 +22,15 @@ from services.common.protocol_common import (
     now,
     random_id,
 )
+from services.common.protocol_tools import (
+    MessageToolCall,
+    NamedToolChoice,
+    ToolCall,
+    ToolChoice,
+    ToolDefinition,
+)
 
-Role = Literal["system", "user", "assistant"]
+Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
 class TextContentPart(RequestModel):
@@ -33,14 +41,30 @@ class TextContentPart(RequestModel):
 
 
 class ChatMessage(RequestModel):
-    """One input message; ``content`` is a string or a list of text parts."""
+    """One input message; ``content`` is a string or a list of text parts (None only beside tool calls)."""
 
     role: Role
-    content: str | list[TextContentPart]
+    content: str | list[TextContentPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a tool turn: the call it answers
+
+    @model_validator(mode="after")
+    def _shape(self) -> ChatMessage:
+        if self.role == "tool" and not self.tool_call_id:
+            raise field_error("tool_call_id", "is required in a message with role 'tool'")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise field_error(
+                "content", "is required (it may be null only in an assistant message with tool_calls)"
+            )
+        if self.tool_calls and self.role != "assistant":
+            raise field_error("tool_calls", "only assistant messages carry tool_calls")
+        return self
 
     def text(self) -> str:
         """The content as one string (text parts joined by newlines, as vLLM does)."""
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "\n".join(part.text for part in self.content)
@@ -58,6 +82,9 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: PositiveInt | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
 
     @model_validator(mode="after")
     def _check_logprobs(self) -> ChatCompletionRequest:
@@ -65,24 +92,78 @@ class ChatCompletionRequest(SamplingRequest):
             raise field_error("top_logprobs", "requires logprobs to be true")
         return self
 
+    @model_validator(mode="after")
+    def _check_tools(self) -> ChatCompletionRequest:
+        names = [t.function.name for t in self.tools or ()]
+        choice = self.tool_choice
+        if choice is not None and choice != "none" and not names:
+            raise field_error("tool_choice", "needs tools")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise field_error(
+                "tool_choice", f"names {choice.function.name!r}, which is not one of the tools {names}"
+            )
+        if len(set(names)) != len(names):
+            raise field_error("tools", "tool names must be unique")
+        return self
+
+    def effective_tool_choice(self) -> str | NamedToolChoice:
+        """OpenAI's default: 'auto' when tools are given, else 'none'."""
+        if self.tool_choice is not None:
+            return self.tool_choice
+        return "auto" if self.tools else "none"
+
     def max_output_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def conversation(self) -> list[dict[str, str]]:
-        """The messages as ``{"role", "content"}`` dicts with string content, for a chat template."""
+    def conversation(self) -> list[dict[str, Any]]:
+        """The messages as dicts with string content (and tool calls / ids), for a chat template."""
         return conversation(self.messages)
 
 
-def conversation(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
-    """Messages as ``{"role", "content"}`` dicts with string content, for a chat template."""
-    return [{"role": m.role, "content": m.text()} for m in messages]
+def conversation(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as chat-template dicts: ``{"role", "content"}`` plus ``tool_calls`` (arguments parsed to
+    objects, as HF templates expect) and ``tool_call_id``; ``developer`` is rendered as ``system``."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        item: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+        if m.tool_calls:
+            item["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)},
+                }
+                for c in m.tool_calls
+            ]
+        if m.tool_call_id is not None:
+            item["tool_call_id"] = m.tool_call_id
+        out.append(item)
+    return out
+
+
+def _arguments(text: str) -> Any:
+    """A call's arguments as an object when they are JSON (templates render them with tojson)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
 
 
 class AssistantMessage(ResponseModel):
-    """``choices[i].message`` of a chat completion."""
+    """``choices[i].message`` of a chat completion (``tool_calls``, ``reasoning_content`` only when present)."""
 
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_absent(self, handler: Any) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for key in ("reasoning_content", "tool_calls"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
 
 
 class TopLogprob(ResponseModel):
@@ -133,6 +214,8 @@ class DeltaMessage(ResponseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # OpenAI's incremental shape: index, id, function
 
     @model_serializer(mode="wrap")
     def _omit_none(self, handler: Any) -> dict[str, Any]:

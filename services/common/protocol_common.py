@@ -21,7 +21,7 @@ from services.common.protocol_structured import StructuredRequestFields
 
 MAX_LOGPROBS = 20
 
-FinishReason = Literal["stop", "length", "abort", "error"]
+FinishReason = Literal["stop", "length", "abort", "error", "tool_calls"]
 
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
@@ -76,6 +76,10 @@ class SamplingRequest(StructuredRequestFields):
     priority: int = 0
     request_id: str | None = None
     prompt_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    skip_special_tokens: bool = True
+    # kvferry: the output constraint starts once the output contains this text (a router forwarding a
+    # reasoning model's chat request sets it to the end tag, e.g. "</think>")
+    structured_outputs_after: Annotated[str, Field(min_length=1)] | None = None
 
     @model_validator(mode="after")
     def _check_sampling(self) -> SamplingRequest:

@@ -84,6 +84,19 @@ class StreamContext:
         )
         return ChatCompletionStreamResponse(choices=[choice], **self._header())
 
+    def chat_delta_chunk(
+        self,
+        index: int,
+        delta: dict[str, Any],
+        finish_reason: FinishReason | None = None,
+        stop_reason: int | str | None = None,
+    ) -> ChatCompletionStreamResponse:
+        """A chat chunk carrying any delta fields (content, reasoning_content, tool_calls)."""
+        choice = ChatStreamChoice(
+            index=index, delta=DeltaMessage(**delta), finish_reason=finish_reason, stop_reason=stop_reason
+        )
+        return ChatCompletionStreamResponse(choices=[choice], **self._header())
+
     def usage_chunk(self, usage: Usage) -> Chunk:
         """The final chunk sent when ``stream_options.include_usage`` is on: no choices, the usage."""
         head = self._header() | {"usage": usage}

@@ -33,6 +33,14 @@ class StructuredSpec(BaseModel):
         return cls(kind=kind, value=json.dumps(value, separators=(",", ":"), ensure_ascii=False))
 
 
+def spec_request_fields(spec: StructuredSpec) -> dict[str, Any]:
+    """The request fields that say ``spec`` again (a router forwarding a constraint to an engine)."""
+    if spec.kind == "json_object":
+        return {"structured_outputs": {"json_object": True}}
+    value: Any = spec.value if spec.kind in ("regex", "grammar") else json.loads(spec.value)
+    return {"structured_outputs": {spec.kind: value}}
+
+
 class JsonSchemaFormat(RequestModel):
     """``response_format.json_schema``: OpenAI's named schema."""
 

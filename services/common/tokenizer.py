@@ -81,11 +81,30 @@ class Tokenizer:
             **kwargs,
         )
 
-    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
         """Chat template then encode without adding special tokens again (the template has them)."""
+        extra = {"tools": tools} if tools else {}
         return self.encode(
-            self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False
+            self.apply_chat_template(messages, add_generation_prompt, **extra), add_special_tokens=False
         )
+
+    def set_chat_template(self, template: str) -> None:
+        """Replace the model's chat template (``--chat-template FILE``)."""
+        self.chat_template, self._template = template, None
+
+    def renders_tools(self) -> bool:
+        """Whether the chat template shows the model the ``tools`` it is given (SmolLM2's drops them)."""
+        probe = [{"role": "user", "content": "hi"}]
+        tool = {"type": "function", "function": {"name": "kvferry_probe_tool_3f9", "parameters": {}}}
+        try:
+            return "kvferry_probe_tool_3f9" in self.apply_chat_template(probe, True, tools=[tool])
+        except (ChatTemplateError, jinja2.TemplateError):
+            return False
 
 
 def _token_text(tok: Any) -> str | None:

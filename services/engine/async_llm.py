@@ -65,6 +65,7 @@ class EngineStats:
         default_factory=dict
     )  # (direction, path) -> blocks
     kv_transfer_failures: dict[str, int] = field(default_factory=dict)  # reason -> count
+    structured_requests: int = 0  # requests with an output constraint, since start
 
 
 class AsyncLLM:
@@ -108,6 +109,7 @@ class AsyncLLM:
             self.config.model_name,
             blocks,
             failures,
+            self.engine.structured.num_constrained,
         )
 
     async def generate(

@@ -162,7 +162,7 @@ class LLMEngine:
         )
         self._tracked[request_id] = _Tracked(req, text, detok, index)
         if params.structured_outputs is not None:
-            self.structured.add(req, params.structured_outputs)
+            self.structured.add(req, params.structured_outputs, params.structured_outputs_after)
         self.core.add_request(req)
         return request_id
 

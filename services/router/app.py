@@ -22,14 +22,17 @@ from services.common.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from services.common.protocol_embeddings import EmbeddingRequest
+from services.common.roles import DECODE_ROLES
 from services.common.sse import SSE_CONTENT_TYPE, SSE_DONE, sse_event
 from services.router.chat_adapter import ChatAdapter
 from services.router.context_limit import check_prompt_fits
 from services.router.engine_client import EngineUnavailable
 from services.router.metrics import CONTENT_TYPE
-from services.router.pd_flow import Dispatched
+from services.router.pd_flow import Dispatched, no_endpoint
 from services.router.prompt import PreparedRequest
 from services.router.router_state import RouterState
+from services.router.scheduling.filters import eligible
 from services.router.settings import RouterSettings
 
 log = logging.getLogger(__name__)
@@ -71,6 +74,28 @@ async def _passthrough(d: Dispatched) -> AsyncGenerator[bytes, None]:
             yield sse_event(event.data)
 
 
+async def _embed(state: RouterState, body: EmbeddingRequest, request_id: str) -> Response:
+    """Embeddings go to the least-loaded engine (no prefix reuse: every input token is pooled); an engine
+    that fails is retried on the next one."""
+    engines = sorted(
+        eligible(state.poller.endpoints(), DECODE_ROLES),
+        key=lambda e: (e.load.waiting + e.load.running, e.load.kv_usage),
+    )
+    if not engines:
+        raise no_endpoint("no healthy engine")
+    payload = body.model_dump(mode="json", exclude_unset=True, exclude={"model"})
+    headers = {"X-Request-Id": request_id}
+    for endpoint in engines[:3]:
+        try:
+            answer = await state.client.complete(endpoint.url, payload, headers, path="/v1/embeddings")
+        except EngineUnavailable as exc:
+            log.warning("embeddings on %s failed (%s); trying the next engine", endpoint.url, exc.reason)
+            continue
+        answer["model"] = state.settings.model_name
+        return JSONResponse(answer, headers={"X-Kvferry-Endpoint": endpoint.url})
+    raise no_endpoint("every engine tried failed")
+
+
 async def _serve(
     state: RouterState, req: PreparedRequest, request_id: str, adapter: ChatAdapter | None
 ) -> Response:
@@ -107,8 +132,13 @@ def _openai_routes(state: RouterState) -> APIRouter:
         rid = body.request_id or request.state.request_id
         req = state.preparer.chat(body)
         req.arrival = request.state.arrival
-        adapter = ChatAdapter(name, rid, req.chat_top_logprobs, body.n, req.include_usage)
+        adapter = ChatAdapter(name, rid, req.chat_top_logprobs, body.n, req.include_usage, req.chat_plan)
         return await _serve(state, req, rid, adapter)
+
+    @router.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
+        check_model(body.model)
+        return await _embed(state, body, request.state.request_id)
 
     @router.get("/v1/models")
     async def models() -> ModelList:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
+from services.common.chat_tools import ChatDeltas, ChatPlan, FinalMessage, finish_reason
 from services.common.logprob_shapes import chat_logprobs_from_completion
 from services.common.protocol import (
     AssistantMessage,
@@ -19,6 +20,7 @@ from services.common.protocol import (
     StreamContext,
     Usage,
 )
+from services.common.protocol_tools import ToolCall
 from services.common.sse import SSEEvent, sse_event
 
 
@@ -26,25 +28,24 @@ class ChatAdapter:
     """Reshapes one request's completion answer (or stream) into chat form under ``model``."""
 
     def __init__(
-        self, model: str, request_id: str, top_n: int | None = None, n: int = 1, include_usage: bool = False
+        self,
+        model: str,
+        request_id: str,
+        top_n: int | None = None,
+        n: int = 1,
+        include_usage: bool = False,
+        plan: ChatPlan | None = None,
     ) -> None:
         self.model = model
         self.top_n = top_n
         self.n = n
         self.stream_ctx = StreamContext("chat", model, include_usage, id=f"chatcmpl-{request_id}")
+        self.plan = plan
+        self._deltas: dict[int, ChatDeltas] = {}
 
     def response(self, completion: dict[str, Any]) -> dict[str, Any]:
         """A non-streamed ``chat.completion`` from a ``text_completion``."""
-        choices = [
-            ChatChoice(
-                index=c["index"],
-                message=AssistantMessage(content=c["text"]),
-                logprobs=chat_logprobs_from_completion(c.get("logprobs"), self.top_n),
-                finish_reason=c.get("finish_reason"),
-                stop_reason=c.get("stop_reason"),
-            )
-            for c in completion.get("choices", [])
-        ]
+        choices = [self._choice(c) for c in completion.get("choices", [])]
         usage = Usage.model_validate(completion["usage"]) if completion.get("usage") else None
         first = (completion.get("choices") or [{}])[0]
         out = ChatCompletionResponse(
@@ -56,6 +57,19 @@ class ChatAdapter:
             prompt_logprobs=first.get("prompt_logprobs"),
         )
         return out.model_dump(mode="json")
+
+    def _choice(self, c: dict[str, Any]) -> ChatChoice:
+        message = self.plan.finish(c["text"]) if self.plan else FinalMessage(c["text"])
+        calls = [ToolCall.model_validate(t) for t in message.tool_calls] if message.tool_calls else None
+        return ChatChoice(
+            index=c["index"],
+            message=AssistantMessage(
+                content=message.content, reasoning_content=message.reasoning_content, tool_calls=calls
+            ),
+            logprobs=chat_logprobs_from_completion(c.get("logprobs"), self.top_n),
+            finish_reason=finish_reason(c.get("finish_reason"), message),
+            stop_reason=c.get("stop_reason"),
+        )
 
     def role_chunks(self) -> list[bytes]:
         """The opening chunk of every choice."""
@@ -73,15 +87,35 @@ class ChatAdapter:
             return [sse_event(ctx.usage_chunk(Usage.model_validate(data["usage"])))]
         out = []
         for c in data["choices"]:
-            logprobs = chat_logprobs_from_completion(c.get("logprobs"), self.top_n)
-            if c.get("text") or logprobs:
-                out.append(sse_event(ctx.chat_chunk(c["index"], c.get("text") or "", logprobs=logprobs)))
+            out += self._choice_chunks(c)
+        return out
+
+    def _choice_chunks(self, c: dict[str, Any]) -> list[bytes]:
+        ctx, index = self.stream_ctx, c["index"]
+        logprobs = chat_logprobs_from_completion(c.get("logprobs"), self.top_n)
+        if self.plan is None or (self.plan.mode == "none" and self.plan.reasoning is None):
+            out = (
+                [sse_event(ctx.chat_chunk(index, c.get("text") or "", logprobs=logprobs))]
+                if (c.get("text") or logprobs)
+                else []
+            )
             if c.get("finish_reason"):
                 out.append(
                     sse_event(
-                        ctx.chat_chunk(c["index"], None, c["finish_reason"], stop_reason=c.get("stop_reason"))
+                        ctx.chat_chunk(index, None, c["finish_reason"], stop_reason=c.get("stop_reason"))
                     )
                 )
+            return out
+        deltas = self._deltas.setdefault(index, ChatDeltas(self.plan))
+        parts = deltas.feed(c["text"]) if c.get("text") else []
+        out = [sse_event(ctx.chat_chunk(index, "", logprobs=logprobs))] if logprobs is not None else []
+        out += [sse_event(ctx.chat_delta_chunk(index, p)) for p in parts]
+        if c.get("finish_reason"):
+            out += [sse_event(ctx.chat_delta_chunk(index, p)) for p in deltas.finish()]
+            reason: Any = (
+                "tool_calls" if c["finish_reason"] == "stop" and deltas.saw_tool_calls else c["finish_reason"]
+            )
+            out.append(sse_event(ctx.chat_delta_chunk(index, {}, reason, c.get("stop_reason"))))
         return out
 
     async def stream(self, events: AsyncIterator[SSEEvent]) -> AsyncGenerator[bytes, None]:

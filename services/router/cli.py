@@ -79,6 +79,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     add("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
     add(
+        "--chat-template",
+        default=None,
+        help="a Jinja chat template FILE replacing the model's (as the engines')",
+    )
+    add("--enable-auto-tool-choice", action="store_true", help="tool_choice auto: read tool calls from text")
+    add("--tool-call-parser", default=None, help="hermes | llama3_json | mistral | pythonic")
+    add(
+        "--reasoning-parser", default=None, help="deepseek_r1 | qwen3: <think> text goes to reasoning_content"
+    )
+    add(
         "--api-key-file",
         type=Path,
         default=None,
@@ -138,7 +148,20 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         poller=PollerSettings(interval_s=args.poll_interval),
         index_budget_s=args.index_budget_ms / 1000,
         self_check_interval_s=args.self_check_interval,
+        chat_template=_read_template(args.chat_template),
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
     )
+
+
+def _read_template(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"--chat-template: cannot read {path}: {exc.strerror}") from exc
 
 
 def _api_key(args: argparse.Namespace) -> str | None:

@@ -90,11 +90,12 @@ class EngineClient:
         body: dict[str, Any],
         headers: dict[str, str] | None = None,
         timeout_s: float | None = None,
+        path: str = "/v1/completions",
     ) -> dict[str, Any]:
-        """A non-streamed completion's JSON body."""
+        """A non-streamed answer's JSON body (a completion, or ``path``'s: e.g. /v1/embeddings)."""
         kwargs: dict[str, Any] = {} if timeout_s is None else {"timeout": timeout_s}
         try:
-            response = await self._client.post(f"{url}/v1/completions", json=body, headers=headers, **kwargs)
+            response = await self._client.post(f"{url}{path}", json=body, headers=headers, **kwargs)
         except httpx.HTTPError as exc:
             raise EngineUnavailable(url, repr(exc)) from exc
         _check(url, response.status_code, response.content)

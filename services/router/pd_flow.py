@@ -46,6 +46,7 @@ _PREFILL_DROPPED = (
     "guided_regex",
     "guided_choice",
     "guided_grammar",
+    "structured_outputs_after",
 )
 
 

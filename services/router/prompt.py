@@ -13,14 +13,33 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from services.common.chat_prompt import chat_prompt_ids, chat_top_logprobs
+from services.common.chat_tools import ChatPlan, ToolSettings, plan_chat
 from services.common.hashing import BlockHasher, BlockHashExtras
 from services.common.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from services.common.protocol_structured import spec_request_fields
 from services.common.tokenizer import Tokenizer
 
 Kind = Literal["completion", "chat"]
 
 # Chat-only fields the engine's completions endpoint does not take (they are translated instead).
-_CHAT_ONLY = ("messages", "add_generation_prompt", "max_completion_tokens", "logprobs", "top_logprobs")
+_CHAT_ONLY = (
+    "messages",
+    "add_generation_prompt",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+)
+_CONSTRAINTS = (
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+)
 # Fields the router owns: the engine fills in its model name, P/D params come from the flow.
 _ROUTER_OWNED = ("model", "kv_transfer_params", "request_id")
 
@@ -38,6 +57,7 @@ class PreparedRequest:
     n: int = 1
     include_usage: bool = False
     chat_top_logprobs: int | None = None
+    chat_plan: ChatPlan | None = None  # chat: how tools and reasoning shape the message
     arrival: float = field(default_factory=time.perf_counter)  # the app sets the HTTP arrival (middleware)
 
     @property
@@ -57,9 +77,12 @@ class PreparedRequest:
 class PromptPreparer:
     """Turns an OpenAI request into a PreparedRequest with the pool's tokenizer and block hasher."""
 
-    def __init__(self, tokenizer: Tokenizer, hasher: BlockHasher) -> None:
+    def __init__(self, tokenizer: Tokenizer, hasher: BlockHasher, tools: ToolSettings | None = None) -> None:
         self.tokenizer = tokenizer
         self.hasher = hasher
+        self.tools = tools or ToolSettings(
+            template_renders_tools=tokenizer.chat_template is not None and tokenizer.renders_tools()
+        )
 
     def completion(self, body: CompletionRequest) -> PreparedRequest:
         """Strings are encoded as the engine would (special tokens added); ids pass as they are."""
@@ -71,11 +94,22 @@ class PromptPreparer:
         return self._prepared("completion", body, prompts, engine)
 
     def chat(self, body: ChatCompletionRequest) -> PreparedRequest:
-        """Chat template, then the same completions body; logprobs asked as completions logprobs."""
-        ids = chat_prompt_ids(self.tokenizer, body)
+        """Chat template (with the tools it should show), then the same completions body; logprobs asked as
+        completions logprobs; a tool_choice the engine must enforce becomes its output constraint."""
+        plan = plan_chat(body, self.tools)
+        ids = chat_prompt_ids(self.tokenizer, body, plan.template_tools)
         engine = _base_body(body)
-        for key in _CHAT_ONLY:
+        for key in (*_CHAT_ONLY, *_CONSTRAINTS):
             engine.pop(key, None)
+        if plan.constraint is not None:
+            engine.update(spec_request_fields(plan.constraint))
+            reasoning = plan.reasoning
+            if reasoning is not None and reasoning.implicit_start:
+                engine["structured_outputs_after"] = reasoning.end_tag
+        if plan.tool_parser is not None and any(
+            self.tokenizer.backend.token_to_id(m) for m in plan.tool_parser.markers
+        ):
+            engine["skip_special_tokens"] = False
         engine["prompt"] = ids
         engine["max_tokens"] = body.max_output_tokens()  # None: up to the context (chat's default)
         top_n = chat_top_logprobs(body)
@@ -83,6 +117,7 @@ class PromptPreparer:
             engine["logprobs"] = top_n
         prepared = self._prepared("chat", body, [ids], engine)
         prepared.chat_top_logprobs = top_n
+        prepared.chat_plan = plan
         return prepared
 
     def _prepared(

@@ -8,6 +8,7 @@ import random
 import time
 from dataclasses import dataclass, field, replace
 
+from services.common.chat_tools import ToolSettings, check_tool_settings
 from services.common.hashing import HASH_VERSION, BlockHasher
 from services.common.prefix_index import AsyncPrefixIndex
 from services.common.tokenizer import Tokenizer
@@ -43,6 +44,15 @@ class RouterState:
     @classmethod
     def build(cls, settings: RouterSettings, rng: random.Random | None = None) -> RouterState:
         tokenizer = Tokenizer(settings.tokenizer)
+        if settings.chat_template:
+            tokenizer.set_chat_template(settings.chat_template)
+        tools = ToolSettings(
+            settings.enable_auto_tool_choice,
+            settings.tool_call_parser,
+            settings.reasoning_parser,
+            tokenizer.chat_template is not None and tokenizer.renders_tools(),
+        )
+        check_tool_settings(tools)
         hasher = BlockHasher(settings.model_name, settings.block_size, HASH_VERSION)
         metrics = RouterMetrics()
         poller = EndpointPoller(settings.endpoints, settings.poller)
@@ -70,7 +80,7 @@ class RouterState:
             settings,
             tokenizer,
             metrics,
-            PromptPreparer(tokenizer, hasher),
+            PromptPreparer(tokenizer, hasher, tools),
             poller,
             client,
             index,

@@ -33,6 +33,11 @@ class RouterSettings(BaseModel):
         None, gt=0, description="Read timeout of engine calls (None: none)."
     )
     prefill_timeout_s: float = Field(60.0, gt=0)
+    # chat shaping, as the engines' flags (the router applies the template and reads tool calls itself)
+    chat_template: str | None = None  # template text (--chat-template FILE)
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
     @model_validator(mode="after")
     def _check_roles(self) -> RouterSettings:

@@ -63,7 +63,7 @@ BAD: list[tuple[type[BaseModel], dict[str, Any], str]] = [
     (CompletionRequest, {"prompt": "x", "cache_salt": ""}, "cache_salt"),
     (ChatCompletionRequest, {}, "messages"),
     (ChatCompletionRequest, {"messages": []}, "messages"),
-    (ChatCompletionRequest, {"messages": [{"role": "tool", "content": "x"}]}, "messages.[0].role"),
+    (ChatCompletionRequest, {"messages": [{"role": "tool", "content": "x"}]}, "messages.[0].tool_call_id"),
     (ChatCompletionRequest, {"messages": [{"role": "user"}]}, "messages.[0].content"),
     (ChatCompletionRequest, {"messages": [{"role": "user", "content": 3}]}, "messages.[0].content"),
     (

@@ -35,6 +35,8 @@ class SamplingParams(BaseModel):
     # an output constraint (JSON schema, regex, choice, grammar, structural tag); also accepts vLLM's
     # StructuredOutputsParams-style dict, e.g. {"json": schema} or {"regex": "a+"}
     structured_outputs: StructuredSpec | None = None
+    # the constraint starts after this text appears in the output (a reasoning model's "</think>")
+    structured_outputs_after: str | None = None
 
     @field_validator("structured_outputs", mode="before")
     @classmethod

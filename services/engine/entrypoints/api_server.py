@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
+from services.common.chat_tools import ToolSettings, check_tool_settings
 from services.common.errors import not_ready
 from services.common.http_middleware import RequestContextMiddleware, install_error_handlers
 from services.common.protocol import (
@@ -95,21 +96,41 @@ def _ops_routes(ctx: ServingContext) -> APIRouter:
     return router
 
 
+def _tool_settings(llm: AsyncLLM, settings: ServerSettings) -> ToolSettings:
+    """Tool and reasoning flags, with the chat template's ability to show tools (warned about when it cannot)."""
+    if settings.chat_template:
+        llm.tokenizer.set_chat_template(settings.chat_template)
+    renders = llm.tokenizer.chat_template is not None and llm.tokenizer.renders_tools()
+    tools = ToolSettings(
+        settings.enable_auto_tool_choice, settings.tool_call_parser, settings.reasoning_parser, renders
+    )
+    check_tool_settings(tools)
+    if not renders and llm.engine.core.task == "generate":
+        log.warning(
+            "the chat template of %s does not render `tools`: chat requests with tools get a 400 "
+            "(start with --chat-template FILE to serve them)",
+            llm.config.model_name,
+        )
+    return tools
+
+
 def build_app(llm: AsyncLLM, settings: ServerSettings, role: EngineRole | None = None) -> FastAPI:
     """The app serving ``llm`` in ``role`` (default: aggregated); it owns the engine: warm-up, then shutdown.
 
     ``role`` must be the one whose connectors ``llm`` was built with (its routes and admission use them).
     """
     name = llm.config.model_name
+    tools = _tool_settings(llm, settings)
     ctx = ServingContext(
         llm=llm,
         settings=settings,
-        metrics=ServerMetrics(llm.stats, name),
+        metrics=ServerMetrics(llm.stats, name, llm.engine.structured.take_compile_times),
         model_name=name,
         max_model_len=llm.engine.max_model_len,
         vocab_size=llm.engine.core.model_config.vocab_size,
         state=ServerState(drain_timeout=settings.drain_timeout),
         role=role or AggregatedRole(),
+        tools=tools,
     )
 
     @asynccontextmanager

@@ -15,11 +15,13 @@ import socket
 import sys
 from collections.abc import Callable, Mapping
 from functools import partial
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
 import uvicorn
 
+from services.common.chat_tools import ToolSettings, check_tool_settings
 from services.common.errors import config_problem
 from services.common.roles import RoleName, parse_role_name
 
@@ -77,6 +79,20 @@ def add_parser(
     add("--host", default="127.0.0.1")
     add("--port", type=int, default=8000)
     add("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
+    add("--chat-template", default=None, help="a Jinja chat template FILE replacing the model's")
+    add(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="let the model decide to call tools (tool_choice auto)",
+    )
+    add(
+        "--tool-call-parser",
+        default=None,
+        help="hermes | llama3_json | mistral | pythonic: reads tool calls from text",
+    )
+    add(
+        "--reasoning-parser", default=None, help="deepseek_r1 | qwen3: <think> text goes to reasoning_content"
+    )
     add(
         "--role",
         type=_role,
@@ -138,9 +154,27 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
         use_nixl=args.use_nixl,
     )
     server = ServerSettings(
-        api_key=args.api_key, request_timeout=args.request_timeout, drain_timeout=args.drain_timeout
+        api_key=args.api_key,
+        request_timeout=args.request_timeout,
+        drain_timeout=args.drain_timeout,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
+        chat_template=_read_template(args.chat_template),
+    )
+    check_tool_settings(
+        ToolSettings(args.enable_auto_tool_choice, args.tool_call_parser, args.reasoning_parser)
     )
     return engine, server
+
+
+def _read_template(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"--chat-template: cannot read {path}: {exc.strerror}") from exc
 
 
 class DrainingServer(uvicorn.Server):

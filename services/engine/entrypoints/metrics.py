@@ -127,14 +127,36 @@ class _EngineCollector(Collector):
         for reason, n in sorted(s.kv_transfer_failures.items()):
             failures.add_metric([reason], n)
         yield failures
+        yield CounterMetricFamily(
+            "kvferry_structured_output_requests",
+            "Requests with an output constraint (JSON schema, regex, choice, grammar, tool schema).",
+            value=s.structured_requests,
+        )
 
 
 class ServerMetrics:
     """All metrics of one app instance, in their own registry (no global state)."""
 
-    def __init__(self, stats: Callable[[], EngineStats], model: str) -> None:
+    def __init__(
+        self,
+        stats: Callable[[], EngineStats],
+        model: str,
+        grammar_compiles: Callable[[], list[float]] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()
         reg = self.registry
+        self._grammar_compiles = grammar_compiles
+        self.grammar_compile = Histogram(
+            "kvferry_grammar_compile_seconds",
+            "Time to compile one structured-output grammar (cache hits are not compiles).",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+            registry=reg,
+        )
+        self.tool_call_parse_failures = Counter(
+            "kvferry_tool_call_parse_failures",
+            "Tool calls in a model's text that could not be parsed (unknown tool, arguments not JSON, cut off).",
+            registry=reg,
+        )
         self.prompt_tokens = Counter(lr.PROMPT_TOKENS, "Prompt tokens of finished requests.", registry=reg)
         self.generation_tokens = Counter(lr.GENERATION_TOKENS, "Generated tokens.", registry=reg)
         self.request_success = Counter(
@@ -174,7 +196,13 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
+        for seconds in self._grammar_compiles() if self._grammar_compiles else ():
+            self.grammar_compile.observe(seconds)
         return generate_latest(self.registry)
+
+    def tool_call_failures(self, n: int) -> None:
+        if n:
+            self.tool_call_parse_failures.inc(n)
 
     def timer(self, prompt_tokens: int) -> RequestTimer:
         """A timer for one engine request that arrived now."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from services.common.chat_tools import ToolSettings
 from services.common.errors import OpenAIError, bad_request, model_not_found, not_ready
 from services.common.protocol_common import SamplingRequest
 from services.common.protocol_structured import StructuredSpec
@@ -25,9 +26,23 @@ class ServerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    chat_template: str | None = None  # template text (from --chat-template FILE) replacing the model's
+
     api_key: str | None = None
     request_timeout: float | None = Field(None, gt=0)
     drain_timeout: float = Field(30.0, ge=0)
+
+
+@dataclass(frozen=True)
+class OutputShape:
+    """Chat-only output settings: the constraint starts after a reasoning end tag; tool markers that are
+    special tokens must stay in the text the parser reads."""
+
+    structured_after: str | None = None
+    keep_special_tokens: bool = False
 
 
 @dataclass
@@ -42,6 +57,7 @@ class ServingContext:
     vocab_size: int
     state: ServerState = field(default_factory=ServerState)
     role: EngineRole = field(default_factory=AggregatedRole)
+    tools: ToolSettings = field(default_factory=ToolSettings)
 
     @property
     def task(self) -> str:
@@ -111,6 +127,7 @@ def sampling_params(
     vocab_size: int,
     prompt_logprobs: int | None = None,
     structured: StructuredSpec | None = None,
+    shape: OutputShape | None = None,
 ) -> SamplingParams:
     """Engine SamplingParams for one sub-request; 400 for values the engine cannot serve."""
     if req.n > MAX_N:
@@ -135,6 +152,8 @@ def sampling_params(
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             structured_outputs=structured,
+            structured_outputs_after=shape.structured_after if shape else req.structured_outputs_after,
+            skip_special_tokens=not shape.keep_special_tokens if shape else req.skip_special_tokens,
         )
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
@@ -148,6 +167,7 @@ def fan_out(
     logprobs: int | None,
     prompt_logprobs: int | None = None,
     structured: StructuredSpec | None = None,
+    shape: OutputShape | None = None,
 ) -> list[SubRequest]:
     """``n`` sub-requests per prompt (seeds ``seed + i``); choice index ``prompt * n + i``."""
     subs = []
@@ -155,7 +175,9 @@ def fan_out(
         budget = output_budget(req, len(ids), ctx.max_model_len)
         for i in range(req.n):
             seed = None if req.seed is None else req.seed + i
-            params = sampling_params(req, budget, logprobs, seed, ctx.vocab_size, prompt_logprobs, structured)
+            params = sampling_params(
+                req, budget, logprobs, seed, ctx.vocab_size, prompt_logprobs, structured, shape
+            )
             subs.append(SubRequest(p * req.n + i, p, i, ids, params))
     for sub in subs[:: req.n]:
         validate_prompt(ctx, sub)

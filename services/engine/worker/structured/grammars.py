@@ -88,6 +88,10 @@ class GrammarCompiler:
                 self._compiler = xgr.GrammarCompiler(info, max_threads=1)
             return self._compiler
 
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of token ids (special tokens kept: a reasoning end tag may be one)."""
+        return self._tokenizer.decode(list(token_ids), skip_special_tokens=False)
+
     def submit(self, spec: StructuredSpec) -> GrammarHandle:
         """Compile on the worker thread (or reuse the cached result)."""
         with self._lock:

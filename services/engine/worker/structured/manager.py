@@ -31,7 +31,8 @@ class StepConstraints:
 class _Constrained:
     handle: GrammarHandle
     matcher: Any = None  # xgrammar.GrammarMatcher once the grammar is compiled
-    accepted: int = 0  # output tokens the matcher has consumed
+    accepted: int = 0  # output tokens the matcher has consumed (or skipped before ``after``)
+    after: str | None = None  # the constraint starts once the output contains this text ("</think>")
 
 
 class StructuredOutputManager:
@@ -45,13 +46,21 @@ class StructuredOutputManager:
         self.num_constrained = 0
 
     def _record_compile(self, seconds: float) -> None:
-        self.compile_seconds.append(seconds)
+        self.compile_seconds.append(seconds)  # list.append is atomic: the compile thread adds, scrapes take
 
-    def add(self, request: Request, spec: StructuredSpec) -> None:
-        """Start compiling ``spec`` for ``request``; it is scheduled once the grammar is ready."""
+    def take_compile_times(self) -> list[float]:
+        """Compile durations since the last call (for the metrics histogram)."""
+        taken, self.compile_seconds = self.compile_seconds, []
+        return taken
+
+    def add(self, request: Request, spec: StructuredSpec, after: str | None = None) -> None:
+        """Start compiling ``spec`` for ``request``; it is scheduled once the grammar is ready.
+
+        ``after``: the output is free until it contains this text (a reasoning model's end tag).
+        """
         handle = self.compiler.submit(spec)
         request.grammar = handle
-        self._requests[request.request_id] = _Constrained(handle)
+        self._requests[request.request_id] = _Constrained(handle, after=after)
         self.num_constrained += 1
 
     @property
@@ -75,6 +84,7 @@ class StructuredOutputManager:
             if rid in self._requests
             and (r := requests.get(rid)) is not None
             and r.num_computed_tokens + n >= r.num_tokens
+            and self._started(self._requests[rid], r)
         ]
         if not sampling:
             return None
@@ -86,6 +96,16 @@ class StructuredOutputManager:
             matcher.fill_next_token_bitmask(bitmask, i)
             rows[rid] = i
         return StepConstraints(rows, bitmask)
+
+    def _started(self, state: _Constrained, request: Request) -> bool:
+        """False while the output has not reached ``after`` (those tokens are skipped, not matched)."""
+        if state.after is None:
+            return True
+        text = self.compiler.decode(request.output_token_ids)
+        if state.after not in text:
+            return False
+        state.after, state.accepted = None, len(request.output_token_ids)
+        return True
 
     def _matcher(self, state: _Constrained, request: Request) -> Any:
         """The request's matcher, caught up with every output token it has (resumed or preempted requests too)."""
@@ -110,7 +130,7 @@ class StructuredOutputManager:
                 del self._requests[rid]
                 continue
             state = self._requests[rid]
-            if state.matcher is not None:
+            if state.matcher is not None and state.after is None:
                 for token in request.output_token_ids[state.accepted :]:
                     self._accept(state, token, rid)
 
