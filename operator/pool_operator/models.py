@@ -149,6 +149,11 @@ class EngineSpec(CrdModel):
             "self.blockSize == oldSelf.blockSize",
             "blockSize is immutable: cached KV blocks and their hashes depend on it",
         ),
+        CelRule(
+            "!self.enableAutoToolChoice || has(self.toolCallParser)",
+            "enableAutoToolChoice needs toolCallParser",
+            lambda s: not s.enable_auto_tool_choice or s.tool_call_parser is not None,
+        ),
     )
 
     image: str | None = Field(None, description="default: the operator's own engine image")
@@ -160,6 +165,18 @@ class EngineSpec(CrdModel):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     tensor_parallel_size: int = Field(1, ge=1, le=16)
     prefix_caching: bool = True
+    task: Literal["generate", "embed"] = Field(
+        "generate", description="generate: completions and chat; embed: /v1/embeddings (an embedding model)"
+    )
+    enable_auto_tool_choice: bool = Field(
+        False, description="let the model decide to call tools (needs toolCallParser)"
+    )
+    tool_call_parser: Literal["hermes", "llama3_json", "mistral", "pythonic"] | None = Field(
+        None, description="how tool calls are read from the model's text (engines and routers)"
+    )
+    reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = Field(
+        None, description="<think> text goes to reasoning_content (engines and routers)"
+    )
     extra_args: list[str] = Field(default_factory=list)
     env: list[EnvVar] = Field(default_factory=list)
 
@@ -335,6 +352,11 @@ class InferencePoolSpec(CrdModel):
             "!has(self.autoscaling) || !has(self.autoscaling.prefill) || self.mode == 'Disaggregated'",
             "autoscaling.prefill needs mode Disaggregated",
             lambda s: s.autoscaling is None or s.autoscaling.prefill is None or s.mode == "Disaggregated",
+        ),
+        CelRule(
+            "!has(self.engine) || !has(self.engine.task) || self.engine.task != 'embed' || self.mode == 'Aggregated'",
+            "engine.task embed needs mode Aggregated (an embedding has no decode phase to disaggregate)",
+            lambda s: s.engine.task != "embed" or s.mode == "Aggregated",
         ),
     )
 

@@ -241,10 +241,24 @@ class WorkloadBuilder:
         ]
         if not engine.prefix_caching:
             args.append("--no-prefix-caching")
+        if engine.task == "embed":
+            args += ["--task", "embed"]
+        args += self.chat_shaping_args()
         args += ["--redis-url", self.redis_url()]
         if self.spec.kvstore.enabled:
             args += ["--kvstore-url", f"grpc://{self.names.service_host('kvstore')}:{KVSTORE_PORT}"]
         return args + list(engine.extra_args)
+
+    def chat_shaping_args(self) -> list[str]:
+        """Tool and reasoning flags: engines and routers both shape chat messages, so both get them."""
+        engine, args = self.spec.engine, []
+        if engine.enable_auto_tool_choice:
+            args.append("--enable-auto-tool-choice")
+        if engine.tool_call_parser:
+            args += ["--tool-call-parser", engine.tool_call_parser]
+        if engine.reasoning_parser:
+            args += ["--reasoning-parser", engine.reasoning_parser]
+        return args
 
     def engine(self, role: EnginePodRole, role_spec: RoleSpec, autoscaled: bool) -> Manifest:
         engine = self.spec.engine
@@ -314,7 +328,7 @@ class WorkloadBuilder:
         ]
         if router.api_key_secret_ref is not None:
             args += ["--api-key-file", f"{API_KEY_MOUNT}/{router.api_key_secret_ref.key}"]
-        return args
+        return args + self.chat_shaping_args()
 
     def router(self) -> Manifest:
         router = self.spec.router

@@ -62,3 +62,27 @@ def test_bf16_is_as_close_to_fp32_as_hf_bf16_is() -> None:
             ours.append(abs(entry.token_logprob - lp32[pos - 1, token].item()))
             theirs.append(abs(lp16[pos - 1, token].item() - lp32[pos - 1, token].item()))
     assert sum(ours) / len(ours) <= 1.5 * sum(theirs) / len(theirs) + 0.01, (ours, theirs)
+
+
+def test_json_schema_request_gives_valid_json_with_the_fields(smollm: LLM) -> None:
+    """The real model under a JSON schema: valid JSON with the schema's fields (greedy, chat template)."""
+    import json
+
+    import jsonschema
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 30},
+            "country": {"type": "string", "maxLength": 30},
+        },
+        "required": ["city", "country"],
+        "additionalProperties": False,
+    }
+    params = SamplingParams(temperature=0, max_tokens=60, structured_outputs={"json": schema})
+    out = smollm.chat(
+        [{"role": "user", "content": "Name the capital of France and its country, as JSON."}], params
+    )
+    value = json.loads(out[0].outputs[0].text)
+    jsonschema.validate(value, schema)
+    assert out[0].outputs[0].finish_reason == "stop" and "Paris" in value["city"]

@@ -51,7 +51,7 @@ def test_crd_surface():
     ]
 
 
-@pytest.mark.parametrize("name", ["aggregated-pool.yaml", "disaggregated-pool.yaml"])
+@pytest.mark.parametrize("name", ["aggregated-pool.yaml", "disaggregated-pool.yaml", "embedding-pool.yaml"])
 def test_examples_are_accepted_by_schema_cel_and_models(validator, name):
     example = load_example(name)
     assert validator.errors(example) == []

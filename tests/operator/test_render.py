@@ -33,7 +33,7 @@ def by_name(manifests: list[dict], kind: str, name: str) -> dict:
     return next(m for m in manifests if m["kind"] == kind and m["metadata"]["name"] == name)
 
 
-@pytest.mark.parametrize("name", ["aggregated-pool.yaml", "disaggregated-pool.yaml"])
+@pytest.mark.parametrize("name", ["aggregated-pool.yaml", "disaggregated-pool.yaml", "embedding-pool.yaml"])
 def test_golden(name):
     text = yaml.safe_dump_all(render(name, UID), sort_keys=False, width=120)
     golden = GOLDEN / name
@@ -44,7 +44,7 @@ def test_golden(name):
     )
 
 
-@pytest.mark.parametrize("name", ["aggregated-pool.yaml", "disaggregated-pool.yaml"])
+@pytest.mark.parametrize("name", ["aggregated-pool.yaml", "disaggregated-pool.yaml", "embedding-pool.yaml"])
 def test_every_object_is_valid_kubernetes(name):
     for manifest in render(name, UID):
         for minor in MINORS:
@@ -173,7 +173,7 @@ def test_engine_and_router_command_lines_follow_the_cli_contract():
     assert {"name": "metrics", "containerPort": 50052, "protocol": "TCP"} in kvstore["ports"]
 
 
-@pytest.mark.parametrize("pool", ["disaggregated-pool.yaml", "aggregated-pool.yaml"])
+@pytest.mark.parametrize("pool", ["disaggregated-pool.yaml", "aggregated-pool.yaml", "embedding-pool.yaml"])
 def test_every_rendered_command_line_parses_with_the_real_kvferry_cli(pool: str) -> None:
     """The operator and the binaries agree: each container's args parse with `kvferry`'s own parsers."""
     from services.cli import build_parser
@@ -187,6 +187,29 @@ def test_every_rendered_command_line_parses_with_the_real_kvferry_cli(pool: str)
             args = container["args"]
             parsed = build_parser(args).parse_args(args)
             assert parsed.command == args[0] and callable(parsed.func), args
+
+
+def test_embedding_pool_and_chat_shaping_flags_reach_engines_and_routers():
+    manifests = render("embedding-pool.yaml")
+    args = by_name(manifests, "Deployment", "minilm-engine")["spec"]["template"]["spec"]["containers"][0][
+        "args"
+    ]
+    assert args[args.index("--task") + 1] == "embed"
+    body = load_example("aggregated-pool.yaml")
+    body["spec"]["engine"].update(enableAutoToolChoice=True, toolCallParser="hermes", reasoningParser="qwen3")
+    rendered = PoolRenderer(parse_pool(body), IMAGES).render()
+    for name in ("smollm-engine", "smollm-router"):
+        args = by_name(rendered, "Deployment", name)["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args[args.index("--tool-call-parser") + 1] == "hermes" and "--enable-auto-tool-choice" in args
+        assert args[args.index("--reasoning-parser") + 1] == "qwen3"
+    bad = load_example("disaggregated-pool.yaml")
+    bad["spec"]["engine"]["task"] = "embed"
+    with pytest.raises(ValueError, match="embed needs mode Aggregated"):
+        parse_pool(bad)
+    unparsed = load_example("aggregated-pool.yaml")
+    unparsed["spec"]["engine"]["enableAutoToolChoice"] = True
+    with pytest.raises(ValueError, match="needs toolCallParser"):
+        parse_pool(unparsed)
 
 
 def test_aggregated_pool_runs_engines_in_role_both_with_managed_redis():

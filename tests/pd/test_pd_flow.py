@@ -6,6 +6,7 @@ prefill with `max_tokens=1` and `do_remote_decode`, then decode with the returne
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -116,3 +117,28 @@ def test_short_prompt_transfers_nothing(pd_pair) -> None:
     params, out = disaggregated(prefill, decode, [5, 6, 7])
     assert params["remote_block_ids"] == []
     assert out["choices"][0]["text"] == complete(aggregated, [5, 6, 7])["choices"][0]["text"]
+
+
+def test_constrained_output_disaggregated_equals_aggregated(pd_pair) -> None:
+    """The decode engine owns the grammar: greedy + a JSON schema over P/D equals the aggregated engine."""
+    prefill, decode, aggregated = pd_pair
+    schema = {
+        "type": "object",
+        "properties": {
+            "k": {"type": "string", "enum": ["x", "y", "z"]},
+            "v": {"type": "integer", "minimum": 0, "maximum": 999},
+        },
+        "required": ["k", "v"],
+        "additionalProperties": False,
+    }
+    for prompt in prompts(4, seed=17):
+        kv = complete(prefill, prompt, {"do_remote_decode": True}, max_tokens=1)["kv_transfer_params"]
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 40, "temperature": 0, "guided_json": schema}
+        disagg = httpx.post(
+            f"{decode.url}/v1/completions", json={**body, "kv_transfer_params": kv}, timeout=60
+        )
+        agg = httpx.post(f"{aggregated.url}/v1/completions", json=body, timeout=60)
+        assert disagg.status_code == agg.status_code == 200, disagg.text
+        text = disagg.json()["choices"][0]["text"]
+        assert text == agg.json()["choices"][0]["text"]
+        assert set(json.loads(text)) == {"k", "v"}
