@@ -63,6 +63,15 @@ def add_parser(
     add("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     add("--no-prefix-caching", dest="prefix_caching", action="store_false", help="disable prefix caching")
     add("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    _add_serving_flags(add)
+    _add_pool_flags(add)
+    add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=partial(run, roles=roles))
+    return p
+
+
+def _add_serving_flags(add: Callable[..., object]) -> None:
+    """What the engine serves and how its chat answers are shaped."""
     add(
         "--task",
         default="auto",
@@ -93,6 +102,12 @@ def add_parser(
     add(
         "--reasoning-parser", default=None, help="deepseek_r1 | qwen3: <think> text goes to reasoning_content"
     )
+    add("--request-timeout", type=float, default=None, help="seconds before a request is aborted")
+    add("--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits for running requests")
+
+
+def _add_pool_flags(add: Callable[..., object]) -> None:
+    """Where the engine sits in a pool: its role, the KV tiers, the prefix index."""
     add(
         "--role",
         type=_role,
@@ -112,8 +127,6 @@ def add_parser(
         action="store_false",
         help="prefill/decode: move KV through the kvstore instead of NIXL",
     )
-    add("--request-timeout", type=float, default=None, help="seconds before a request is aborted")
-    add("--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits for running requests")
     add("--redis-url", default=None, help="publish KV cache events to this prefix index (redis://host:port)")
     add("--engine-id", default=None, help="stable id in the prefix index (default: $POD_NAME or host:port)")
     add(
@@ -121,9 +134,6 @@ def add_parser(
         default=None,
         help="URL routers use for this engine, as listed in the index (default: http://host:port)",
     )
-    add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.set_defaults(func=partial(run, roles=roles))
-    return p
 
 
 def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
