@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 # Run as `python benchmarks/cpu_kernels.py`: this file's folder must not shadow the `kernels` package.
@@ -19,21 +20,30 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import kernels.cpu as kc  # noqa: E402
+from kernels.cpu import build  # noqa: E402
 from kernels.reference import build_cos_sin_cache  # noqa: E402
 
 BLOCK = 16
 MODELS = {"h768-llama": (12, 12, 64), "smollm2": (9, 3, 64)}  # (Hq, Hkv, D)
 
 
-def median_ms(fns: list[Callable[[], object]], min_reps: int = 7, budget_s: float = 1.0) -> list[float]:
+def median_ms(
+    fns: list[Callable[[], object]],
+    min_reps: int = 7,
+    budget_s: float = 1.0,
+    before: Callable[[], object] | None = None,
+) -> list[float]:
     """Median wall time (ms) of each fn after a warm-up; the fns take turns, so a noisy neighbour on a
-    shared machine slows them alike. At least min_reps rounds, more while under ~budget_s (max 50)."""
+    shared machine slows them alike. At least min_reps rounds, more while under ~budget_s (max 50).
+    before (untimed) runs ahead of every timed call, e.g. to evict the caches."""
     for fn in fns:
         fn()
     times: list[list[float]] = [[] for _ in fns]
     start = time.perf_counter()
     while len(times[0]) < min_reps or (time.perf_counter() - start < budget_s and len(times[0]) < 50):
         for fn, ts in zip(fns, times, strict=True):
+            if before is not None:
+                before()
             t0 = time.perf_counter()
             fn()
             ts.append((time.perf_counter() - t0) * 1e3)
@@ -164,6 +174,103 @@ def attention_row(kind: str, model: str, dtype: torch.dtype, batch: int, prefix:
     }
 
 
+def shared_prefix_tables(batch: int, seq_len: int, shared_tokens: int) -> tuple[torch.Tensor, int]:
+    """Block tables where every row starts with the SAME ceil(shared_tokens / BLOCK) block ids (a common
+    prompt prefix under prefix caching) and then owns its remaining blocks; ids are shuffled."""
+    per_seq = -(-seq_len // BLOCK)
+    shared = min(-(-shared_tokens // BLOCK), per_seq) if shared_tokens > 0 else 0
+    num_blocks = shared + batch * (per_seq - shared)
+    order = torch.randperm(num_blocks, dtype=torch.int32)
+    tables = torch.empty(batch, per_seq, dtype=torch.int32)
+    tables[:, :shared] = order[:shared]
+    tables[:, shared:] = order[shared:].view(batch, per_seq - shared)
+    return tables, num_blocks
+
+
+def paged_decode_row(
+    model: str,
+    dtype: torch.dtype,
+    batch: int,
+    ctx: int,
+    shared_tokens: int,
+    baseline: ModuleType | None = None,
+    with_torch: bool = True,
+    cold: bool = False,
+) -> dict:
+    """Decode (one query row per sequence) over a [blocks, 1, 2, bs, Hkv, D] cache whose sequences share
+    their first shared_tokens positions' blocks (0: all blocks distinct). baseline: another build of the
+    extension, timed interleaved with this one (before/after). cold: caches are evicted before every
+    call (256 MB written), as in the engine, where the other layers' K/V and all weights pass through the
+    caches between two calls for one layer; warm rows rerun on the same K/V, shared blocks stay cached
+    (with the torch path in the rotation, its gathers evict much of them: use --no-torch for A/B)."""
+    hq, hkv, d = MODELS[model]
+    tables, num_blocks = shared_prefix_tables(batch, ctx, shared_tokens)
+    kv = torch.randn(num_blocks, 1, 2, BLOCK, hkv, d, dtype=dtype)
+    key_cache, value_cache = kv[:, 0, 0], kv[:, 0, 1]
+    q = torch.randn(batch, hq, d, dtype=dtype)
+    qsl = torch.arange(batch + 1, dtype=torch.int32)
+    lens = torch.full((batch,), ctx, dtype=torch.int32)
+    scale = d**-0.5
+    out, out_base = torch.empty_like(q), torch.empty_like(q)
+    fns: list[Callable[[], object]] = []
+    if with_torch:
+        torch_path = TorchPath()
+        pad = torch.arange(tables.shape[1] * BLOCK)[None, :] >= lens.long()[:, None]
+        bias = torch.zeros(pad.shape).masked_fill_(pad, float("-inf"))[:, None, None, :].to(dtype)
+        tl = tables.long()
+        fns.append(lambda: torch_path.decode(q, kv, 0, tl, bias, scale))
+
+    def run_kernel() -> torch.Tensor:
+        return kc.paged_attention(out, q, key_cache, value_cache, tables, qsl, lens, scale)
+
+    fns.append(run_kernel)
+    if baseline is not None:
+
+        def run_baseline() -> torch.Tensor:
+            baseline.paged_attention(out_base, q, key_cache, value_cache, tables, qsl, lens, scale, 0)
+            return out_base
+
+        fns.append(run_baseline)
+    flush = torch.empty(64 << 20, dtype=torch.int32) if cold else None
+    times = median_ms(fns, before=None if flush is None else lambda: flush.add_(1))
+    kernel_ms = times[1 if with_torch else 0]
+    row = {
+        "kind": "decode-shared" if shared_tokens > 0 else "decode-distinct",
+        "cache": "cold" if cold else "warm",
+        "model": model,
+        "dtype": str(dtype).removeprefix("torch."),
+        "batch": batch,
+        "prefix": ctx - 1,
+        "q_len": 1,
+        "shared_tokens": shared_tokens,
+        "kv_bytes": num_blocks * 2 * BLOCK * hkv * d * kv.element_size(),
+        "torch_ms": times[0] if with_torch else float("nan"),
+        "kernel_ms": kernel_ms,
+        "speedup": times[0] / kernel_ms if with_torch else float("nan"),
+    }
+    if with_torch:
+        row["max_abs_diff"] = (run_kernel().float() - fns[0]().float()).abs().max().item()
+    if baseline is not None:
+        row["baseline_ms"] = times[-1]
+        row["vs_baseline"] = times[-1] / kernel_ms
+        row["baseline_max_abs_diff"] = (run_kernel().float() - fns[-1]().float()).abs().max().item()
+    return row
+
+
+# (model, batch, context, shared prefix tokens, cold caches) of the paged-decode rows: the engine's
+# prefix-cached decode (64 prompts sharing a 512-token prefix) and the same shapes over distinct blocks.
+PAGED_DECODE_CASES = [
+    ("h768-llama", 64, 544, 512, False),
+    ("h768-llama", 64, 544, 512, True),
+    ("h768-llama", 64, 2048, 512, False),
+    ("h768-llama", 64, 544, 0, False),
+    ("h768-llama", 64, 544, 0, True),
+    ("h768-llama", 64, 2048, 0, False),
+    ("smollm2", 64, 544, 512, False),
+    ("smollm2", 64, 544, 512, True),
+]
+
+
 def pointwise_rows(dtype: torch.dtype, tokens: int) -> list[dict]:
     """RMSNorm (plain and fused add), rotary, SiLU-and-mul and the cache write vs their torch versions."""
     hidden, inter, hq, hkv, d = 768, 2048, 12, 12, 64
@@ -258,9 +365,14 @@ def print_table(rows: list[dict], header: bool = True) -> None:
     for r in rows:
         if r["kind"] == "pointwise":
             case = f"{r['op']} T={r['tokens']}"
+        elif r["kind"].startswith("decode-"):
+            case = f"{r['kind']} {r['model']} B={r['batch']} ctx={r['prefix'] + 1} {r['cache']}"
         else:
             case = f"{r['kind']} {r['model']} B={r['batch']} ctx={r['prefix'] + r['q_len']} q={r['q_len']}"
-        print(f"{case:<44}{r['dtype']:>10}{r['torch_ms']:>11.3f}{r['kernel_ms']:>11.3f}{r['speedup']:>8.2f}x")
+        line = f"{case:<44}{r['dtype']:>10}{r['torch_ms']:>11.3f}{r['kernel_ms']:>11.3f}{r['speedup']:>8.2f}x"
+        if "baseline_ms" in r:
+            line += f"  baseline {r['baseline_ms']:.3f} ms ({r['vs_baseline']:.2f}x)"
+        print(line)
 
 
 def cpu_name() -> str:
@@ -279,15 +391,32 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="three attention rows, one dtype")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "cpu_kernels.json")
+    parser.add_argument("--out", type=Path, default=None, help="default benchmarks/results/cpu_kernels.json")
+    parser.add_argument(
+        "--decode-only", action="store_true", help="only the paged-decode rows (no file unless --out)"
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another build's .so (e.g. of the committed sources), timed interleaved on the paged-decode rows",
+    )
+    parser.add_argument("--no-torch", action="store_true", help="paged-decode rows without the torch path")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     if kc.load() is None:
         print(f"kernels.cpu unavailable: {kc.unavailable_reason()}")
         return 1
+    baseline = build._import_binary(args.baseline.stem, args.baseline) if args.baseline else None
     rows: list[dict] = []
     dtypes = [torch.float32] if args.quick else [torch.float32, torch.bfloat16]
+    for dtype in [torch.bfloat16] if args.quick else [torch.bfloat16, torch.float32]:
+        for model, batch, ctx, shared, cold in PAGED_DECODE_CASES[:1] if args.quick else PAGED_DECODE_CASES:
+            with_torch = not (args.no_torch or cold)
+            rows.append(paged_decode_row(model, dtype, batch, ctx, shared, baseline, with_torch, cold))
+            print_table(rows[-1:], header=len(rows) == 1)
+    if args.decode_only:
+        dtypes = []
     for dtype in dtypes:
         for model in MODELS:
             for kind, batch, prefix, q_len in attention_cases(args.quick):
@@ -304,10 +433,19 @@ def main() -> int:
         "torch": torch.__version__,
         "capability": kc.load().capability,
         "block_size": BLOCK,
+        "bf16_decode": "amx (GQA) + avx512_bf16"
+        if kc.load().has_amx_decode
+        else "avx512_bf16"
+        if kc.load().has_bf16_dot_decode
+        else "generic",
+        "baseline": str(args.baseline) if args.baseline else None,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    if args.decode_only and args.out is None:
+        return 0
+    out_path = args.out or ROOT / "benchmarks" / "results" / "cpu_kernels.json"
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    print(f"wrote {out_path}")
     return 0
 
 

@@ -124,6 +124,144 @@ def test_paged_attention_auto_split_and_head_groups() -> None:
         torch.set_num_threads(threads)
 
 
+@pytest.fixture(params=["auto", "avx512_bf16", "generic"])
+def decode_kernel(request: pytest.FixtureRequest, ops: ModuleType) -> str:
+    """Runs a test with each decode kernel choice for bf16 caches: the fastest (AMX scores for GQA where
+    built in), the AVX512-BF16 dot products (where built in) and the generic at::vec ones. A choice the
+    build lacks falls back to the next one, so every choice is valid everywhere."""
+    previous = ops._set_decode_kernel(request.param)
+    yield request.param
+    ops._set_decode_kernel(previous)
+
+
+def test_decode_kernel_choice_follows_the_cpu(ops: ModuleType) -> None:
+    """The AVX512-BF16 decode kernel is compiled in exactly when a native AVX-512 build has avx512_bf16;
+    the AMX one only on top of it, with amx_tile and amx_bf16 (and the OS granting the tile state)."""
+    spec = build.build_spec()
+    native = spec.capability == "AVX512" and "-march=native" in spec.cflags
+    assert ops.has_bf16_dot_decode == (native and "avx512_bf16" in spec.flags)
+    if ops.has_amx_decode:
+        assert ops.has_bf16_dot_decode and {"amx_tile", "amx_bf16"} <= set(spec.flags)
+    with pytest.raises(RuntimeError, match="auto"):
+        ops._set_decode_kernel("fastest")
+
+
+# (Hq, Hkv, D): G = 1, 3, 4, 8, 16 and head dims that are / are not multiples of the 32-element bf16
+# slices; 8 kv heads x G = 8 and 2 x 16 exceed one 16-column AMX score tile (several head groups).
+DECODE_SHAPES = [
+    (4, 4, 64),
+    (9, 3, 64),
+    (8, 2, 128),
+    (16, 2, 80),
+    (6, 6, 24),
+    (8, 1, 16),
+    (64, 8, 64),
+    (32, 2, 96),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", DECODE_SHAPES, ids=lambda s: "hq{}-hkv{}-d{}".format(*s))
+def test_paged_attention_decode_kernels(
+    shape: tuple[int, int, int], dtype: torch.dtype, decode_kernel: str
+) -> None:
+    """Decode rows of every tile remainder (1..17 keys, chunk boundaries at 64), long rows, one prefill."""
+    hq, hkv, d = shape
+    seed = zlib.crc32(repr((shape, dtype, decode_kernel)).encode())
+    batch = [(1, n) for n in (1, 2, 15, 16, 17, 63, 64, 65, 129, 700)] + [(5, 40)]
+    check_attention(batch, hq, hkv, d, 16, dtype, seed)
+
+
+@pytest.mark.parametrize("block_size", [1, 8, 32])
+def test_paged_attention_decode_block_sizes(block_size: int, decode_kernel: str) -> None:
+    """Tiles of 16 keys that span blocks (block_size < 16: no evenly strided tile, the AVX-512 scores
+    take them) or lie inside one block (32), and forced splits that start mid-tile."""
+    batch = [(1, n) for n in (16, 33, 200, 517)]
+    check_attention(batch, 12, 4, 64, block_size, torch.bfloat16, 81 + block_size)
+    check_attention(batch, 12, 4, 64, block_size, torch.bfloat16, 91 + block_size, split_tokens=100)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_attention_decode_g1_many_keys(dtype: torch.dtype, decode_kernel: str) -> None:
+    """G = 1 (no GQA), a batch of long decode rows (one item per row, no splits) and a forced split run."""
+    lens = [1500, 1337, 2048, 999, 1024, 1601, 777, 1900]
+    check_attention([(1, n) for n in lens], 6, 6, 64, 16, dtype, 51)
+    check_attention([(1, n) for n in lens[:3]], 4, 4, 64, 32, dtype, 52, split_tokens=500)
+
+
+def test_paged_attention_long_context_auto_splits(decode_kernel: str) -> None:
+    """One 4000-token decode row on 2 threads: kv splits (block-misaligned length) and the reduce."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        check_attention([(1, 4001)], 12, 12, 64, 16, torch.bfloat16, 61)
+        check_attention([(1, 3000), (1, 2500)], 8, 2, 64, 16, torch.float32, 62)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def check_shared_prefix(
+    tails: list[int],
+    shared_blocks: int,
+    hq: int,
+    hkv: int,
+    d: int,
+    bs: int,
+    dtype: torch.dtype,
+    seed: int,
+    prefill: tuple[int, int] | None = None,
+    split_tokens: int = 0,
+) -> None:
+    """Decode rows whose block tables all start with the same shared_blocks blocks (prefix caching), then
+    `tail` positions in blocks of their own; a row of distinct blocks and an optional prefill row
+    (q_len, seq_len) ride along. Unused table entries point at a NaN block."""
+    torch.manual_seed(seed)
+    rows = [(1, shared_blocks * bs + t) for t in tails] + [(1, shared_blocks * bs + 7)]
+    if prefill is not None:
+        rows.append(prefill)
+    own = [-(-t // bs) for t in tails] + [shared_blocks + 1] + ([-(-prefill[1] // bs)] if prefill else [])
+    num_blocks = shared_blocks + sum(own) + 1
+    cache, key_cache, value_cache = empty_cache(num_blocks, bs, hkv, d, dtype, "cpu")
+    key_cache[:-1] = torch.randn(key_cache[:-1].shape, dtype=dtype)
+    value_cache[:-1] = torch.randn(value_cache[:-1].shape, dtype=dtype)
+    order = torch.randperm(num_blocks - 1, dtype=torch.int32)
+    width = max(own) + shared_blocks + 1
+    table = torch.full((len(rows), width), num_blocks - 1, dtype=torch.int32)  # the NaN block
+    used = shared_blocks
+    for b, n in enumerate(own):
+        first = shared_blocks if b < len(tails) else 0
+        if b < len(tails):
+            table[b, :shared_blocks] = order[:shared_blocks]
+        table[b, first : first + n] = order[used : used + n]
+        used += n
+    lens = torch.tensor([n for _, n in rows], dtype=torch.int32)
+    starts = [0]
+    for q_len, _ in rows:
+        starts.append(starts[-1] + q_len)
+    qsl = torch.tensor(starts, dtype=torch.int32)
+    query = torch.randn(starts[-1], hq, d, dtype=dtype)
+    out = torch.empty_like(query)
+    scale = d**-0.5
+    kc.paged_attention(out, query, key_cache, value_cache, table, qsl, lens, scale, split_tokens)
+    expected = ref_paged_prefill_attention(query, key_cache, value_cache, table, qsl, lens, scale)
+    assert_close(out, expected, dtype, scale=ATTN_TOL[dtype] / TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_attention_shared_prefix(dtype: torch.dtype, decode_kernel: str) -> None:
+    """Shared-prefix decode batches: short tails (one range per row, kv heads in L2-sized groups), long
+    tails (cut at the end of the prefix, combined by the reduce), a fully shared row (tail 0), GQA,
+    a prefill row in the batch, forced splits, 2 threads."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        check_shared_prefix([32, 17, 1, 40] * 4, 32, 12, 12, 64, 16, dtype, 71)
+        check_shared_prefix([900, 1, 0, 333, 1200], 8, 9, 3, 64, 16, dtype, 72, prefill=(30, 90))
+        check_shared_prefix([5, 100, 64], 4, 16, 2, 128, 32, dtype, 73, split_tokens=48)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_paged_attention_empty_sequences_write_zeros() -> None:
     """seq_len 0 with q_len 0, rows owned by no sequence, and an empty batch leave zeros, as the reference."""
     check_attention([(0, 0), (1, 17), (0, 5)], 4, 2, 64, 16, torch.float32, 41, extra_rows=3)

@@ -1,16 +1,13 @@
-// paged_attention: checks, the work plan (items, decode splits), the parallel run and the split reduce.
+// paged_attention: checks, the parallel run of the work plan (attention_plan.cpp) and the split reduce.
 //
-// Work items: a prefill item is (sequence, tile of query rows, range of kv heads); a decode item is
-// (sequence, range of kv heads, kv range). All kv heads by default, so an item streams whole token rows
-// of its blocks. Split rule, when the batch gives fewer than 2 items per thread: first each decode row
-// of at least 2 * kMinSplit positions is cut into up to ceil(2 * threads / items) block-aligned kv
-// ranges (none shorter than kMinSplit), then, if still short, the kv heads of every item are dealt
-// into groups. split_tokens > 0 forces kv ranges of that many positions (tests, tuning). Items run
-// longest first (dynamic scheduling over torch's thread pool).
+// Every decode and prefill item runs on torch's intra-op pool with dynamic scheduling, longest first
+// (the plan's order); decode items that are one kv range of a row write (max, sum, unnormalized output)
+// partials, which reduce_splits combines per (sequence, kv head) after all items are done.
 #include "ops.h"
 
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -18,105 +15,6 @@
 
 namespace kvf {
 namespace {
-
-constexpr int64_t kMinSplit = 256;
-constexpr int64_t kPrefillStateBytes = 1 << 20;  // per-head qt + O of a prefill item stay in L2
-
-struct Plan {
-  std::vector<WorkItem> items;
-  struct Reduce {
-    int32_t seq, head, row, first, count;
-  };
-  std::vector<Reduce> reduces;
-  std::vector<std::pair<int64_t, int64_t>> zero_rows;  // [begin, end) rows no sequence writes
-  int32_t num_partials = 0;
-  int tile_rows = 1;  // query rows per prefill tile
-  int heads = 1;          // most kv heads in one decode item
-  int prefill_heads = 1;  // most kv heads in one prefill item
-};
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-Plan make_plan(const int32_t* qsl, const int32_t* lens, int64_t batch, int64_t num_tokens, int hkv, int group,
-               int head_dim, int block_size, int64_t split_tokens) {
-  Plan p;
-  p.tile_rows = std::max(1, kTileRows / group);
-  int64_t covered = 0, prefill_items = 0, decode_rows = 0;
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t q0 = qsl[b], q1 = qsl[b + 1], len = lens[b];
-    TORCH_CHECK(q0 >= covered && q1 >= q0 && q1 <= num_tokens, "query_start_loc must be non-decreasing in [0, T]");
-    TORCH_CHECK(len >= q1 - q0, "seq_lens[", b, "] = ", len, " is shorter than its ", q1 - q0, " queries");
-    if (q0 > covered) p.zero_rows.emplace_back(covered, q0);
-    covered = q1;
-    if (q1 == q0) continue;
-    if (len == 0) {
-      p.zero_rows.emplace_back(q0, q1);
-      continue;
-    }
-    if (q1 - q0 == 1) {
-      ++decode_rows;
-    } else {
-      prefill_items += ceil_div(q1 - q0, p.tile_rows);
-    }
-  }
-  if (covered < num_tokens) p.zero_rows.emplace_back(covered, num_tokens);
-  const int64_t target = 2 * at::get_num_threads();
-  const int64_t base = std::max<int64_t>(1, prefill_items + decode_rows);
-  const int64_t auto_splits = base < target ? ceil_div(target, base) : 1;
-  auto splits_of = [&](int64_t len) -> std::pair<int64_t, int64_t> {  // (splits, span)
-    int64_t splits = 1;
-    if (split_tokens > 0) {
-      splits = ceil_div(len, split_tokens);
-    } else if (auto_splits > 1 && len >= 2 * kMinSplit) {
-      splits = std::min<int64_t>(auto_splits, len / kMinSplit);
-    }
-    const int64_t span = round_up(ceil_div(len, splits), split_tokens > 0 ? 1 : block_size);
-    return {ceil_div(len, span), span};
-  };
-  int64_t total = prefill_items;
-  for (int64_t b = 0; b < batch; ++b)
-    if (qsl[b + 1] - qsl[b] == 1 && lens[b] > 0) total += splits_of(lens[b]).first;
-  const int64_t groups = total < target ? std::min<int64_t>(hkv, ceil_div(target, std::max<int64_t>(total, 1))) : 1;
-  p.heads = static_cast<int>(ceil_div(hkv, groups));
-  const int64_t state = 8 * round_up(head_dim, W) * round_up(int64_t(p.tile_rows) * group, W);
-  p.prefill_heads = static_cast<int>(std::clamp<int64_t>(kPrefillStateBytes / state, 1, p.heads));
-
-  for (int64_t b = 0; b < batch; ++b) {
-    const int32_t q0 = qsl[b], nq = qsl[b + 1] - q0, len = lens[b];
-    if (nq == 0 || len == 0) continue;
-    const int32_t pos0 = len - nq;
-    if (nq > 1) {
-      for (int32_t r = 0; r < nq; r += p.tile_rows) {
-        const int32_t rows = std::min(p.tile_rows, nq - r);
-        for (int32_t h0 = 0; h0 < hkv; h0 += p.prefill_heads) {
-          const int32_t nh = std::min(p.prefill_heads, hkv - h0);
-          const int64_t cost = int64_t(rows) * group * nh * (pos0 + r + rows / 2 + 1) + 64;
-          p.items.push_back({cost, int32_t(b), h0, nh, q0 + r, rows, pos0 + r, 0, pos0 + r + rows, -1, 1, 0});
-        }
-      }
-      continue;
-    }
-    const auto [splits, span] = splits_of(len);
-    for (int32_t h0 = 0; h0 < hkv; h0 += p.heads) {
-      const int32_t nh = std::min(p.heads, hkv - h0);
-      if (splits == 1) {
-        p.items.push_back({int64_t(len) * nh * group + 64, int32_t(b), h0, nh, q0, 1, pos0, 0, len, -1, 1, 0});
-        continue;
-      }
-      const int32_t slot0 = p.num_partials;
-      p.num_partials += nh * int32_t(splits);
-      for (int32_t h = 0; h < nh; ++h) p.reduces.push_back({int32_t(b), h0 + h, q0, slot0 + h * int32_t(splits), int32_t(splits)});
-      for (int64_t sp = 0; sp < splits; ++sp) {
-        const int32_t kv0 = int32_t(sp * span), kv1 = int32_t(std::min<int64_t>(len, (sp + 1) * span));
-        p.items.push_back({int64_t(kv1 - kv0) * nh * group + 64, int32_t(b), h0, nh, q0, 1, pos0, kv0, kv1,
-                           int32_t(sp), int32_t(splits), slot0});
-      }
-    }
-  }
-  std::stable_sort(p.items.begin(), p.items.end(),
-                   [](const WorkItem& x, const WorkItem& y) { return x.cost > y.cost; });
-  return p;
-}
 
 // out rows of one (sequence, kv head) = softmax-weighted combination of its split partials.
 template <typename T>
@@ -157,7 +55,7 @@ void run(const Attn<T>& a, const Plan& plan) {
       [&](State& st, int64_t i) {
         const WorkItem& it = plan.items[i];
         if (it.nq == 1) {
-          if (!st.decode) st.decode = std::make_unique<DecodeScratch<T>>(plan.heads * G, dp);
+          if (!st.decode) st.decode = std::make_unique<DecodeScratch<T>>(plan.heads * G, G, a.head_dim);
           decode_item(a, it, *st.decode, parts);
         } else {
           if (!st.prefill) st.prefill = std::make_unique<PrefillScratch<T>>(mgp_max, dp, plan.prefill_heads);
@@ -202,8 +100,9 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   TORCH_CHECK(qsl.numel() == batch + 1 && bt.dim() == 2 && bt.size(0) >= batch,
               "need query_start_loc [B+1] and block_tables [B, max_blocks]");
   const int group = int(query.size(1) / key_cache.size(2));
-  const Plan plan = make_plan(qsl.data_ptr<int32_t>(), lens.data_ptr<int32_t>(), batch, query.size(0),
-                              int(key_cache.size(2)), group, int(query.size(2)), int(key_cache.size(1)),
+  const Plan plan = make_plan(qsl.data_ptr<int32_t>(), lens.data_ptr<int32_t>(), bt.data_ptr<int32_t>(),
+                              bt.stride(0), batch, query.size(0), int(key_cache.size(2)), group,
+                              int(query.size(2)), int(key_cache.size(1)), key_cache.element_size(),
                               split_tokens);
   for (const auto& [r0, r1] : plan.zero_rows) out.narrow(0, r0, r1 - r0).zero_();
   switch (dtype) {

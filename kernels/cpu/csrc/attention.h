@@ -1,15 +1,20 @@
-// Paged attention on the CPU: shared types of the planner (attention.cpp) and the two item kernels.
+// Paged attention on the CPU: shared types of the run (attention.cpp), the planner (attention_plan.cpp)
+// and the two item kernels (attention_decode.cpp, attention_prefill.cpp).
 //
 // A work item is (sequence, range of kv heads, query rows, kv range). All G = Hq / Hkv query heads of
 // a kv head are computed together, so every K/V row is read from the paged cache once per item, and an
 // item walks its positions across all its kv heads so it streams the token-major blocks. Decode items
-// (one query row) take dot products over D; prefill items (a tile of query rows) run two small GEMMs
-// per K/V tile on a transposed, prescaled Q tile. Both keep an online softmax (running max and sum) in
-// fp32. A decode item that is one kv split of a long context writes (max, sum, unnormalized output) to
-// partial slots that a reduce pass combines.
+// (one query row) score tiles of 16 keys per vector (decode_kernels.h); prefill items (a tile of query
+// rows) run two small GEMMs per K/V tile on a transposed, prescaled Q tile. Both keep an online softmax
+// (running max and sum) in fp32. A decode item that is one kv range of a row (a split of a long
+// context, or the shared prefix / tail of a prefix-cached row) writes (max, sum, unnormalized output)
+// to partial slots that a reduce pass combines.
 #pragma once
 
+#include "decode_kernels.h"
 #include "vec.h"
+
+#include <vector>
 
 namespace kvf {
 
@@ -49,6 +54,7 @@ struct WorkItem {
   int32_t kv0, kv1;   // kv positions to attend to (decode split), or [0, pos0 + nq) for a tile
   int32_t split;      // -1: write out directly; else which of nsplit kv ranges of a decode row this is
   int32_t nsplit, slot0;  // partial slot of (head + h, split s) = slot0 + h * nsplit + s
+  int32_t hot = 0;        // decode: positions below this are expected in cache (a shared prefix)
 };
 
 // Partial results of decode splits: per slot (one kv head of one split), G maxima, G sums and G
@@ -60,16 +66,31 @@ struct Partials {
   int group, dp;
 };
 
-constexpr int kDecodeChunk = 128;  // kv positions whose scores a decode item keeps at once
 constexpr int kKvTile = 32;        // kv positions per prefill K/V tile
 constexpr int kTileRows = 64;      // target query rows x heads in one prefill tile
 
+// Per worker, for decode items of up to `rows` query rows (heads * G): packed q, the kernel's q data,
+// accumulators (all kDecodeRowPad-padded rows), m, l per row; scores / probabilities
+// [rows][kDecodeChunk]; an output row; a zero row; row pointers of the current and the next chunk.
 template <typename T>
 struct DecodeScratch {
-  Scratch f;  // per query row (up to `rows` = heads * G): q, acc [dp] | scores [chunk] | m, l, alpha
-  std::unique_ptr<const T*[]> rows;  // key rows then value rows of one chunk
-  explicit DecodeScratch(int rows, int dp)
-      : f(int64_t(rows) * (2 * dp + kDecodeChunk + 3)), rows(new const T*[2 * kDecodeChunk]) {}
+  static constexpr int kRowPtrs = kDecodeChunk;
+  int rows, group, dpa;
+  Scratch f;
+  std::unique_ptr<const T*[]> ptrs;
+  DecodeScratch(int rows_, int group_, int head_dim)
+      : rows(rows_), group(group_), dpa(static_cast<int>(round_up(head_dim, kDecodeRowPad))),
+        f(3 * int64_t(rows_) * dpa + 2 * rows_ + int64_t(rows_) * kDecodeChunk + 2 * dpa),
+        ptrs(new const T*[4 * kRowPtrs]) {}
+  float* q() const { return f.get(); }
+  float* qx() const { return q() + int64_t(rows) * dpa; }  // the kernel's prepared q data
+  float* acc() const { return qx() + int64_t(rows) * dpa; }
+  float* m() const { return acc() + int64_t(rows) * dpa; }
+  float* l() const { return m() + rows; }
+  float* scores() const { return l() + rows; }
+  float* row_buf() const { return scores() + int64_t(rows) * kDecodeChunk; }  // dpa floats
+  const T* zero() const { return reinterpret_cast<const T*>(row_buf() + dpa); }  // dpa floats, never written
+  const T** row_ptrs(int i) const { return ptrs.get() + i * kRowPtrs; }  // 0/1: K/V now, 2/3: next chunk
 };
 
 template <typename T>
@@ -95,6 +116,27 @@ struct PrefillScratch {
   }
   float* shared() const { return f.get() + heads * per_head(); }
 };
+
+// The work of one paged_attention call (attention_plan.cpp).
+struct Plan {
+  std::vector<WorkItem> items;
+  struct Reduce {
+    int32_t seq, head, row, first, count;
+  };
+  std::vector<Reduce> reduces;
+  std::vector<std::pair<int64_t, int64_t>> zero_rows;  // [begin, end) rows no sequence writes
+  int32_t num_partials = 0;  // partial slots (one per kv head of a decode kv range)
+  int tile_rows = 1;  // query rows per prefill tile
+  int heads = 1;          // most kv heads in one item (for the threads)
+  int decode_heads = 1;   // most kv heads in one item of a shared prefix (fewer, to share an L2)
+  bool l2_groups = false; // shared prefixes: their decode items run head group by head group
+  int prefill_heads = 1;  // most kv heads in one prefill item
+};
+
+// qsl [B+1], lens [B], block tables bt (row stride bt_stride); elem_size: bytes of a cache element.
+Plan make_plan(const int32_t* qsl, const int32_t* lens, const int32_t* bt, int64_t bt_stride, int64_t batch,
+               int64_t num_tokens, int hkv, int group, int head_dim, int block_size, int64_t elem_size,
+               int64_t split_tokens);
 
 template <typename T>
 void decode_item(const Attn<T>& a, const WorkItem& it, DecodeScratch<T>& s, const Partials& parts);

@@ -1,191 +1,210 @@
 // Decode items: one query row, kv heads [head, head + nh) of it, over a kv range of the paged cache.
 //
-// The cache is token-major inside a block ([block_size, Hkv, D]), so one head's rows are 256 B pieces
-// at a Hkv*D stride: reading them head by head defeats the hardware prefetchers (about 5x slower than
-// streaming here). So a decode item walks each chunk of kDecodeChunk positions token by token over all
-// of its heads, streaming every block front to back once for K (scores of the G query heads of each kv
-// head, K row loaded once for up to 4 of them) and once for V (o += p * v, V row loaded once for all G).
-// Online softmax between the two passes, per query head.
-#include "attention.h"
-
+// An item walks its kv range in chunks of kDecodeChunk (64) positions. Per chunk: a K pass, tile by
+// tile of 16 keys for all of its heads (the kernel's qk: scores of every query row, one lane per key),
+// one online-softmax step per query row over the chunk (max, rescale of the accumulator only when the
+// max grows, vector exp), then a V pass (the kernel's pv: acc += P V, register-blocked), head by head
+// over the chunk or, for rows of 512 B and more, tile by tile. The kernels (decode_kernels.h): for bf16
+// caches the AVX512-BF16 ones (AMX scores with GQA) where the build has them, else the generic at::vec
+// ones (fp32 FMAs, bf16/fp16 widened on load).
+//
+// Memory: the cache is token-major inside a block ([block_size, Hkv, D]), so one head's rows are D-long
+// pieces Hkv*D apart, which the hardware prefetchers do not follow. The K pass reads each tile's token
+// rows while the same tile's V rows are prefetched (into L2), and the V pass runs while the next chunk's
+// K rows are prefetched, so a cold sequence streams each block once for K and once for V. Positions
+// the plan marks hot (a shared prefix reused from L2, attention_plan.cpp) are not prefetched. Row
+// pointers of a chunk are resolved once (block table lookups) for all heads.
+#include <atomic>
+#include <cstdlib>
 #include <cmath>
+#include <string>
+
+#include "attention.h"
+#include "ops.h"
 
 namespace kvf {
 namespace {
 
-// s[g * kDecodeChunk] = q_g . k for GR query rows q (prescaled, zero-padded to dp).
-template <typename T, int GR>
-inline void dot_rows(const T* k, const float* q, int dp, int d, float* s) {
-  const int nfull = d / W, rem = d % W;
-  Vec acc[GR];
-  for (int g = 0; g < GR; ++g) acc[g] = Vec(0.f);
-  for (int c = 0; c < nfull; ++c) {
-    const Vec kv = load_f(k + c * W);
-    for (int g = 0; g < GR; ++g) acc[g] = at::vec::fmadd(Vec::loadu(q + g * dp + c * W), kv, acc[g]);
-  }
-  if (rem) {
-    const Vec kv = load_f(k + nfull * W, rem);
-    for (int g = 0; g < GR; ++g) acc[g] = at::vec::fmadd(Vec::loadu(q + g * dp + nfull * W), kv, acc[g]);
-  }
-  for (int g = 0; g < GR; ++g) s[g * kDecodeChunk] = hsum(acc[g]);
-}
+std::atomic<int> g_decode_mode{0};
 
-// Scores of one chunk: rows[j] is position j's key row of the item's first head.
-constexpr int kAhead = 4;  // positions ahead to software-prefetch (blocks are scattered in memory)
-
+// Mode 0: AMX, else AVX512-BF16, else generic; 2: AVX512-BF16, else generic; 1: generic.
 template <typename T>
-inline void prefetch_span(const T* row, int64_t elems) {
-  const char* p = reinterpret_cast<const char*>(row);
-  for (int64_t b = 0; b < elems * int64_t(sizeof(T)); b += 64) __builtin_prefetch(p + b);
-}
-
-template <typename T, int GR>
-void qk_chunk(const T* const* rows, int n, int nh, int64_t head_stride, int G, const float* q, int dp, int d,
-              float* s) {
-  const int64_t span = (nh - 1) * head_stride + d;
-  for (int j = 0; j < n; ++j) {
-    if (j + kAhead < n) prefetch_span(rows[j + kAhead], span);
-    for (int h = 0; h < nh; ++h) {
-      const T* k = rows[j] + h * head_stride;
-      const int r0 = h * G;
-      int g = 0;
-      for (; g + GR <= G; g += GR) dot_rows<T, GR>(k, q + (r0 + g) * dp, dp, d, s + (r0 + g) * kDecodeChunk + j);
-      for (; g < G; ++g) dot_rows<T, 1>(k, q + (r0 + g) * dp, dp, d, s + (r0 + g) * kDecodeChunk + j);
-    }
+const DecodeKernel<T>& pick_kernel(int head_dim, int group) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    const int mode = g_decode_mode.load(std::memory_order_relaxed);
+    if (mode == 0)
+      if (const auto* k = amx_decode_kernel(head_dim, group)) return *k;
+    if (mode != 1)
+      if (const auto* k = bf16_dot_decode_kernel(head_dim)) return *k;
   }
+  return generic_decode_kernel<T>();
 }
 
-// acc[r][c0*W, (c0+NV)*W) += p[r][j] * v_j for every position j and query row r = h * G + g;
-// `rem` lanes of the slice's last vector when that is the row's partial tail (0: full).
-template <typename T, int NV>
-void pv_chunk(const T* const* rows, int n, int nh, int64_t head_stride, int G, const float* p, float* acc,
-              int dp, int c0, int rem) {
-  const int64_t span = (nh - 1) * head_stride + dp;
-  for (int j = 0; j < n; ++j) {
-    if (c0 == 0 && j + kAhead < n) prefetch_span(rows[j + kAhead], span);
-    for (int h = 0; h < nh; ++h) {
-      const T* v = rows[j] + h * head_stride + c0 * W;
-      Vec vv[NV];
-      for (int c = 0; c < NV; ++c) vv[c] = (rem && c == NV - 1) ? load_f(v + c * W, rem) : load_f(v + c * W);
-      for (int g = 0; g < G; ++g) {
-        const int r = h * G + g;
-        const Vec pj(p[r * kDecodeChunk + j]);
-        float* o = acc + r * dp + c0 * W;
-        for (int c = 0; c < NV; ++c) at::vec::fmadd(pj, vv[c], Vec::loadu(o + c * W)).store(o + c * W);
+// Software prefetch of rows[j0, j1), `bytes` each, into L2 (l1: into L1): the token-major cache puts one
+// head's rows Hkv * D apart, a pattern the hardware prefetchers do not follow.
+template <typename T>
+inline void prefetch_rows(const T* const* rows, int j0, int j1, int64_t off, int64_t bytes, bool l1) {
+  for (int j = j0; j < j1; ++j) {
+    const char* p = reinterpret_cast<const char*>(rows[j] + off);
+    for (int64_t b = 0; b < bytes; b += 64) {
+      if (l1) {
+        __builtin_prefetch(p + b, 0, 3);
+      } else {
+        __builtin_prefetch(p + b, 0, 2);
       }
     }
   }
 }
 
-constexpr int kMaxSliceVecs = W == 16 ? 8 : 4;  // output vectors per pv_chunk pass
-
-template <typename T>
-using QkFn = void (*)(const T* const*, int, int, int64_t, int, const float*, int, int, float*);
-template <typename T>
-using PvFn = void (*)(const T* const*, int, int, int64_t, int, const float*, float*, int, int, int);
-
-template <typename T>
-QkFn<T> qk_fn(int G) {
-  switch (std::min(G, 4)) {
-    case 1: return &qk_chunk<T, 1>;
-    case 2: return &qk_chunk<T, 2>;
-    case 3: return &qk_chunk<T, 3>;
-    default: return &qk_chunk<T, 4>;
-  }
-}
-
-template <typename T>
-PvFn<T> pv_fn(int nv) {
-  switch (nv) {
-    case 1: return &pv_chunk<T, 1>;
-    case 2: return &pv_chunk<T, 2>;
-    case 3: return &pv_chunk<T, 3>;
-    case 4: return &pv_chunk<T, 4>;
-#if defined(CPU_CAPABILITY_AVX512)
-    case 5: return &pv_chunk<T, 5>;
-    case 6: return &pv_chunk<T, 6>;
-    case 7: return &pv_chunk<T, 7>;
-    default: return &pv_chunk<T, 8>;
-#else
-    default: return &pv_chunk<T, 4>;
-#endif
-  }
-}
-
-// Online-softmax update of one query row's chunk scores s[0, n): scores become probabilities.
-inline void softmax_update(float* s, int n, float& m, float& l, float& alpha) {
-  const int np = static_cast<int>(round_up(n, W));
-  for (int j = n; j < np; ++j) s[j] = kNegInf;
+// Online-softmax step of one query row over a chunk's scores s[0, round_up(n, kDecodeTile)) (lanes past
+// n are -inf): s becomes the probabilities.
+inline void softmax_step(float* s, int n, float& m, float& l, float* acc, int dpa) {
+  const int np = static_cast<int>(round_up(n, kDecodeTile));
   Vec mx(kNegInf);
   for (int j = 0; j < np; j += W) mx = vmax(mx, Vec::loadu(s + j));
   const float m_new = std::max(m, hmax(mx));
-  alpha = std::exp(m - m_new);  // m == -inf: 0
+  if (m_new > m) {
+    if (l > 0.f) {  // acc and l hold earlier chunks: rescale them to the new max
+      const float alpha = std::exp(m - m_new);
+      l *= alpha;
+      const Vec al(alpha);
+      for (int x = 0; x < dpa; x += W) (Vec::loadu(acc + x) * al).store(acc + x);
+    }
+    m = m_new;
+  }
+  const Vec mv(m);
   Vec sum(0.f);
-  const Vec mv(m_new);
   for (int j = 0; j < np; j += W) {
     const Vec e = (Vec::loadu(s + j) - mv).exp_u20();
     e.store(s + j);
     sum = sum + e;
   }
-  l = l * alpha + hsum(sum);
-  m = m_new;
+  l += hsum(sum);
+}
+
+// Row pointers of positions [c0, c0 + n) for the item's first head.
+template <typename T>
+int chunk_rows(const Attn<T>& a, const int32_t* table, int head, int c0, int c_end, const T** kr,
+               const T** vr) {
+  const int n = std::min(kDecodeChunk, c_end - c0);
+  int blk = c0 / a.block_size, slot = c0 % a.block_size;
+  const T* kb = a.k + head * a.k_sh + table[blk] * a.k_sb;
+  const T* vb = a.v + head * a.v_sh + table[blk] * a.v_sb;
+  for (int j = 0; j < n; ++j) {
+    kr[j] = kb + slot * a.k_st;
+    vr[j] = vb + slot * a.v_st;
+    if (++slot == a.block_size && j + 1 < n) {
+      slot = 0;
+      ++blk;
+      kb = a.k + head * a.k_sh + table[blk] * a.k_sb;
+      vb = a.v + head * a.v_sh + table[blk] * a.v_sb;
+    }
+  }
+  return n;
 }
 
 }  // namespace
 
 template <typename T>
 void decode_item(const Attn<T>& a, const WorkItem& it, DecodeScratch<T>& s, const Partials& parts) {
-  const int G = a.group, D = a.head_dim, dp = a.dp(), rem = D % W, nvec = dp / W, rows_n = it.nh * G;
-  float* q = s.f.get();
-  float* acc = q + rows_n * dp;
-  float* scores = acc + rows_n * dp;
-  float* m = scores + rows_n * kDecodeChunk;
-  float* l = m + rows_n;
-  float* alpha = l + rows_n;
-  const T** krows = s.rows.get();
-  const T** vrows = krows + kDecodeChunk;
+  const DecodeKernel<T>& kern = pick_kernel<T>(a.head_dim, a.group);
+  const int G = a.group, D = a.head_dim, dpa = s.dpa, rows_n = it.nh * G;
+  float *q = s.q(), *acc = s.acc(), *m = s.m(), *l = s.l(), *sc = s.scores();
   for (int r = 0; r < rows_n; ++r) {
-    const T* qr = a.q_row(it.row0, it.head * G + r);
-    for (int x = 0; x < D; ++x) q[r * dp + x] = static_cast<float>(qr[x]) * a.scale;
-    for (int x = D; x < dp; ++x) q[r * dp + x] = 0.f;
+    kern.pack_q(a.q_row(it.row0, it.head * G + r), D, q + r * dpa);
     m[r] = kNegInf;
     l[r] = 0.f;
   }
-  std::fill(acc, acc + rows_n * dp, 0.f);
+  std::fill(acc, acc + int64_t(rows_n) * dpa, 0.f);
+  if (kern.prepare) kern.prepare(q, dpa, rows_n, G, D, s.qx());
   const int32_t* table = a.table(it.seq);
-  const QkFn<T> qk = qk_fn<T>(G);
+  const T** kc = s.row_ptrs(0);
+  const T** vc = s.row_ptrs(1);
+  const T** kn = s.row_ptrs(2);
+  const T** vn = s.row_ptrs(3);
+  const int64_t bytes = int64_t(D) * sizeof(T);
+  const int64_t kspan = (it.nh - 1) * a.k_sh * int64_t(sizeof(T)) + bytes;  // all heads of a K row
+  const int64_t vspan = (it.nh - 1) * a.v_sh * int64_t(sizeof(T)) + bytes;
+  // Prefetch policy (measured here): token rows (all heads of the item) under 2 KB are fetched in bursts
+  // per tile / per head; larger ones in pieces spread over the heads of a kernel call, so the line-fill
+  // buffers never fill up (16 rows x 3 KB at once cost h768 fp32 ~10%, spreading 768 B rows cost SmolLM2
+  // fp32 at 2048 tokens ~30%).
+  const bool spread = kspan >= 2048, v_tiles = bytes >= 512;
+  int n = chunk_rows(a, table, it.head, it.kv0, it.kv1, kc, vc);
   for (int c0 = it.kv0; c0 < it.kv1; c0 += kDecodeChunk) {
-    const int n = std::min(kDecodeChunk, it.kv1 - c0);
-    for (int j = 0; j < n; ++j) {
-      krows[j] = a.key_row(table, c0 + j, it.head);
-      vrows[j] = a.value_row(table, c0 + j, it.head);
+    const int c1 = c0 + kDecodeChunk;
+    const int n_next = c1 < it.kv1 ? chunk_rows(a, table, it.head, c1, it.kv1, kn, vn) : 0;
+    const int cold = std::max(0, it.hot - c0), cold_next = std::max(0, it.hot - c1);  // first rows to fetch
+    // Scores, tile by tile for all heads (a K tile is streamed once, token row after token row), while
+    // the V rows of the tile are fetched for the V pass.
+    for (int j0 = 0; j0 < n; j0 += kDecodeTile) {
+      const int j1 = std::min(n, j0 + kDecodeTile);
+      if (c0 == it.kv0) prefetch_rows(kc, std::max(j1, cold), std::min(n, j1 + kDecodeTile), 0, kspan, true);
+      PrefetchJob<T> pf;
+      if (spread) {
+        pf = {vc, std::max(j0, cold), j1, vspan};
+      } else {
+        prefetch_rows(vc, std::max(j0, cold), j1, 0, vspan, false);
+      }
+      kern.qk(kc + j0, 0, j1 - j0, it.nh, a.k_sh, s.zero(), q, dpa, s.qx(), G, D, a.scale, sc + j0, pf);
     }
-    qk(krows, n, it.nh, a.k_sh, G, q, dp, D, scores);
-    for (int r = 0; r < rows_n; ++r) {
-      softmax_update(scores + r * kDecodeChunk, n, m[r], l[r], alpha[r]);
-      const Vec al(alpha[r]);
-      for (int x = 0; x < dp; x += W) (Vec::loadu(acc + r * dp + x) * al).store(acc + r * dp + x);
+    for (int r = 0; r < rows_n; ++r) softmax_step(sc + r * kDecodeChunk, n, m[r], l[r], acc + r * dpa, dpa);
+    // acc += P V (its rows are in cache now) while the next chunk's K rows are fetched: head by head over
+    // the chunk, or for rows of 512 B and more tile by tile (token-major: a head's rows of a whole chunk
+    // would be 64 pages and, at 4 KB apart, 64 rows in the same L1 sets).
+    if (v_tiles) {
+      for (int j0 = 0; j0 < n; j0 += kDecodeTile) {
+        const int j1 = std::min(n, j0 + kDecodeTile);
+        const PrefetchJob<T> pf{kn, std::max(j0, cold_next), std::min(n_next, j0 + kDecodeTile), kspan};
+        for (int h = 0; h < it.nh; ++h) {
+          pf.part(h, it.nh);
+          kern.pv(vc + j0, h * a.v_sh, j1 - j0, 1, 0, sc + h * G * kDecodeChunk + j0, G, D, acc + h * G * dpa,
+                  dpa);
+        }
+      }
+    } else {
+      for (int h = 0; h < it.nh; ++h) {
+        if (spread) {
+          PrefetchJob<T>{kn, cold_next, n_next, kspan}.part(h, it.nh);
+        } else {
+          prefetch_rows(kn, cold_next, n_next, h * a.k_sh, bytes, false);
+        }
+        kern.pv(vc, h * a.v_sh, n, 1, 0, sc + h * G * kDecodeChunk, G, D, acc + h * G * dpa, dpa);
+      }
     }
-    for (int v0 = 0; v0 < nvec; v0 += kMaxSliceVecs) {
-      const int nv = std::min(kMaxSliceVecs, nvec - v0);
-      pv_fn<T>(nv)(vrows, n, it.nh, a.v_sh, G, scores, acc, dp, v0, v0 + nv == nvec ? rem : 0);
-    }
+    std::swap(kc, kn);
+    std::swap(vc, vn);
+    n = n_next;
   }
-  if (it.split >= 0) {
-    for (int h = 0; h < it.nh; ++h) {
-      const int64_t slot = (int64_t(it.slot0) + int64_t(h) * it.nsplit + it.split) * G;
-      std::copy(m + h * G, m + (h + 1) * G, parts.m + slot);
-      std::copy(l + h * G, l + (h + 1) * G, parts.l + slot);
-      std::copy(acc + h * G * dp, acc + (h + 1) * G * dp, parts.o + slot * dp);
-    }
-    return;
-  }
+  if (kern.end) kern.end();
+  float* row = s.row_buf();
   for (int r = 0; r < rows_n; ++r) {
+    kern.finish(acc + r * dpa, D, row);
+    if (it.split >= 0) {
+      const int h = r / G, g = r % G;
+      const int64_t slot = (int64_t(it.slot0) + int64_t(h) * it.nsplit + it.split) * G + g;
+      parts.m[slot] = m[r];
+      parts.l[slot] = l[r];
+      std::copy(row, row + D, parts.o + slot * parts.dp);
+      continue;
+    }
     const Vec inv(l[r] > 0.f ? 1.f / l[r] : 0.f);
     T* o = a.out_row(it.row0, it.head * G + r);
-    for (int x = 0; x < D; x += W) store_f(o + x, Vec::loadu(acc + r * dp + x) * inv, std::min(W, D - x));
+    for (int x = 0; x < D; x += W) store_f(o + x, Vec::loadu(row + x) * inv, std::min(W, D - x));
   }
 }
+
+std::string set_decode_kernel(const std::string& name) {
+  static const char* const kNames[] = {"auto", "generic", "avx512_bf16"};
+  int mode = -1;
+  for (int i = 0; i < 3; ++i)
+    if (name == kNames[i]) mode = i;
+  TORCH_CHECK(mode >= 0, "decode kernel must be 'auto', 'avx512_bf16' or 'generic', not '", name, "'");
+  return kNames[g_decode_mode.exchange(mode)];
+}
+
+bool has_bf16_dot_decode() { return bf16_dot_decode_kernel(64) != nullptr; }
+bool has_amx_decode() { return amx_decode_kernel(64, 2) != nullptr; }
 
 template void decode_item<float>(const Attn<float>&, const WorkItem&, DecodeScratch<float>&, const Partials&);
 template void decode_item<c10::BFloat16>(const Attn<c10::BFloat16>&, const WorkItem&,

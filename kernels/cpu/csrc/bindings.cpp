@@ -17,6 +17,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &kvf::paged_attention, arg("out"), arg("query"), arg("key_cache"),
         arg("value_cache"), arg("block_tables"), arg("query_start_loc"), arg("seq_lens"), arg("scale"),
         arg("split_tokens") = 0, nogil);
+  m.attr("has_bf16_dot_decode") = kvf::has_bf16_dot_decode();
+  m.attr("has_amx_decode") = kvf::has_amx_decode();
+  m.def("_set_decode_kernel", &kvf::set_decode_kernel, arg("name"));
   m.def("reshape_and_cache", &kvf::reshape_and_cache, arg("key"), arg("value"), arg("key_cache"),
         arg("value_cache"), arg("slot_mapping"), nogil);
   m.def("rms_norm", &kvf::rms_norm, arg("out"), arg("x"), arg("weight"), arg("eps"), arg("lanes"),

@@ -3,6 +3,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <string>
+
 namespace kvf {
 
 // Mixed decode + prefill attention of packed queries over a paged K/V cache (in place into out).
@@ -10,6 +12,15 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                      const at::Tensor& value_cache, const at::Tensor& block_tables,
                      const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale,
                      int64_t split_tokens);
+
+// Which tile kernels decode attention uses for bf16 caches: "auto" (AMX tile products for the scores
+// where built in and granted, else "avx512_bf16"), "avx512_bf16" (AVX512-BF16 dot products where built
+// in, else generic) or "generic" (at::vec fp32; tests, comparisons). Returns the previous setting.
+std::string set_decode_kernel(const std::string& name);
+// Whether this build has the AVX512-BF16 decode kernel (the CPU and compiler have avx512_bf16), and
+// the AMX one (amx_tile + amx_bf16, and the kernel granted the tile state to this process).
+bool has_bf16_dot_decode();
+bool has_amx_decode();
 
 // key/value [T, Hkv, D] into cache slot slot_mapping[t] (block * block_size + offset); slot < 0 skipped.
 void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
