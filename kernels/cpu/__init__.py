@@ -8,6 +8,7 @@ import torch
 
 __all__ = [
     "available",
+    "apply_token_bitmask",
     "fused_add_rms_norm",
     "load",
     "paged_attention",
@@ -137,3 +138,10 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((x2.shape[0], x2.shape[1] // 2), dtype=x.dtype)
     _ops().silu_and_mul(out, x2, _torch_lanes())
     return out.view(*x.shape[:-1], x.shape[-1] // 2)
+
+
+def apply_token_bitmask(
+    logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor, mask_rows: torch.Tensor
+) -> None:
+    """In place: logits[rows[i]] keeps the tokens set in bitmask[mask_rows[i]] (int32 words); others -inf."""
+    _ops().apply_token_bitmask(logits, bitmask, rows, mask_rows)

@@ -18,6 +18,7 @@ from types import ModuleType
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = (
     "bindings.cpp",
+    "bitmask.cpp",
     "attention.cpp",
     "attention_decode.cpp",
     "attention_plan.cpp",

@@ -27,4 +27,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotary_embedding", &kvf::rotary_embedding, arg("positions"), arg("query"), arg("key"),
         arg("cos_sin_cache"), arg("is_neox"), nogil);
   m.def("silu_and_mul", &kvf::silu_and_mul, arg("out"), arg("x"), arg("lanes"), nogil);
+  m.def("apply_token_bitmask", &kvf::apply_token_bitmask, arg("logits"), arg("bitmask"), arg("rows"),
+        arg("mask_rows"), nogil);
 }

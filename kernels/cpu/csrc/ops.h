@@ -39,4 +39,9 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& query, const std:
 // which decide where its vector exp ends and std::exp takes the row's tail.
 void silu_and_mul(at::Tensor& out, const at::Tensor& x, int64_t lanes);
 
+// Structured outputs: logits[rows[i]] keeps only the tokens whose bit is set in bitmask[mask_rows[i]]
+// (int32 words, bit t%32 of word t/32); the others (and tokens past the mask's width) become -inf.
+void apply_token_bitmask(at::Tensor& logits, const at::Tensor& bitmask, const at::Tensor& rows,
+                         const at::Tensor& mask_rows);
+
 }  // namespace kvf

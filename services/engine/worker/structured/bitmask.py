@@ -17,6 +17,29 @@ def apply_token_bitmask(
     """
     if rows.numel() == 0:
         return
+    if (
+        logits.device.type == "cpu"
+        and logits.dtype == torch.float32
+        and logits.is_contiguous()
+        and _cpu_kernels()
+    ):
+        import kernels.cpu as cpu_ops
+
+        cpu_ops.apply_token_bitmask(logits, bitmask, rows, mask_rows)
+        return
+    apply_token_bitmask_torch(logits, bitmask, rows, mask_rows)
+
+
+def _cpu_kernels() -> bool:
+    import kernels.cpu as cpu_ops
+
+    return cpu_ops.available()
+
+
+def apply_token_bitmask_torch(
+    logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor, mask_rows: torch.Tensor
+) -> None:
+    """The same in plain torch (other devices and dtypes, and the reference the C++ kernel is tested against)."""
     vocab = logits.shape[1]
     words = bitmask.index_select(0, mask_rows)  # [R, W] int32
     allowed = ((words.unsqueeze(-1) >> _BITS) & 1).view(words.shape[0], -1).bool()

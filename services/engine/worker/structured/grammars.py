@@ -40,7 +40,8 @@ class GrammarHandle:
 
     @property
     def ready(self) -> bool:
-        return self._future.done()
+        """Compiled without error (a failed grammar never becomes ready: the engine fails its request)."""
+        return self._future.done() and self._future.exception() is None
 
     def result(self) -> Any:
         """The CompiledGrammar; raises GrammarError when it failed."""
