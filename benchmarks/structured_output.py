@@ -35,7 +35,10 @@ SCHEMA = {
         "tags": {"type": "array", "items": {"type": "string", "enum": ["a", "b", "c"]}, "maxItems": 4},
         "address": {
             "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 20}, "zip": {"type": "string", "maxLength": 8}},
+            "properties": {
+                "city": {"type": "string", "maxLength": 20},
+                "zip": {"type": "string", "maxLength": 8},
+            },
             "required": ["city", "zip"],
             "additionalProperties": False,
         },
@@ -48,13 +51,26 @@ SCHEMA = {
 def _prompts(llm: LLM, n: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     people = ["Ada", "Alan", "Grace", "Linus", "Barbara", "Edsger", "Donald", "Margaret"]
-    return [llm.tokenizer.encode_chat([{"role": "user", "content": f"Describe {rng.choice(people)} "
-                                        f"(#{i}) as a JSON record with name, age, email, tags, address."}])
-            for i in range(n)]
+    return [
+        llm.tokenizer.encode_chat(
+            [
+                {
+                    "role": "user",
+                    "content": f"Describe {rng.choice(people)} "
+                    f"(#{i}) as a JSON record with name, age, email, tags, address.",
+                }
+            ]
+        )
+        for i in range(n)
+    ]
 
 
-def _run(llm: LLM, prompts: list[list[int]], spec: StructuredSpec | None, max_tokens: int) -> tuple[float, int]:
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=spec is None, structured_outputs=spec)
+def _run(
+    llm: LLM, prompts: list[list[int]], spec: StructuredSpec | None, max_tokens: int
+) -> tuple[float, int]:
+    params = SamplingParams(
+        temperature=0, max_tokens=max_tokens, ignore_eos=spec is None, structured_outputs=spec
+    )
     start = time.perf_counter()
     outs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
@@ -107,7 +123,11 @@ def mask_cost(llm: LLM, rows: int = 64, steps: int = 50) -> dict[str, float]:
         t = time.perf_counter()
         apply_token_bitmask(logits, bitmask, idx, idx)
         apply.append(time.perf_counter() - t)
-    return {"fill_ms": statistics.median(fill) * 1e3, "apply_ms": statistics.median(apply) * 1e3, "rows": rows}
+    return {
+        "fill_ms": statistics.median(fill) * 1e3,
+        "apply_ms": statistics.median(apply) * 1e3,
+        "rows": rows,
+    }
 
 
 def compare_libraries(llm: LLM) -> dict[str, float]:
@@ -120,8 +140,16 @@ def compare_libraries(llm: LLM) -> dict[str, float]:
 
     hf = PreTrainedTokenizerFast(tokenizer_object=llm.tokenizer.backend)
     vocab = llm.engine.structured.vocab_size
-    text = json.dumps({"name": "Ada", "age": 36, "email": "ada@x.org", "tags": ["a"],
-                       "address": {"city": "London", "zip": "N1"}}, separators=(",", ":"))
+    text = json.dumps(
+        {
+            "name": "Ada",
+            "age": 36,
+            "email": "ada@x.org",
+            "tags": ["a"],
+            "address": {"city": "London", "zip": "N1"},
+        },
+        separators=(",", ":"),
+    )
     ids = llm.tokenizer.encode(text, add_special_tokens=False)
     matcher = xgr.GrammarMatcher(llm.engine.structured.compiler.compile(StructuredSpec.of("json", SCHEMA)))
     mask, xt = xgr.allocate_token_bitmask(1, vocab), []
@@ -138,8 +166,12 @@ def compare_libraries(llm: LLM) -> dict[str, float]:
         llguidance.torch.fill_next_token_bitmask(lm, mask2, 0)
         lt.append(time.perf_counter() - t)
         lm.consume_token(tok)
-    return {"xgrammar_p50_us": statistics.median(xt) * 1e6, "xgrammar_max_us": max(xt) * 1e6,
-            "llguidance_p50_us": statistics.median(lt) * 1e6, "llguidance_max_us": max(lt) * 1e6}
+    return {
+        "xgrammar_p50_us": statistics.median(xt) * 1e6,
+        "xgrammar_max_us": max(xt) * 1e6,
+        "llguidance_p50_us": statistics.median(lt) * 1e6,
+        "llguidance_max_us": max(lt) * 1e6,
+    }
 
 
 def main() -> int:
@@ -154,18 +186,27 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(2)
     model = args.model or str(ensure_default_model())
-    llm = LLM(model=model, dtype=args.dtype, max_num_seqs=args.prompts, max_model_len=1024, num_kv_blocks=4096)
-    result: dict[str, Any] = {"model": Path(model).name, "dtype": args.dtype, "prompts": args.prompts,
-                              "compile": compile_times(llm), "mask": mask_cost(llm),
-                              "throughput": throughput(llm, args.prompts, args.repeats, args.max_tokens)}
+    llm = LLM(
+        model=model, dtype=args.dtype, max_num_seqs=args.prompts, max_model_len=1024, num_kv_blocks=4096
+    )
+    result: dict[str, Any] = {
+        "model": Path(model).name,
+        "dtype": args.dtype,
+        "prompts": args.prompts,
+        "compile": compile_times(llm),
+        "mask": mask_cost(llm),
+        "throughput": throughput(llm, args.prompts, args.repeats, args.max_tokens),
+    }
     if args.compare_libraries:
         result["libraries"] = compare_libraries(llm)
     t, c, m = result["throughput"], result["compile"], result["mask"]
     print("| workload | output tok/s |\n|---|---:|")
     print(f"| {args.prompts} unconstrained | {t['tok_s']['unconstrained']:.0f} |")
     print(f"| {args.prompts} JSON schema | {t['tok_s']['json_schema']:.0f} ({t['ratio']:.2f}x) |")
-    print(f"compile cold {c['cold_ms']:.1f} ms, cached {c['cached_ms']:.2f} ms; per step for {m['rows']} rows: "
-          f"fill {m['fill_ms']:.2f} ms, apply {m['apply_ms']:.2f} ms")
+    print(
+        f"compile cold {c['cold_ms']:.1f} ms, cached {c['cached_ms']:.2f} ms; per step for {m['rows']} rows: "
+        f"fill {m['fill_ms']:.2f} ms, apply {m['apply_ms']:.2f} ms"
+    )
     if "libraries" in result:
         print(json.dumps(result["libraries"], indent=1))
     Path(args.out).write_text(json.dumps(result, indent=1))
