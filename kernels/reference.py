@@ -173,3 +173,27 @@ def ref_silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """silu(x[:, :I]) * x[:, I:] computed in fp32, cast back to x.dtype."""
     gate, up = x.float().chunk(2, dim=-1)
     return (F.silu(gate) * up).to(x.dtype)
+
+
+def ref_dequant_matmul(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    offsets: torch.Tensor,
+    bits: int,
+    group: int,
+    bias: torch.Tensor | None = None,
+    fp8: bool = False,
+) -> torch.Tensor:
+    """Twin of kernels.dequant_matmul: unpack the codes, w = code * scale + offset per group, fp32 matmul."""
+    if bits == 4:
+        codes = torch.stack([qweight & 0x0F, qweight >> 4], dim=-1).reshape(qweight.shape[0], -1).float()
+    elif fp8:
+        codes = qweight.view(torch.float8_e4m3fn).float()
+    else:
+        codes = qweight.float()
+    w = codes * scales.float().repeat_interleave(group, 1) + offsets.float().repeat_interleave(group, 1)
+    y = x.float() @ w.t()
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)

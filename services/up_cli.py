@@ -34,6 +34,7 @@ class UpSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: Path
+    served_name: str | None = None  # default: the folder / file name
     engines: int = Field(1, ge=1)
     prefill: int = Field(0, ge=0)
     decode: int = Field(0, ge=0)
@@ -55,7 +56,7 @@ class UpSettings(BaseModel):
 
     @property
     def name(self) -> str:
-        return self.model.name.removesuffix(".gguf")
+        return self.served_name or self.model.name.removesuffix(".gguf")
 
 
 def free_port() -> int:
@@ -285,7 +286,7 @@ def start_pool(stack: LocalStack, redis_url: str, kvstore_url: str | None) -> st
             "--redis-url",
             redis_url,
             "--tokenizer",
-            str(s.model),
+            str(tokenizer_dir(s.model)),
             "--model-name",
             s.name,
             "--block-size",
@@ -352,7 +353,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     """Add ``up`` to the ``kvferry`` parser."""
     p = subparsers.add_parser("up", help="start a local stack (Redis, kvstore, engines, router)")
     add = p.add_argument
-    add("model", nargs="?", default=None, help="HF checkpoint folder (default: SmolLM2-135M-Instruct)")
+    add(
+        "model",
+        nargs="?",
+        default=None,
+        help="HF checkpoint folder or .gguf (default: SmolLM2-135M-Instruct, Q4_1)",
+    )
     add("--engines", type=int, default=1, help="aggregated engines (default 1)")
     add("--prefill", type=int, default=0, help="prefill engines (with --decode)")
     add("--decode", type=int, default=0, help="decode engines (with --prefill)")
@@ -368,18 +374,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return p
 
 
-def default_model() -> Path:
-    """The default model folder (converted on first use; imported lazily: it is the engine's module)."""
-    from services.engine.worker.loader.default_model import ensure_default_model
+def tokenizer_dir(model: Path) -> Path:
+    """The router's tokenizer folder: the model folder, or the files rebuilt from a GGUF's metadata."""
+    if model.suffix != ".gguf":
+        return model
+    from services.engine.worker.loader.default_model import gguf_tokenizer_dir
 
-    return Path(ensure_default_model())
+    return gguf_tokenizer_dir(model)
+
+
+def default_model() -> tuple[Path, str]:
+    """The default model (SmolLM2's Q4_1 GGUF) and its name (imported lazily: it is the engine's module)."""
+    from services.engine.worker.loader.default_model import default_serving_model
+
+    return default_serving_model()
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        model = Path(args.model) if args.model else default_model()
+        model, served = (Path(args.model), None) if args.model else default_model()
         s = UpSettings(
             model=model.resolve(),
+            served_name=served,
             engines=args.engines,
             prefill=args.prefill,
             decode=args.decode,

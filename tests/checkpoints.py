@@ -164,3 +164,16 @@ def build_checkpoint(
                 p.add_(torch.randn_like(p) * 0.1)  # biases start at 0 and norms at 1: make them matter
     model.save_pretrained(str(out), safe_serialization=True)
     return out
+
+
+def hf_greedy(model, prompt: list[int], n: int = 12) -> list[int]:  # noqa: ANN001 - any HF causal LM
+    """HF transformers' greedy continuation of token ids (EOS ignored): the reference the engine must equal."""
+    import torch
+
+    ids = torch.tensor([prompt])
+    model.generation_config.eos_token_id = None
+    with torch.no_grad():
+        out = model.generate(
+            ids, max_new_tokens=n, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(ids)
+        )
+    return out[0, len(prompt) :].tolist()

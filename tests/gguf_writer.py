@@ -47,19 +47,19 @@ def _gguf_name(hf: str) -> tuple[str, str]:
     return f"{kind}.{hf.rsplit('.', 1)[1]}", kind
 
 
-def quantize_roundtrip(name: str, w: np.ndarray) -> np.ndarray:
+def quantize_roundtrip(name: str, w: np.ndarray, types: dict[str, str] | None = None) -> np.ndarray:
     """What a loader must get back for an HF tensor after GGUF quantization."""
     from gguf import GGMLQuantizationType, quants
 
     kind = _gguf_name(name)[1]
-    qtype = QUANTS.get(kind, "F32") if w.ndim == 2 else "F32"
+    qtype = (types or QUANTS).get(kind, "F32") if w.ndim == 2 else "F32"
     if qtype == "F32":
         return w.astype(np.float32)
     t = getattr(GGMLQuantizationType, qtype)
     return quants.dequantize(quants.quantize(w.astype(np.float32), t), t).reshape(w.shape)
 
 
-def write_gguf(hf_dir: Path, out: Path) -> Path:
+def write_gguf(hf_dir: Path, out: Path, quants: dict[str, str] | None = None) -> Path:
     """Convert ``hf_dir`` (a tiny Llama) to ``out`` with mixed quantization and tokenizer metadata."""
     import gguf
     from safetensors.numpy import load_file
@@ -81,7 +81,7 @@ def write_gguf(hf_dir: Path, out: Path) -> Path:
             arr = _permute(arr, cfg["num_attention_heads"])
         elif kind == "attn_k":
             arr = _permute(arr, cfg["num_key_value_heads"])
-        qtype = QUANTS.get(kind, "F32") if arr.ndim == 2 else "F32"
+        qtype = (quants or QUANTS).get(kind, "F32") if arr.ndim == 2 else "F32"
         t = getattr(gguf.GGMLQuantizationType, qtype)
         data = arr.astype(np.float32) if qtype == "F32" else gguf.quants.quantize(arr.astype(np.float32), t)
         w.add_tensor(gname, data, raw_dtype=t)

@@ -1,4 +1,4 @@
-"""C++ CPU kernels (paged attention, KV cache writes, RMSNorm, rotary, SiLU-and-mul); compiled on load()."""
+"""C++ CPU kernels (paged attention, KV cache writes, RMSNorm, rotary, SiLU-and-mul, weight-only linears)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ __all__ = [
     "rotary_embedding",
     "silu_and_mul",
     "unavailable_reason",
+    "woq_int4_linear",
+    "woq_int8_gemv",
+    "woq_int8_linear",
 ]
 
 
@@ -145,3 +148,31 @@ def apply_token_bitmask(
 ) -> None:
     """In place: logits[rows[i]] keeps the tokens set in bitmask[mask_rows[i]] (int32 words); others -inf."""
     _ops().apply_token_bitmask(logits, bitmask, rows, mask_rows)
+
+
+WOQ_TILE_ROWS = (
+    512  # output features per dequantized tile (measured: 128 pays per-GEMM overhead, 1024 spills L2)
+)
+
+
+def woq_int4_linear(
+    x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int
+) -> torch.Tensor:
+    """x [M, K] @ W^T for W in torch's int4pack CPU layout, dequantized one tile at a time: [M, Npad]."""
+    out = torch.empty((x.shape[0], packed.shape[0]), dtype=x.dtype)
+    _ops().woq_int4_linear(out, x.contiguous(), packed, scales_and_zeros, int(group), WOQ_TILE_ROWS)
+    return out
+
+
+def woq_int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ (qweight * scales[:, None])^T for int8 [N, K] rows, dequantized one tile at a time."""
+    out = torch.empty((x.shape[0], qweight.shape[0]), dtype=x.dtype)
+    _ops().woq_int8_linear(out, x.contiguous(), qweight, scales, WOQ_TILE_ROWS)
+    return out
+
+
+def woq_int8_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The same product for a few rows of x: one pass over the int8 bytes per 4 rows (no dequantized copy)."""
+    out = torch.empty((x.shape[0], qweight.shape[0]), dtype=x.dtype)
+    _ops().woq_int8_gemv(out, x.contiguous(), qweight, scales)
+    return out

@@ -19,6 +19,7 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = (
     "bindings.cpp",
     "bitmask.cpp",
+    "quant_linear.cpp",
     "attention.cpp",
     "attention_decode.cpp",
     "attention_plan.cpp",

@@ -158,6 +158,11 @@ class EngineSpec(CrdModel):
 
     image: str | None = Field(None, description="default: the operator's own engine image")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    quantization: Literal["auto", "none", "int8", "int4", "gguf", "gptq", "awq", "fp8"] = Field(
+        "auto",
+        description="weights in memory: auto = the checkpoint's (GGUF blocks, GPTQ, AWQ, FP8); none = "
+        "dequantized to dtype; int8 / int4 = quantized at load; fp8 = quantized at load (GPU engines)",
+    )
     block_size: int = Field(16, ge=1, le=256)
     max_model_len: int = Field(4096, ge=16)
     max_num_seqs: int = Field(256, ge=1)

@@ -230,6 +230,8 @@ class WorkloadBuilder:
             serve_role(role),
             "--dtype",
             engine.dtype,
+            "--quantization",
+            engine.quantization,
             "--block-size",
             str(engine.block_size),
             "--max-model-len",

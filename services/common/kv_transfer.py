@@ -152,6 +152,9 @@ class KVCompat(BaseModel):
     dtype: str = Field(description="torch dtype name of the KV cache, e.g. 'bfloat16'.")
     bytes_per_block: PositiveInt = Field(description="Bytes of one block of all layers (K and V).")
     kv_layout: str = Field(description="Block layout, see block_major_layout().")
+    weights: str = Field(
+        "none", description="How the weights are held (quantization): KV of different weights differs."
+    )
 
     def check(self, remote: KVCompat, peer: str = "peer") -> None:
         """Raise KVIncompatibleError naming every field on which ``remote`` differs from us."""

@@ -73,6 +73,7 @@ class ModelCard(ResponseModel):
     root: str | None = None
     parent: str | None = None
     max_model_len: int | None = None
+    quantization: str | None = None  # kvferry: how the weights are held (e.g. gguf(Q4_1x210,Q8_0x1), int8)
 
 
 class ModelList(ResponseModel):

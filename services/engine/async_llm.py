@@ -66,6 +66,7 @@ class EngineStats:
     )  # (direction, path) -> blocks
     kv_transfer_failures: dict[str, int] = field(default_factory=dict)  # reason -> count
     structured_requests: int = 0  # requests with an output constraint, since start
+    quantization: str = "none"  # how the weights are held (QuantConfig.describe())
 
 
 class AsyncLLM:
@@ -110,6 +111,7 @@ class AsyncLLM:
             blocks,
             failures,
             self.engine.structured.num_constrained,
+            core.quant.describe(),
         )
 
     async def generate(

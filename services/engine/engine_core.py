@@ -31,6 +31,7 @@ from services.engine.worker.pooling import (
     pooling_config_for,
     sentence_max_seq_length,
 )
+from services.engine.worker.quantization.quant_config import resolve_quant_config
 from services.engine.worker.structured.manager import StructuredOutputManager
 
 log = logging.getLogger(__name__)
@@ -84,12 +85,20 @@ class EngineCore:
                 self.max_model_len, sentence_max_seq_length(config.model) or self.max_model_len
             )
         self.dtype = resolve_dtype(config.dtype, cfg, self.device)
+        self.quant = resolve_quant_config(config.quantization, config.model)
         self.block_size = config.block_size
         self.num_blocks = self._num_blocks()
         self.hasher = BlockHasher(config.model_name, self.block_size, HASH_VERSION)
         torch.manual_seed(config.seed)
-        model, kv_cache = self._load_model()
         backend = select_backend(self.device, config.attention_backend)
+        self.quant_kernels = "triton" if backend.name == "triton" else "cpu"
+        if self.quant.method == "fp8" and self.quant.at_load and self.quant_kernels != "triton":
+            raise ValueError("quantization fp8 at load is for GPUs (the Triton kernels); on CPU use int8")
+        if self.quant.quantized and self.device.type != "cpu" and self.quant_kernels != "triton":
+            raise ValueError(
+                f"quantization {self.quant.describe()} on {self.device.type} needs --attention-backend triton"
+            )
+        model, kv_cache = self._load_model()
         self.runner = ModelRunner(
             model, cfg, kv_cache, self.block_size, backend, self.device, cfg.eos_token_ids, seed=config.seed
         )
@@ -116,17 +125,26 @@ class EngineCore:
             None  # attached by LLMEngine (it owns the tokenizer)
         )
         log.info(
-            "engine ready: %s, %d KV blocks of %d tokens, dtype %s, device %s",
+            "engine ready: %s, %d KV blocks of %d tokens, dtype %s, weights %s, device %s",
             config.model_name,
             self.num_blocks,
             self.block_size,
             self.dtype,
+            self.quant.describe(),
             self.device,
         )
 
     def _load_model(self) -> tuple[CausalLM | EmbeddingModel, torch.Tensor]:
         """The model for the task, and the paged KV cache (an encoder keeps no KV: an empty tensor)."""
-        args = (self.config.model, self.model_config, self.dtype, self.device, self.max_model_len)
+        args = (
+            self.config.model,
+            self.model_config,
+            self.dtype,
+            self.device,
+            self.max_model_len,
+            self.quant,
+            self.quant_kernels,
+        )
         if self.task == "embed":
             model: CausalLM | EmbeddingModel = load_embedding_model(*args)
         else:
@@ -171,6 +189,7 @@ class EngineCore:
             kv_layout=block_major_layout(
                 cfg.num_hidden_layers, self.block_size, cfg.num_key_value_heads, cfg.head_dim
             ),
+            weights=self.quant.describe(),
         )
 
     def transfer_stats(self) -> tuple[dict[tuple[str, str], int], dict[str, int]]:

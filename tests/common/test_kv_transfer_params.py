@@ -69,6 +69,9 @@ def test_compat_names_every_mismatched_field() -> None:
         COMPAT.check(other, peer="engine b")
     assert set(err.value.fields) == {"block_size", "hash_version"}
     assert "block_size: local=16 remote=32" in str(err.value) and "engine b" in str(err.value)
+    int4 = COMPAT.model_copy(update={"weights": "int4"})  # same model, other weights: other KV
+    with pytest.raises(KVIncompatibleError, match="weights: local='none' remote='int4'"):
+        COMPAT.check(int4)
 
 
 def test_handshake_json_carries_bytes_as_base64() -> None:

@@ -86,3 +86,36 @@ def test_json_schema_request_gives_valid_json_with_the_fields(smollm: LLM) -> No
     value = json.loads(out[0].outputs[0].text)
     jsonschema.validate(value, schema)
     assert out[0].outputs[0].finish_reason == "stop" and "Paris" in value["city"]
+
+
+def _perplexity(llm: LLM, tokens: int = 512) -> float:
+    """Perplexity on a fixed text: the licence shipped in the pinned torch wheel."""
+    import math
+    from pathlib import Path
+
+    import torch
+
+    text = (
+        Path(torch.__file__).parents[1] / f"torch-{torch.__version__}.dist-info/licenses/LICENSE"
+    ).read_text()
+    ids = llm.tokenizer.encode(text)[:tokens]
+    out = llm.generate([ids], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0))[0]
+    lps = [lp.token_logprob for lp in out.prompt_logprobs if lp is not None]
+    return math.exp(-sum(lps) / len(lps))
+
+
+def test_quantized_perplexity_is_within_bounds_of_the_dequantized_model(smollm: LLM) -> None:
+    """The Q4_1 GGUF served as int4 codes (int8 head) and int8 at load: within 1% of fp32 dequantized."""
+    from services.engine.worker.loader.default_model import ensure_default_model
+
+    folder = str(ensure_default_model())
+    assert smollm.engine.core.quant.describe().startswith("gguf(")
+    ref = _perplexity(
+        LLM(model=folder, dtype="float32", quantization="none", num_kv_blocks=64, max_model_len=1024)
+    )
+    gguf = _perplexity(smollm)
+    int8 = _perplexity(
+        LLM(model=folder, dtype="float32", quantization="int8", num_kv_blocks=64, max_model_len=1024)
+    )
+    assert abs(gguf / ref - 1) < 0.01, (gguf, ref)
+    assert abs(int8 / ref - 1) < 0.01, (int8, ref)

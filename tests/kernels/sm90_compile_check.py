@@ -67,6 +67,7 @@ def compile_instead_of_run(compiled: list[str]) -> Callable:
 def launch_all(quick: bool) -> None:
     """Call every public wrapper per kernel configuration the engine uses (CPU tensors); quick: bf16, D=128."""
     from kernels.activation import silu_and_mul
+    from kernels.dequant_matmul import dequant_matmul
     from kernels.paged_decode_attention import paged_decode_attention
     from kernels.paged_prefill_attention import paged_prefill_attention
     from kernels.reshape_and_cache import reshape_and_cache
@@ -89,6 +90,11 @@ def launch_all(quick: bool) -> None:
         rms_norm(x, x[0], 1e-6)
         rms_norm(x, x[0], 1e-6, x)
         silu_and_mul(x)
+        if dtype != torch.float32:
+            for bits, group in ((4, 128), (8, 32)):
+                q = torch.zeros(256, 4096 // (8 // bits), dtype=torch.uint8)
+                s = torch.zeros(256, 4096 // group, dtype=dtype)
+                dequant_matmul(x, q, s, s, bits, group)
         q = torch.zeros(4, 8, 128, dtype=dtype)
         for is_neox in (True, False):
             rotary_embedding(

@@ -391,3 +391,45 @@ def test_build_identity_and_cache() -> None:
     )
     assert kc.load() is kc.load() and kc.unavailable_reason() is None
     assert build.vec_capability({"avx2", "fma", "f16c"}) in ("AVX2", "DEFAULT")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("m", "n", "k", "group", "tile"), [(5, 192, 128, 32, 64), (33, 640, 256, 128, 512)])
+def test_woq_int4_linear_equals_torchs_int4pack_kernel(
+    m: int, n: int, k: int, group: int, tile: int, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tile-dequantizing GEMM reads torch's int4pack layout exactly as torch's own kernel does."""
+    monkeypatch.setattr(kc, "WOQ_TILE_ROWS", tile)  # n is not a multiple of the tile: a partial last tile
+    codes = torch.randint(0, 16, (n, k), dtype=torch.int32)
+    packed = torch._convert_weight_to_int4pack_for_cpu(codes, 1)
+    sz = torch.stack([torch.rand(k // group, n) * 0.02 + 0.001, torch.randn(k // group, n) * 0.01], -1).to(
+        dtype
+    )
+    x = torch.randn(m, k, dtype=dtype)
+    expected = torch._weight_int4pack_mm_for_cpu(x, packed, group, sz)
+    assert_close(kc.woq_int4_linear(x, packed, sz, group), expected, dtype)
+    with torch.inference_mode():  # as the engine calls it: worker threads must write the output too
+        assert_close(kc.woq_int4_linear(x, packed, sz, group), expected, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_woq_int8_linear_equals_torchs_int8pack_kernel(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kc, "WOQ_TILE_ROWS", 48)
+    q = torch.randint(-127, 128, (200, 80), dtype=torch.int8)  # K = 80: a vector tail per row
+    scales = (torch.rand(200) * 0.01).to(dtype)
+    x = torch.randn(17, 80, dtype=dtype)
+    assert_close(kc.woq_int8_linear(x, q, scales), torch._weight_int8pack_mm(x, q, scales), dtype)
+    with torch.inference_mode():
+        assert_close(kc.woq_int8_linear(x, q, scales), torch._weight_int8pack_mm(x, q, scales), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("m", "k"), [(1, 96), (7, 72)])  # 7: a 4-row block and 3 single rows; 72: a tail
+def test_woq_int8_gemv_is_the_int8_formula(m: int, k: int, dtype: torch.dtype) -> None:
+    q = torch.randint(-127, 128, (130, k), dtype=torch.int8)
+    scales = (torch.rand(130) * 0.01).to(dtype)
+    x = torch.randn(m, k, dtype=dtype)
+    expected = (x.float() @ (q.float() * scales.float()[:, None]).t()).to(dtype)
+    assert_close(kc.woq_int8_gemv(x, q, scales), expected, dtype)

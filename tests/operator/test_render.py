@@ -112,6 +112,8 @@ def test_engine_and_router_command_lines_follow_the_cli_contract():
         "prefill",
         "--dtype",
         "bfloat16",
+        "--quantization",
+        "auto",
         "--block-size",
         "16",
         "--max-model-len",
@@ -270,3 +272,24 @@ def test_kvferry_render_names_the_bad_field_without_a_traceback(tmp_path, capsys
     assert "not valid YAML" in capsys.readouterr().err
     assert kvferry(["render", str(tmp_path / "missing.yaml")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_engine_quantization_reaches_every_engine_and_defaults_to_the_checkpoint():
+    body = load_example("disaggregated-pool.yaml")
+    default = PoolRenderer(parse_pool(body), IMAGES).render()
+    body["spec"]["engine"]["quantization"] = "int8"
+    rendered = PoolRenderer(parse_pool(body), IMAGES).render()
+    engines = [m for m in rendered if m["kind"] == "Deployment" and "--role" in _args(m)]
+    assert engines and all(_args(m)[_args(m).index("--quantization") + 1] == "int8" for m in engines)
+    assert all(
+        _args(m)[_args(m).index("--quantization") + 1] == "auto"
+        for m in default
+        if m["kind"] == "Deployment" and "--role" in _args(m)
+    )
+    body["spec"]["engine"]["quantization"] = "nf4"
+    with pytest.raises(ValueError, match="quantization"):
+        parse_pool(body)
+
+
+def _args(manifest: dict) -> list[str]:
+    return manifest["spec"]["template"]["spec"]["containers"][0].get("args", [])

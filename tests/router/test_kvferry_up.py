@@ -1,4 +1,8 @@
-"""``kvferry up`` with the tiny model: starts Redis, an engine and a router, serves, stops cleanly on SIGINT."""
+"""``kvferry up`` with the tiny model: starts Redis, an engine and a router, serves, stops cleanly on SIGINT.
+
+It runs a quantized .gguf, as ``make run`` does with SmolLM2: the router reads the tokenizer rebuilt from
+the GGUF's metadata.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import httpx
 import pytest
 
 from tests.engine.entrypoints.helpers import REPO
+from tests.gguf_writer import write_gguf
 
 
 def _pids_alive(pids: list[int]) -> list[int]:
@@ -33,12 +38,13 @@ def _children(pid: int) -> list[int]:
 
 
 def test_up_serves_and_stops_cleanly(llama_dir: Path, tmp_path: Path) -> None:
+    gguf = write_gguf(llama_dir, tmp_path / "tiny.Q4.gguf")
     cmd = [
         sys.executable,
         "-m",
         "services.cli",
         "up",
-        str(llama_dir),
+        str(gguf),
         "--engines",
         "1",
         "--port",

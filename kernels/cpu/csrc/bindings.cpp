@@ -27,6 +27,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotary_embedding", &kvf::rotary_embedding, arg("positions"), arg("query"), arg("key"),
         arg("cos_sin_cache"), arg("is_neox"), nogil);
   m.def("silu_and_mul", &kvf::silu_and_mul, arg("out"), arg("x"), arg("lanes"), nogil);
+  m.def("woq_int4_linear", &kvf::woq_int4_linear, arg("out"), arg("x"), arg("packed"), arg("scales_and_zeros"),
+        arg("group"), arg("tile_n"), nogil);
+  m.def("woq_int8_linear", &kvf::woq_int8_linear, arg("out"), arg("x"), arg("qweight"), arg("scales"),
+        arg("tile_n"), nogil);
+  m.def("woq_int8_gemv", &kvf::woq_int8_gemv, arg("out"), arg("x"), arg("qweight"), arg("scales"), nogil);
   m.def("apply_token_bitmask", &kvf::apply_token_bitmask, arg("logits"), arg("bitmask"), arg("rows"),
         arg("mask_rows"), nogil);
 }

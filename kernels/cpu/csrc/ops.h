@@ -44,4 +44,14 @@ void silu_and_mul(at::Tensor& out, const at::Tensor& x, int64_t lanes);
 void apply_token_bitmask(at::Tensor& logits, const at::Tensor& bitmask, const at::Tensor& rows,
                          const at::Tensor& mask_rows);
 
+// Weight-only quantized linears for many rows (dequantize a tile of tile_n output features, then a dense
+// GEMM): out [M, N] = x [M, K] @ W^T. int4: torch's int4pack layout and scales_and_zeros [K/group, N, 2];
+// int8: int8 [N, K] with scales [N]. x, out and the scales share one dtype (float32 or bfloat16).
+void woq_int4_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sz,
+                     int64_t group, int64_t tile_n);
+void woq_int8_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                     int64_t tile_n);
+// The same int8 product for few rows, reading the int8 bytes once per output row (a GEMV per 4 rows).
+void woq_int8_gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales);
+
 }  // namespace kvf

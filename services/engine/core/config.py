@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+Quantization = Literal["auto", "none", "int8", "int4", "gguf", "gptq", "awq", "fp8"]
 
 
 class EngineConfig(BaseModel):
@@ -18,6 +19,7 @@ class EngineConfig(BaseModel):
     model: str
     served_model_name: str | None = None
     dtype: Dtype = "auto"
+    quantization: Quantization = "auto"  # auto: what the checkpoint holds (GGUF blocks, GPTQ, AWQ)
     block_size: int = Field(16, ge=1, le=1024)
     num_kv_blocks: int | None = Field(None, ge=1)
     kv_cache_memory_gb: float | None = Field(None, gt=0)

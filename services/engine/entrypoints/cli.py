@@ -55,6 +55,13 @@ def add_parser(
     add("model", nargs="?", default=None, help="HF checkpoint folder or .gguf file (default: SmolLM2)")
     add("--served-model-name", default=None, help="model id in the API (default: the folder name)")
     add("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    add(
+        "--quantization",
+        default="auto",
+        choices=["auto", "none", "int8", "int4", "gguf", "gptq", "awq", "fp8"],
+        help="weight format in memory: auto = the checkpoint's (GGUF blocks, GPTQ, AWQ, FP8); none = "
+        "dequantize to --dtype; int8 / int4 (/ fp8 on GPUs) = quantize a float checkpoint at load",
+    )
     add("--block-size", type=int, default=16, help="tokens per KV block")
     add("--num-kv-blocks", type=int, default=None, help="KV blocks to allocate (overrides --kv-cache-memory)")
     add("--kv-cache-memory", type=float, default=None, help="GiB of KV cache")
@@ -140,15 +147,17 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
     from services.engine.core.config import EngineConfig
     from services.engine.entrypoints.serving import ServerSettings
 
-    model = args.model
+    model, served = args.model, args.served_model_name
     if model is None:
-        from services.engine.worker.loader.default_model import ensure_default_model
+        from services.engine.worker.loader.default_model import default_serving_model
 
-        model = str(ensure_default_model())
+        default, name = default_serving_model()
+        model, served = str(default), served or name
     engine = EngineConfig(
         model=model,
-        served_model_name=args.served_model_name,
+        served_model_name=served,
         dtype=args.dtype,
+        quantization=args.quantization,
         block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks,
         kv_cache_memory_gb=args.kv_cache_memory,

@@ -190,6 +190,7 @@ class ServerMetrics:
                 "num_blocks": str(stats_now.num_blocks),
                 "hash_version": str(HASH_VERSION),
                 "model": model,
+                "quantization": stats_now.quantization,
             }
         )
         reg.register(_EngineCollector(stats))

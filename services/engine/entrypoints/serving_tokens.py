@@ -16,7 +16,12 @@ from services.engine.entrypoints.serving import ServingContext
 
 def list_models(ctx: ServingContext) -> ModelList:
     """The one model this server serves."""
-    card = ModelCard(id=ctx.model_name, root=ctx.llm.config.model, max_model_len=ctx.max_model_len)
+    card = ModelCard(
+        id=ctx.model_name,
+        root=ctx.llm.config.model,
+        max_model_len=ctx.max_model_len,
+        quantization=ctx.llm.engine.core.quant.describe(),
+    )
     return ModelList(data=[card])
 
 

@@ -46,6 +46,11 @@ class PackedLinear(nn.Module):
             out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
         return out.view(*x.shape[:-1], self.out_features)
 
+    def weight_bytes(self) -> int:
+        """Resident bytes (the packed weight, the plain one where kept, the bias)."""
+        tensors = (self.packed, self.plain, self.bias)
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, min_rows={self.min_rows}"
 

@@ -65,7 +65,8 @@ def test_bench_completions_against_real_server(server: ServerProcess, tmp_path: 
         assert after[name] > before.get(name, 0), name
     info = [k for k in after if k.startswith("kvferry_cache_config_info{")]
     assert info == [
-        f'kvferry_cache_config_info{{block_size="16",hash_version="1",model="{MODEL}",num_blocks="4096"}}'
+        f'kvferry_cache_config_info{{block_size="16",hash_version="1",model="{MODEL}",num_blocks="4096",'
+        'quantization="none"}'
     ]
 
 

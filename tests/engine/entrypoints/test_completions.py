@@ -147,6 +147,7 @@ def test_models_version_tokenize(client: openai.OpenAI, http: httpx.Client) -> N
     models = client.models.list()
     assert [m.id for m in models.data] == [MODEL]
     assert models.data[0].model_extra["max_model_len"] == 1024
+    assert models.data[0].model_extra["quantization"] == "none"  # a float checkpoint, run as it is
     assert "version" in http.get("/version").json()
     ids = http.post("/tokenize", json={"prompt": "hello world", "return_token_strs": True}).json()
     assert ids["count"] == len(ids["tokens"]) == len(ids["token_strs"])

@@ -11,20 +11,11 @@ import torch
 
 from services.common.tokenizer import Tokenizer
 from services.engine import LLM, SamplingParams
+from tests.checkpoints import hf_greedy
 from tests.gguf_writer import quantize_roundtrip, write_gguf
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 PROMPTS = [[5, 9, 13, 200, 7], list(range(3, 60)), [42]]
-
-
-def _hf_greedy(model, prompt: list[int], n: int = 12) -> list[int]:
-    ids = torch.tensor([prompt])
-    model.generation_config.eos_token_id = None
-    with torch.no_grad():
-        out = model.generate(
-            ids, max_new_tokens=n, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(ids)
-        )
-    return out[0, len(prompt) :].tolist()
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +43,7 @@ def test_quantized_gguf_matches_hf_on_dequantized_weights(
     llm = LLM(model=str(gguf_file), dtype="float32", num_kv_blocks=64, kv_cache_memory_gb=None)
     outs = llm.generate(PROMPTS, GREEDY)
     for prompt, out in zip(PROMPTS, outs, strict=True):
-        assert out.outputs[0].token_ids == _hf_greedy(ref, prompt)
+        assert out.outputs[0].token_ids == hf_greedy(ref, prompt)
 
 
 def test_gguf_tokenizer_and_chat_template_come_from_metadata(llama_dir: Path, gguf_file: Path) -> None:
@@ -85,7 +76,7 @@ def test_sharded_safetensors_and_mistral(mistral_dir: Path, tmp_path: Path) -> N
     hf = AutoModelForCausalLM.from_pretrained(str(mistral_dir), dtype=torch.float32).eval()
     outs = LLM(model=str(sharded), dtype="float32", num_kv_blocks=64).generate(PROMPTS, GREEDY)
     for prompt, out in zip(PROMPTS, outs, strict=True):
-        assert out.outputs[0].token_ids == _hf_greedy(hf, prompt)
+        assert out.outputs[0].token_ids == hf_greedy(hf, prompt)
 
 
 def test_unknown_architecture_lists_supported(llama_dir: Path, tmp_path: Path) -> None:

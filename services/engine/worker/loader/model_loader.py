@@ -17,6 +17,8 @@ from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models import get_model_class, is_encoder_architecture
 from services.engine.worker.models.interface import CausalLM
 from services.engine.worker.pooling import EmbeddingModel
+from services.engine.worker.quantization.quant_config import QuantConfig, detect
+from services.engine.worker.quantization.quant_plan import QuantPlan, dense_stream
 
 log = logging.getLogger(__name__)
 
@@ -69,44 +71,106 @@ def load_model_config(path: str | Path) -> ModelConfig:
 
 
 def load_model(
-    path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int
+    path: str | Path,
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_positions: int,
+    quant: QuantConfig | None = None,
+    kernels: str = "cpu",
 ) -> CausalLM:
     """Instantiate the registered class for ``cfg.architecture`` and fill it with the checkpoint."""
     if is_encoder_architecture(cfg.architecture):
         raise ValueError(
             f"{cfg.architecture} is an encoder (embedding-only) model: load it with load_embedding_model"
         )
-    return cast(CausalLM, _build_and_load(path, cfg, dtype, device, max_positions))
+    return cast(
+        CausalLM, _build_and_load(path, cfg, dtype, device, max_positions, quant or QuantConfig(), kernels)
+    )
 
 
 def load_embedding_model(
-    path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int
+    path: str | Path,
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_positions: int,
+    quant: QuantConfig | None = None,
+    kernels: str = "cpu",
 ) -> EmbeddingModel:
     """Like ``load_model`` for a model that serves embeddings: an encoder, or a decoder to pool."""
-    return cast(EmbeddingModel, _build_and_load(path, cfg, dtype, device, max_positions))
+    return cast(
+        EmbeddingModel,
+        _build_and_load(path, cfg, dtype, device, max_positions, quant or QuantConfig(), kernels),
+    )
 
 
 def _build_and_load(
-    path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int
+    path: str | Path,
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_positions: int,
+    quant: QuantConfig,
+    kernels: str,
 ) -> nn.Module:
+    """``kernels``: which quantized layers to build, "cpu" (torch's packed CPU ops) or "triton"."""
     cls = get_model_class(cfg.architecture)
     with torch.device("meta"):
         model = cls(cfg, max_positions, dtype)
+    plan = (
+        QuantPlan(model, quant, dtype, kernels) if quant.quantized else None
+    )  # before any float weight exists
     model = model.to_empty(device=device).to(dtype)
     build_rope_cache = getattr(model, "build_rope_cache", None)
     if build_rope_cache is not None:  # rotary models: the table is not a checkpoint tensor
         model.cos_sin_cache = build_rope_cache(dtype).to(device)
     p = Path(path)
-    if p.suffix == ".gguf":
-        from services.engine.worker.loader.gguf import GGUFCheckpoint
-
-        tensors = GGUFCheckpoint(p).tensors()
-    else:
-        tensors = iter_safetensors(p)
+    tensors = plan.filter(checkpoint_tensors(p)) if plan else dense_stream(checkpoint_tensors(p))
     total = sum(1 for _ in model.parameters())
     bar = tqdm(tensors, desc=f"loading {p.name}", unit="tensor", leave=False, disable=None, total=None)
     cast(EmbeddingModel, model).load_weights(bar)
-    model.eval()
+    quantized = plan.finish(model) if plan else "none"
+    model.to(device).eval()
     linears = pack_linears(model, dtype, device)
-    log.info("loaded %s (%d parameter tensors, %s) on %s; matmuls: %s", p.name, total, dtype, device, linears)
+    log.info(
+        "loaded %s (%d parameter tensors, %s, quantized layers: %s) on %s; float matmuls: %s",
+        p.name,
+        total,
+        dtype,
+        quantized,
+        device,
+        linears,
+    )
     return model
+
+
+def checkpoint_tensors(path: Path) -> Iterator[tuple[str, object]]:
+    """The checkpoint's tensors under HF names: floats, or GroupQuantWeight for packed / block layers."""
+    if path.suffix == ".gguf":
+        from services.engine.worker.loader.gguf import GGUFCheckpoint
+
+        return GGUFCheckpoint(path).tensors(keep_quantized=True)
+    source = detect(path)
+    if source.method in ("gptq", "awq"):
+        from services.engine.worker.quantization.gptq_awq import iter_packed
+
+        return iter_packed(iter_safetensors(path), source)
+    if source.method == "fp8":
+        from services.engine.worker.quantization.fp8 import iter_fp8
+
+        return iter_fp8(iter_safetensors(path))
+    return iter_safetensors(path)
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Resident bytes of the model's weights (quantized layers count their packed bytes)."""
+    total = 0
+    for mod in model.modules():
+        counter = getattr(mod, "weight_bytes", None)
+        if counter is not None:
+            total += counter()
+            continue
+        for t in [*mod.parameters(recurse=False), *mod.buffers(recurse=False)]:
+            total += t.numel() * t.element_size()
+    return total

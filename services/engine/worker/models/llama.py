@@ -88,6 +88,11 @@ class LlamaForCausalLM(nn.Module):
     """The Llama family. Weights use HF names except fused qkv_proj / gate_up_proj (see load_weights)."""
 
     cos_sin_cache: torch.Tensor
+    # fused linear -> its checkpoint shards in row order (the quantization plan fuses them too)
+    packed_modules_mapping = {
+        "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+        "gate_up_proj": ("gate_proj", "up_proj"),
+    }
 
     def __init__(self, cfg: ModelConfig, max_positions: int, dtype: torch.dtype) -> None:
         super().__init__()
@@ -134,7 +139,11 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError(f"checkpoint tensor {name!r} has no place in {self.cfg.architecture}")
             _copy_shard(params[target], tensor, shard, self.cfg)
             loaded.add(f"{target}:{shard}")
-            if target == "embed_tokens.weight" and self.cfg.tie_word_embeddings:
+            if (
+                target == "embed_tokens.weight"
+                and self.cfg.tie_word_embeddings
+                and "lm_head.weight" in params
+            ):
                 _copy_shard(params["lm_head.weight"], tensor, None, self.cfg)
                 loaded.add("lm_head.weight:None")
         missing = [n for n in params if not any(key.startswith(n + ":") for key in loaded)]

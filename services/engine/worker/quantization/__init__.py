@@ -1,0 +1,1 @@
+"""Weight-only quantization: the config, the quantized weight form, checkpoint readers and linear methods."""

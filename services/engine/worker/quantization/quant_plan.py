@@ -1,0 +1,186 @@
+"""QuantPlan: picks each linear layer's method and builds it from the checkpoint's (fused) shards at load."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from services.engine.worker.quantization.group_quant_weight import GroupQuantWeight
+from services.engine.worker.quantization.quant_config import QuantConfig
+from services.engine.worker.quantization.quantized_linear import Int4Linear, Int8Embedding, Int8Linear
+from services.engine.worker.quantization.triton_linear import TritonQuantLinear
+
+Shard = torch.Tensor | GroupQuantWeight
+
+
+class _Pending(nn.Module):
+    """Stands in for a linear layer whose weight the plan collects (it has no parameters to fill)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.has_bias = (
+            linear.in_features,
+            linear.out_features,
+            linear.bias is not None,
+        )
+
+
+class QuantPlan:
+    """Quantized linears of one model: claimed out of the tensor stream, built by ``finish``.
+
+    A model may declare ``packed_modules_mapping`` (fused module -> checkpoint shard names, in row
+    order), e.g. ``{"qkv_proj": ("q_proj", "k_proj", "v_proj")}``; other linears map one to one.
+    """
+
+    def __init__(self, model: nn.Module, qcfg: QuantConfig, dtype: torch.dtype, kernels: str = "cpu") -> None:
+        self.qcfg, self.dtype, self.kernels = qcfg, dtype, kernels  # kernels: "cpu" (torch's) | "triton"
+        fused: dict[str, tuple[str, ...]] = getattr(model, "packed_modules_mapping", {})
+        self.shard_index = {s: (f, i) for f, shards in fused.items() for i, s in enumerate(shards)}
+        self.shard_count = {f: len(shards) for f, shards in fused.items()}
+        self.tied = bool(getattr(getattr(model, "cfg", None), "tie_word_embeddings", False))
+        self.pending: dict[str, _Pending] = {}
+        for path, mod in list(model.named_modules()):
+            if type(mod) is nn.Linear and (qcfg.lm_head or path.split(".")[-1] != "lm_head"):
+                self.pending[path] = _Pending(mod)
+                _set_module(model, path, self.pending[path])
+        self.weights: dict[str, dict[int, Shard]] = {p: {} for p in self.pending}
+        self.biases: dict[str, dict[int, torch.Tensor]] = {p: {} for p in self.pending}
+        self.built: dict[str, nn.Module] = {}  # a layer is built as soon as its shards are in
+
+    def filter(self, tensors: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, torch.Tensor]]:
+        """Pass through what the model loads itself; keep the planned linears' weights and biases."""
+        for name, tensor in tensors:
+            if not self._claim(name.removeprefix("model."), tensor):
+                yield name, _dense(tensor)
+
+    def _claim(self, name: str, tensor: Any) -> bool:
+        module, _, part = name.rpartition(".")
+        parent, _, leaf = module.rpartition(".")
+        fused, index = self.shard_index.get(leaf, (leaf, 0))
+        path = f"{parent}.{fused}" if parent else fused
+        if module == "embed_tokens" and self.tied and "lm_head" in self.pending and part == "weight":
+            self.weights["lm_head"][0] = tensor
+            self._build_if_complete("lm_head")
+            return False  # the model loads its embedding too (replaced by a view of lm_head in finish)
+        if path not in self.pending or part not in ("weight", "bias"):
+            return False
+        store = self.weights if part == "weight" else self.biases
+        store[path][index] = tensor
+        self._build_if_complete(path)
+        return True
+
+    def _build_if_complete(self, path: str) -> None:
+        """Quantize a layer once its last shard arrives, so float copies never pile up for the model."""
+        want = self.shard_count.get(path.split(".")[-1], 1)
+        pending = self.pending[path]
+        if len(self.weights[path]) == want and (not pending.has_bias or len(self.biases[path]) == want):
+            self.built[path] = self._build(path, pending)
+            self.weights[path], self.biases[path] = {}, {}
+
+    def finish(self, model: nn.Module) -> str:
+        """Build every planned layer; says what was built."""
+        kinds: dict[str, int] = {}
+        for path, pending in self.pending.items():
+            layer = self.built.pop(path, None) or self._build(
+                path, pending
+            )  # the latter raises: shards missing
+            _set_module(model, path, layer)
+            kinds[type(layer).__name__] = kinds.get(type(layer).__name__, 0) + 1
+        head = self._built(model, "lm_head")
+        if self.tied and isinstance(head, Int8Linear):
+            model.embed_tokens = Int8Embedding(head)
+        return ", ".join(f"{n} x{c}" for n, c in sorted(kinds.items()))
+
+    def _build(self, path: str, pending: _Pending) -> nn.Module:
+        want = self.shard_count.get(path.split(".")[-1], 1)
+        shards, biases = self.weights[path], self.biases[path]
+        if len(shards) != want or (pending.has_bias and len(biases) != want):
+            raise ValueError(f"checkpoint is missing weights of {path} ({len(shards)} of {want} shards)")
+        parts = [shards[i] for i in range(want)]
+        bias = torch.cat([biases[i].float() for i in range(want)]) if pending.has_bias else None
+        rows = sum(p.shape[0] for p in parts)
+        if rows != pending.out_features or any(p.shape[1] != pending.in_features for p in parts):
+            raise ValueError(
+                f"weight shape mismatch for {path}: expected ({pending.out_features}, {pending.in_features})"
+            )
+        kind = self._method(path, parts)
+        if kind != "float" and self.kernels == "triton":
+            return TritonQuantLinear(self._codes(kind, parts), bias, self.dtype)
+        if kind == "int4":
+            quantized = [
+                p
+                if isinstance(p, GroupQuantWeight)
+                else GroupQuantWeight.quantize(p, 4, self.qcfg.group_size)
+                for p in parts
+            ]
+            return Int4Linear(GroupQuantWeight.cat_rows(quantized), bias, self.dtype)
+        weight = torch.cat([_dense(p) for p in parts])
+        if kind in ("int8", "fp8"):  # the CPU has no FP8 matmul: FP8 weights run as int8 per row
+            return Int8Linear(weight, bias, self.dtype)
+        linear = nn.Linear(pending.in_features, pending.out_features, bias=bias is not None, dtype=self.dtype)
+        with torch.no_grad():
+            linear.weight.copy_(weight)
+            if bias is not None:
+                linear.bias.copy_(bias)
+        return linear.requires_grad_(False)
+
+    def _codes(self, kind: str, parts: list[Shard]) -> GroupQuantWeight:
+        """The layer's codes for the Triton kernel: stored codes when they fuse, else quantized floats."""
+        coded = [p for p in parts if isinstance(p, GroupQuantWeight)]
+        if len(coded) == len(parts) and _same_layout(parts) and coded[0].group % 16 == 0:
+            return GroupQuantWeight.cat_rows(coded)
+        dense = torch.cat([_dense(p) for p in parts])
+        if kind == "fp8":
+            return GroupQuantWeight.quantize_fp8(dense)
+        bits = 4 if kind == "int4" else 8
+        group = self.qcfg.group_size if bits == 4 else dense.shape[1]  # int8: one scale per row
+        return GroupQuantWeight.quantize(dense, bits, group)
+
+    def _method(self, path: str, parts: list[Shard]) -> str:
+        """int4 | int8 | fp8 | float for one layer.
+
+        4-bit codes that fuse stay 4-bit; FP8 codes stay FP8; other quantized codes run as int8; float
+        weights of a quantized checkpoint stay float. ``--quantization int4|int8|fp8`` quantizes float
+        weights (int4 leaves lm_head at int8, as llama.cpp keeps its output layer at 6-8 bits).
+        """
+        coded = [p for p in parts if isinstance(p, GroupQuantWeight)]
+        if coded and any(p.fmt == "e4m3" for p in coded):
+            return "fp8"
+        if self.qcfg.method == "fp8" and not coded:
+            return "fp8"
+        if coded and len(coded) == len(parts) and all(p.bits == 4 for p in coded) and _same_layout(parts):
+            return "int4"
+        if self.qcfg.method == "int4" and not coded and path != "lm_head":
+            return "int4"
+        if coded or self.qcfg.method in ("int4", "int8"):
+            return "int8"
+        return "float"
+
+    @staticmethod
+    def _built(model: nn.Module, path: str) -> nn.Module | None:
+        return dict(model.named_modules()).get(path)
+
+
+def dense_stream(tensors: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """A quantized checkpoint read as float tensors (``--quantization none``)."""
+    for name, tensor in tensors:
+        yield name, _dense(tensor)
+
+
+def _dense(t: Shard) -> torch.Tensor:
+    return t.dequantize() if isinstance(t, GroupQuantWeight) else t
+
+
+def _same_layout(parts: list[Shard]) -> bool:
+    first = parts[0]
+    return isinstance(first, GroupQuantWeight) and all(
+        isinstance(p, GroupQuantWeight) and first.same_layout(p) for p in parts
+    )
+
+
+def _set_module(model: nn.Module, path: str, module: nn.Module) -> None:
+    parent, _, leaf = path.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, leaf, module)

@@ -1,0 +1,162 @@
+"""Int4Linear / Int8Linear / Int8Embedding: weight-only quantized layers that keep the packed bytes resident.
+
+Small batches read the packed bytes directly: torch's ``_weight_int4pack_mm_for_cpu`` for int4, kvferry's
+C++ int8 GEMV for int8 (torch's ``_weight_int8pack_mm`` without the C++ kernels: slower at batch 1 and
+crashing in bf16 when K is not a multiple of 16). From ``min_dense_rows`` rows kvferry's C++ kernel
+dequantizes a tile of output features at a time into a cache-sized buffer and runs a dense GEMM on it,
+where per-row kernels lose (crossovers measured by benchmarks/quant.py). Without the C++ kernels the
+dense path dequantizes the whole weight with torch ops (slow, but exact).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from services.engine.worker.quantization.group_quant_weight import GroupQuantWeight
+
+INT4_GROUPS = (256, 128, 64, 32)  # group sizes torch's int4pack kernel takes
+_BLOCK_N = 64  # int4pack's CPU layout tiles output rows by 64: byte j of a tile holds rows j and j + 32
+INT4_DENSE_ROWS = 16
+INT8_DENSE_ROWS = 16
+
+
+class Int4Linear(nn.Module):
+    """``y = x W^T + b``, W as 4-bit codes with a bf16/fp32 scale and zero per (row, group)."""
+
+    def __init__(
+        self,
+        gw: GroupQuantWeight,
+        bias: torch.Tensor | None,
+        dtype: torch.dtype,
+        min_dense_rows: int = INT4_DENSE_ROWS,
+    ) -> None:
+        super().__init__()
+        if gw.bits != 4:
+            raise ValueError(f"Int4Linear needs 4-bit codes, got {gw.bits}-bit")
+        group = next((g for g in INT4_GROUPS if gw.group % g == 0), None)
+        if group is None:
+            raise ValueError(f"4-bit group size {gw.group} is not a multiple of 32")
+        gw = gw.regroup(group)
+        self.out_features, self.in_features = gw.shape
+        self.group, self.dtype, self.min_dense_rows = group, dtype, min_dense_rows
+        pad = -self.out_features % _BLOCK_N
+        codes = F.pad(gw.codes.to(torch.int32), (0, 0, 0, pad))
+        self.packed = torch._convert_weight_to_int4pack_for_cpu(codes, 1)
+        scales, offsets = (F.pad(t, (0, 0, 0, pad)) for t in (gw.scales, gw.offsets))
+        # int4pack computes (q - 8) * scale + zero; ours is q * scale + offset
+        self.scales_and_zeros = (
+            torch.stack([scales, offsets + 8 * scales], dim=-1).transpose(0, 1).contiguous().to(dtype)
+        )
+        self.perm = gw.perm
+        self.bias = None if bias is None else bias.to(dtype)
+
+    def dense_weight(self) -> torch.Tensor:
+        """The [N, K] weight in ``dtype`` (input columns in stored order), unpacked from the int4pack tiles."""
+        n_pad, k = self.packed.shape[0], self.in_features
+        tiles = self.packed.view(n_pad // _BLOCK_N, k, _BLOCK_N // 2)
+        codes = (
+            torch.cat([tiles & 0x0F, tiles >> 4], dim=-1)
+            .transpose(1, 2)
+            .reshape(n_pad, k // self.group, self.group)
+        )
+        sz = self.scales_and_zeros.transpose(0, 1)  # [N, G, 2]
+        w = (codes.to(self.dtype) - 8) * sz[..., 0:1] + sz[..., 1:2]
+        return w.view(n_pad, k)[: self.out_features]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if self.perm is not None:
+            rows = rows.index_select(1, self.perm)
+        if rows.shape[0] >= self.min_dense_rows and _cpu_kernels():
+            from kernels import cpu
+
+            out = cpu.woq_int4_linear(rows, self.packed, self.scales_and_zeros, self.group)
+            out = (out if out.shape[1] == self.out_features else out[:, : self.out_features]).contiguous()
+            if self.bias is not None:
+                out = out + self.bias
+        elif rows.shape[0] >= self.min_dense_rows:
+            out = F.linear(rows, self.dense_weight(), self.bias)
+        else:
+            out = torch._weight_int4pack_mm_for_cpu(
+                rows.contiguous(), self.packed, self.group, self.scales_and_zeros
+            )
+            if out.shape[1] != self.out_features:
+                out = out[:, : self.out_features].contiguous()
+            if self.bias is not None:
+                out = out + self.bias
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def weight_bytes(self) -> int:
+        return _nbytes(self.packed, self.scales_and_zeros, self.bias, self.perm)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, group={self.group}, dense_from={self.min_dense_rows}"
+
+
+class Int8Linear(nn.Module):
+    """``y = (x W_q^T) * s + b`` with W_q int8 and one scale per output row (symmetric)."""
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        dtype: torch.dtype,
+        min_dense_rows: int = INT8_DENSE_ROWS,
+    ) -> None:
+        super().__init__()
+        w = weight.float()
+        self.out_features, self.in_features = w.shape
+        scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)
+        self.qweight = (w / scale[:, None]).round_().clamp_(-127, 127).to(torch.int8)
+        self.scales = scale.to(dtype)
+        self.dtype, self.min_dense_rows = dtype, min_dense_rows
+        self.bias = None if bias is None else bias.to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        few = rows.shape[0] < self.min_dense_rows
+        if _cpu_kernels():
+            from kernels import cpu
+
+            gemm = cpu.woq_int8_gemv if few else cpu.woq_int8_linear
+            out = gemm(rows, self.qweight, self.scales)
+        elif few and self.in_features % 16 == 0:  # torch's kernel crashes (bf16) on other K
+            out = torch._weight_int8pack_mm(rows.contiguous(), self.qweight, self.scales)
+        else:
+            out = F.linear(rows, self.qweight.to(self.dtype)) * self.scales
+        if self.bias is not None:
+            out = out + self.bias
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def weight_bytes(self) -> int:
+        return _nbytes(self.qweight, self.scales, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, dense_from={self.min_dense_rows}"
+
+
+class Int8Embedding(nn.Module):
+    """A token embedding that reads the rows of a tied Int8Linear output projection (one copy of the bytes)."""
+
+    def __init__(self, head: Int8Linear) -> None:
+        super().__init__()
+        self.head = [head]  # a list: not a submodule (its bytes are counted once, under lm_head)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        head = self.head[0]
+        return head.qweight[ids].to(head.dtype) * head.scales[ids].unsqueeze(-1)
+
+    def weight_bytes(self) -> int:
+        return 0
+
+
+def _cpu_kernels() -> bool:
+    from kernels import cpu
+
+    return cpu.available()
+
+
+def _nbytes(*tensors: torch.Tensor | None) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
