@@ -14,6 +14,7 @@ from services.common.kv_transfer import KVTransferParams
 from services.engine.core.config import EngineConfig
 from services.engine.core.pooling_params import PoolingParams
 from services.engine.core.sampling_params import SamplingParams
+from services.engine.engine_core import EngineCore
 from services.engine.kv_transfer.context import ConnectorFactory, aggregated_connectors
 from services.engine.llm_engine import LLMEngine, RequestOutput
 
@@ -41,11 +42,34 @@ class _Add:
     sink: asyncio.Queue
     loop: asyncio.AbstractEventLoop
     pooling: PoolingParams | None = None
+    lora_name: str | None = None
+
+
+@dataclass
+class _LoRAUpdate:
+    """Load (path set) or unload (path None) an adapter on the engine thread."""
+
+    name: str
+    path: str | None
+    done: asyncio.Future
+    loop: asyncio.AbstractEventLoop
 
 
 @dataclass
 class _Abort:
     request_id: str
+
+
+@dataclass(frozen=True)
+class LoRAStats:
+    """Adapters in use (distinct, sorted) and slot churn, for /metrics."""
+
+    running: tuple[str, ...]
+    waiting: tuple[str, ...]
+    max_loras: int
+    loads: int
+    evictions: int
+    slots_used: int
 
 
 @dataclass(frozen=True)
@@ -67,6 +91,7 @@ class EngineStats:
     kv_transfer_failures: dict[str, int] = field(default_factory=dict)  # reason -> count
     structured_requests: int = 0  # requests with an output constraint, since start
     quantization: str = "none"  # how the weights are held (QuantConfig.describe())
+    lora: LoRAStats | None = None  # engines with --enable-lora
 
 
 class AsyncLLM:
@@ -112,6 +137,7 @@ class AsyncLLM:
             failures,
             self.engine.structured.num_constrained,
             core.quant.describe(),
+            _lora_stats(core),
         )
 
     async def generate(
@@ -123,6 +149,7 @@ class AsyncLLM:
         priority: int = 0,
         kv_transfer_params: KVTransferParams | None = None,
         pooling: PoolingParams | None = None,
+        lora_name: str | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Yield a RequestOutput per engine step for this request; cancelling the iteration aborts it.
 
@@ -143,6 +170,7 @@ class AsyncLLM:
                 sink,
                 asyncio.get_running_loop(),
                 pooling,
+                lora_name,
             )
         )
         finished = False
@@ -203,7 +231,10 @@ class AsyncLLM:
             except queue.Empty:
                 return
 
-    def _apply(self, cmd: _Add | _Abort) -> None:
+    def _apply(self, cmd: _Add | _Abort | _LoRAUpdate) -> None:
+        if isinstance(cmd, _LoRAUpdate):
+            self._update_lora(cmd)
+            return
         if isinstance(cmd, _Abort):
             if self._sinks.pop(cmd.request_id, None) is not None:
                 self.engine.abort([cmd.request_id])
@@ -218,9 +249,31 @@ class AsyncLLM:
                 priority=cmd.priority,
                 kv_transfer_params=cmd.kv_transfer_params,
                 pooling=cmd.pooling,
+                lora_name=cmd.lora_name,
             )
-        except ValueError as exc:
+        except (ValueError, LookupError) as exc:  # LookupError: its LoRA adapter was unloaded meanwhile
             self._deliver(cmd.request_id, exc, True)
+
+    def _update_lora(self, cmd: _LoRAUpdate) -> None:
+        lora = self.engine.core.lora
+        try:
+            if lora is None:
+                raise ValueError("LoRA adapters need --enable-lora")
+            if cmd.path is None:
+                lora.remove(cmd.name)
+            else:
+                lora.add(cmd.name, cmd.path)
+            result: BaseException | None = None
+        except (ValueError, KeyError, OSError) as exc:
+            result = exc
+        cmd.loop.call_soon_threadsafe(_settle, cmd.done, result)
+
+    async def update_lora(self, name: str, path: str | None) -> None:
+        """Load an adapter (``path``) or unload it (None) between engine steps; raises what the engine raised."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+        self._commands.put(_LoRAUpdate(name, path, done, loop))
+        await done
 
     def _deliver(self, request_id: str, item: RequestOutput | BaseException, last: bool) -> None:
         entry = self._sinks.pop(request_id, None) if last else self._sinks.get(request_id)
@@ -237,3 +290,23 @@ class AsyncLLM:
         self.engine.abort(ids)
         for rid in ids:
             self._deliver(rid, exc, True)
+
+
+def _settle(done: asyncio.Future, error: BaseException | None) -> None:
+    if done.done():
+        return
+    if error is None:
+        done.set_result(None)
+    else:
+        done.set_exception(error)
+
+
+def _lora_stats(core: EngineCore) -> LoRAStats | None:
+    lora = core.lora
+    if lora is None:
+        return None
+    sched = core.scheduler
+    running = sorted({r.lora_name for r in sched.running if r.lora_name})
+    waiting = sorted({r.lora_name for r in sched.waiting if r.lora_name})
+    used = sum(1 for n in lora.slots if n)
+    return LoRAStats(tuple(running), tuple(waiting), len(lora.slots), lora.loads, lora.evictions, used)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 import torch
 
@@ -22,6 +23,7 @@ from services.engine.worker.loader.model_loader import (
     load_model_config,
     resolve_dtype,
 )
+from services.engine.worker.lora.lora_manager import LoRAManager
 from services.engine.worker.model_runner import ModelRunner, bytes_per_block, kv_cache_shape
 from services.engine.worker.models import is_encoder_architecture
 from services.engine.worker.models.interface import CausalLM
@@ -104,6 +106,8 @@ class EngineCore:
         )
         if self.task == "embed":
             self.runner.pooling = pooling_config_for(config.model, cfg.architecture)
+        self.lora = self._lora_manager(model)
+        self.runner.lora = self.lora
         self.kv_manager = KVCacheManager(self.num_blocks, self.block_size, config.enable_prefix_caching)
         self.kv_transfer = KVTransferContext(config, kv_cache, self.kv_compat())
         self.connector: KVConnector = compose(list(connectors(self.kv_transfer)))
@@ -116,6 +120,7 @@ class EngineCore:
                 max_num_batched_tokens=batched,
                 max_model_len=self.max_model_len,
                 chunked_prefill=self.task != "embed",
+                max_loras=config.max_loras if self.lora is not None else 0,
             ),
             self.kv_manager,
             self.connector,
@@ -133,6 +138,31 @@ class EngineCore:
             self.quant.describe(),
             self.device,
         )
+
+    def _lora_manager(self, model: CausalLM | EmbeddingModel) -> LoRAManager | None:
+        """--enable-lora: the adapter slots around the model's linears, with the --lora-modules loaded."""
+        c = self.config
+        if not c.enable_lora:
+            if c.lora_modules:
+                raise ValueError("lora_modules: LoRA adapters need enable_lora (--enable-lora)")
+            return None
+        if self.task == "embed" or self.encoder:
+            raise ValueError("enable_lora: LoRA adapters are for generation models")
+        manager = LoRAManager(
+            cast(torch.nn.Module, model),
+            self.model_config,
+            c.max_loras,
+            c.max_lora_rank,
+            c.max_cpu_loras or c.max_loras,
+            self.dtype,
+        )
+        for name, path in c.lora_modules.items():
+            manager.add(name, path)
+        return manager
+
+    def lora_names(self) -> list[str]:
+        """The adapters requests may name (empty without --enable-lora)."""
+        return self.lora.names if self.lora is not None else []
 
     def _load_model(self) -> tuple[CausalLM | EmbeddingModel, torch.Tensor]:
         """The model for the task, and the paged KV cache (an encoder keeps no KV: an empty tensor)."""
@@ -221,6 +251,8 @@ class EngineCore:
         outputs = self.scheduler.update_from_output(sched, result)
         if structured is not None:
             structured.after_step(self.scheduler.requests)
+        if self.lora is not None and self.lora.retiring:
+            self.lora.forget({r.lora_name for r in self.scheduler.requests.values() if r.lora_name})
         return failed + outputs
 
     def _fail_bad_grammars(self) -> list[EngineCoreOutput]:

@@ -26,8 +26,12 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         cache_salt: str | None = None,
+        lora_name: str | Sequence[str | None] | None = None,
     ) -> list[RequestOutput]:
-        """Run all prompts to completion; outputs are in prompt order, n sequences each."""
+        """Run all prompts to completion; outputs are in prompt order, n sequences each.
+
+        ``lora_name``: the LoRA adapter of every prompt, or one per prompt (None: the base model).
+        """
         if isinstance(prompts, str) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
@@ -38,14 +42,23 @@ class LLM:
         )
         if len(param_list) != len(prompts):
             raise ValueError(f"params: got {len(param_list)} for {len(prompts)} prompts")
+        loras: list[str | None] = (
+            list(lora_name)
+            if isinstance(lora_name, (list, tuple))
+            else [cast(str | None, lora_name)] * len(prompts)
+        )
+        if len(loras) != len(prompts):
+            raise ValueError(f"lora_name: got {len(loras)} for {len(prompts)} prompts")
         groups: list[list[str]] = []
-        for prompt, p in zip(prompts, param_list, strict=True):
+        for prompt, p, lora in zip(prompts, param_list, loras, strict=True):
             ids = []
             for i in range(p.n):
                 child = (
                     p if p.n == 1 else p.model_copy(update={"seed": None if p.seed is None else p.seed + i})
                 )
-                ids.append(self.engine.add_request(prompt, child, cache_salt=cache_salt, index=i))
+                ids.append(
+                    self.engine.add_request(prompt, child, cache_salt=cache_salt, lora_name=lora, index=i)
+                )
             groups.append(ids)
         final: dict[str, RequestOutput] = {}
         while self.engine.has_unfinished():

@@ -139,6 +139,8 @@ class LLMEngine:
             )
         text, token_ids = self.tokenize_prompt(prompt)
         self.validate_prompt(token_ids, params, kv_transfer_params)
+        if lora_name is not None and lora_name not in self.core.lora_names():
+            raise LookupError(f"model: LoRA adapter {lora_name!r} is not loaded")
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._tracked:
             raise ValueError(f"request_id: {request_id!r} is already in use")
@@ -152,6 +154,7 @@ class LLMEngine:
             priority=priority,
             kv_transfer_params=kv_transfer_params,
             pooling=pooling,
+            lora_name=lora_name,
         )
         detok = IncrementalDetokenizer(
             self.tokenizer,

@@ -33,6 +33,11 @@ class EngineConfig(BaseModel):
     task: Literal["auto", "generate", "embed"] = (
         "auto"  # auto: embed for encoder / sentence-transformers models
     )
+    enable_lora: bool = False
+    max_loras: int = Field(1, ge=1)  # adapters one step can run (device slots)
+    max_lora_rank: int = Field(16, ge=1, le=512)
+    max_cpu_loras: int | None = Field(None, ge=1)  # loaded adapters kept on CPU (default: max_loras)
+    lora_modules: dict[str, str] = Field(default_factory=dict)  # adapter name -> PEFT folder, at start
     kvstore_url: str | None = None  # grpc://host:port of the shared kvstore tier
     use_nixl: bool = True  # False: KV moves between engines through the kvstore only
 

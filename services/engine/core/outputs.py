@@ -21,6 +21,7 @@ class NewRequestData:
     block_ids: tuple[int, ...]
     num_computed_tokens: int
     pooling: PoolingParams | None = None  # an embedding request: pool its prompt, sample nothing
+    lora_name: str | None = None  # the LoRA adapter it runs under
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,8 +90,10 @@ class Request:
         priority: int = 0,
         kv_transfer_params: KVTransferParams | None = None,
         pooling: PoolingParams | None = None,
+        lora_name: str | None = None,
     ) -> None:
         self.request_id = request_id
+        self.lora_name = lora_name  # the LoRA adapter it runs under (None: the base model)
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
         self.eos_token_id = eos_token_id

@@ -29,6 +29,7 @@ class SchedulerConfig(BaseModel):
     max_model_len: int = Field(2048, ge=1)
     # False (encoder models): a prompt runs whole in one step or waits for a step with room for it
     chunked_prefill: bool = True
+    max_loras: int = Field(0, ge=0)  # distinct LoRA adapters among running requests (0: LoRA off)
 
 
 class _Admit(enum.Enum):
@@ -229,6 +230,8 @@ class Scheduler:
         rid = request.request_id
         if request.grammar is not None and not request.grammar.ready:
             return _Admit.SKIPPED  # its grammar is still compiling: keep its place, let others go
+        if request.lora_name and not self._lora_fits(request.lora_name):
+            return _Admit.SKIPPED  # every LoRA slot holds another running adapter: wait for one to drain
         holds_kv = rid in self.kv.req_to_blocks  # it received its KV: num_computed_tokens counts it
         computed: list[KVCacheBlock] = []
         num_local, num_external, load_async = 0, 0, False
@@ -260,6 +263,11 @@ class Scheduler:
         self._start_running(request, num_computed, num_new, plan)
         return _Admit.SCHEDULED
 
+    def _lora_fits(self, name: str) -> bool:
+        """Whether a request of adapter ``name`` can run beside the running (and loading) requests."""
+        active = {r.lora_name for r in (*self.running, *self.loading.values()) if r.lora_name}
+        return name in active or len(active) < self.config.max_loras
+
     def _start_running(self, request: Request, num_computed: int, num_new: int, plan: _StepPlan) -> None:
         if request.num_cached_tokens < 0:
             request.num_cached_tokens = num_computed
@@ -277,6 +285,7 @@ class Scheduler:
                 block_ids=tuple(self.kv.block_ids(request.request_id)),
                 num_computed_tokens=num_computed,
                 pooling=request.pooling,
+                lora_name=request.lora_name,
             )
         )
         plan.tokens.append((request.request_id, num_new))

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from services.common.chat_tools import ToolSettings, check_tool_settings
 from services.common.errors import not_ready
@@ -32,6 +32,12 @@ from services.engine.entrypoints.serving import ServerSettings, ServingContext
 from services.engine.entrypoints.serving_chat import create_chat_completion
 from services.engine.entrypoints.serving_completions import create_completion
 from services.engine.entrypoints.serving_embeddings import create_embedding
+from services.engine.entrypoints.serving_lora import (
+    LoadLoRARequest,
+    UnloadLoRARequest,
+    load_lora_adapter,
+    unload_lora_adapter,
+)
 from services.engine.entrypoints.serving_tokens import detokenize, list_models, tokenize
 
 log = logging.getLogger(__name__)
@@ -63,6 +69,14 @@ def _openai_routes(ctx: ServingContext) -> APIRouter:
     @router.get("/v1/models")
     async def models() -> ModelList:
         return list_models(ctx)
+
+    @router.post("/v1/load_lora_adapter")
+    async def load_lora(body: LoadLoRARequest) -> PlainTextResponse:
+        return PlainTextResponse(await load_lora_adapter(ctx, body))
+
+    @router.post("/v1/unload_lora_adapter")
+    async def unload_lora(body: UnloadLoRARequest) -> PlainTextResponse:
+        return PlainTextResponse(await unload_lora_adapter(ctx, body))
 
     @router.post("/tokenize")
     async def tokenize_route(body: TokenizeRequest) -> TokenizeResponse:

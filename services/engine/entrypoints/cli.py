@@ -71,6 +71,7 @@ def add_parser(
     add("--no-prefix-caching", dest="prefix_caching", action="store_false", help="disable prefix caching")
     add("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     _add_serving_flags(add)
+    _add_lora_flags(add)
     _add_pool_flags(add)
     add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=partial(run, roles=roles))
@@ -111,6 +112,40 @@ def _add_serving_flags(add: Callable[..., object]) -> None:
     )
     add("--request-timeout", type=float, default=None, help="seconds before a request is aborted")
     add("--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits for running requests")
+
+
+def _add_lora_flags(add: Callable[..., object]) -> None:
+    add("--enable-lora", action="store_true", help="serve LoRA adapters (a request names one by `model`)")
+    add("--max-loras", type=int, default=1, help="adapters one step can run (device slots)")
+    add("--max-lora-rank", type=int, default=16, help="largest adapter rank")
+    add(
+        "--max-cpu-loras",
+        type=int,
+        default=None,
+        help="loaded adapters kept in memory (default: --max-loras)",
+    )
+    add(
+        "--lora-modules",
+        nargs="+",
+        default=[],
+        metavar="NAME=PATH",
+        help="PEFT adapter folders to load at start",
+    )
+    add(
+        "--allow-runtime-lora-updating",
+        action="store_true",
+        help="enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter",
+    )
+
+
+def _lora_modules(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--lora-modules: {item!r} is not NAME=PATH")
+        out[name] = path
+    return out
 
 
 def _add_pool_flags(add: Callable[..., object]) -> None:
@@ -171,8 +206,14 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
         seed=args.seed,
         kvstore_url=args.kvstore_url,
         use_nixl=args.use_nixl,
+        enable_lora=args.enable_lora,
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
+        max_cpu_loras=args.max_cpu_loras,
+        lora_modules=_lora_modules(args.lora_modules),
     )
     server = ServerSettings(
+        allow_runtime_lora_updating=args.allow_runtime_lora_updating,
         api_key=args.api_key,
         request_timeout=args.request_timeout,
         drain_timeout=args.drain_timeout,

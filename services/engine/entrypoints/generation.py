@@ -26,6 +26,7 @@ class RequestOptions:
     cache_salt: str | None = None
     priority: int = 0
     kv_transfer_params: KVTransferParams | None = None
+    lora_name: str | None = None  # the LoRA adapter the request's ``model`` names
 
 
 class Generation:
@@ -51,6 +52,7 @@ class Generation:
             cache_salt=opts.cache_salt,
             priority=opts.priority,
             kv_transfer_params=opts.kv_transfer_params,
+            lora_name=opts.lora_name,
         )
         try:
             async with aclosing(gen):

@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector
 
 from services.common import load_report as lr
 from services.common.hashing import HASH_VERSION
-from services.engine.async_llm import EngineStats
+from services.engine.async_llm import EngineStats, LoRAStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -132,6 +132,26 @@ class _EngineCollector(Collector):
             "Requests with an output constraint (JSON schema, regex, choice, grammar, tool schema).",
             value=s.structured_requests,
         )
+        if s.lora is not None:
+            yield from _lora_metrics(s.lora)
+
+
+def _lora_metrics(lora: LoRAStats) -> Iterator[Metric]:
+    """vLLM's ``lora_requests_info`` (adapters of running / waiting requests, comma-separated), and slot churn."""
+    info = GaugeMetricFamily(
+        "kvferry_lora_requests_info",
+        "LoRA adapters of the running and waiting requests (value: 1).",
+        labels=["running_lora_adapters", "waiting_lora_adapters", "max_lora"],
+    )
+    info.add_metric([",".join(lora.running), ",".join(lora.waiting), str(lora.max_loras)], 1)
+    yield info
+    yield CounterMetricFamily("kvferry_lora_loads", "Adapters put into a device slot.", value=lora.loads)
+    yield CounterMetricFamily(
+        "kvferry_lora_evictions", "Adapters evicted from a slot for another one.", value=lora.evictions
+    )
+    yield GaugeMetricFamily(
+        "kvferry_lora_slots_used", "Device slots holding an adapter.", value=lora.slots_used
+    )
 
 
 class ServerMetrics:

@@ -30,6 +30,7 @@ class ServerSettings(BaseModel):
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     chat_template: str | None = None  # template text (from --chat-template FILE) replacing the model's
+    allow_runtime_lora_updating: bool = False  # POST /v1/load_lora_adapter and /v1/unload_lora_adapter
 
     api_key: str | None = None
     request_timeout: float | None = Field(None, gt=0)
@@ -80,10 +81,13 @@ class ServingContext:
                 "The server is draining." if self.state.draining else "The server is not ready yet."
             )
 
-    def check_model(self, model: str | None) -> None:
-        """Raise 404 for a model this server does not serve (no model means this one)."""
-        if model is not None and model != self.model_name:
-            raise model_not_found(model)
+    def check_model(self, model: str | None) -> str | None:
+        """The LoRA adapter ``model`` names (None: the base model); 404 for a model this server does not serve."""
+        if model is None or model == self.model_name:
+            return None
+        if model in self.llm.engine.core.lora_names():
+            return model
+        raise model_not_found(model)
 
 
 @dataclass(frozen=True)

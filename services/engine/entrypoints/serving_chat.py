@@ -35,7 +35,7 @@ async def create_chat_completion(
 ) -> Response:
     """Serve one chat completions request (streamed or not), with tools and reasoning as the plan says."""
     ctx.check_ready()
-    ctx.check_model(body.model)
+    lora_name = ctx.check_model(body.model)
     ctx.check_generates()
     plan = plan_chat(body, ctx.tools)
     prompt_ids = chat_prompt_ids(ctx.llm.tokenizer, body, plan.template_tools)
@@ -50,7 +50,8 @@ async def create_chat_completion(
         _shape(ctx, plan, structured is not None),
     )
     kv_params = await ctx.role.admit(body.kv_transfer_params, len(subs))
-    gen = Generation(ctx, subs, RequestOptions(request_id, body.cache_salt, body.priority, kv_params))
+    options = RequestOptions(request_id, body.cache_salt, body.priority, kv_params, lora_name)
+    gen = Generation(ctx, subs, options)
     stream = StreamContext(
         "chat", ctx.model_name, body.include_usage_in_stream(), id=f"chatcmpl-{request_id}"
     )

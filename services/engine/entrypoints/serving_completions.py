@@ -48,7 +48,7 @@ async def create_completion(
 ) -> Response:
     """Serve one completions request (streamed or not)."""
     ctx.check_ready()
-    ctx.check_model(body.model)
+    lora_name = ctx.check_model(body.model)
     ctx.check_generates()
     prompts = _prompts(ctx, body)
     structured = await checked_constraint(ctx, body.structured_spec())
@@ -56,7 +56,8 @@ async def create_completion(
         body, [p.ids for p in prompts], ctx, body.logprobs, body.engine_prompt_logprobs(), structured
     )
     kv_params = await ctx.role.admit(body.kv_transfer_params, len(subs))
-    gen = Generation(ctx, subs, RequestOptions(request_id, body.cache_salt, body.priority, kv_params))
+    options = RequestOptions(request_id, body.cache_salt, body.priority, kv_params, lora_name)
+    gen = Generation(ctx, subs, options)
     stream = StreamContext(
         "completion", ctx.model_name, body.include_usage_in_stream(), id=f"cmpl-{request_id}"
     )

@@ -15,14 +15,20 @@ from services.engine.entrypoints.serving import ServingContext
 
 
 def list_models(ctx: ServingContext) -> ModelList:
-    """The one model this server serves."""
+    """The model this server serves, then its LoRA adapters (``parent``: the base model)."""
+    core = ctx.llm.engine.core
     card = ModelCard(
         id=ctx.model_name,
         root=ctx.llm.config.model,
         max_model_len=ctx.max_model_len,
-        quantization=ctx.llm.engine.core.quant.describe(),
+        quantization=core.quant.describe(),
     )
-    return ModelList(data=[card])
+    paths = core.lora.paths if core.lora is not None else {}
+    adapters = [
+        ModelCard(id=name, root=path, parent=ctx.model_name, max_model_len=ctx.max_model_len)
+        for name, path in paths.items()
+    ]
+    return ModelList(data=[card, *adapters])
 
 
 def tokenize(ctx: ServingContext, body: TokenizeRequest) -> TokenizeResponse:

@@ -24,6 +24,7 @@ class CachedRequestState:
     stop_ids: tuple[int, ...] = ()
     token_ids: list[int] = field(default_factory=list)
     pooling: PoolingParams | None = None  # an embedding request: pooled when its prompt ends, never sampled
+    lora_name: str | None = None  # its LoRA adapter
 
 
 @dataclass

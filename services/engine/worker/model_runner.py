@@ -11,6 +11,7 @@ from services.engine.core.outputs import Logprobs, ModelRunnerOutput, SchedulerO
 from services.engine.worker.attention import ComputeBackend
 from services.engine.worker.decode_inputs import DecodeInputs
 from services.engine.worker.input_batch import CachedRequestState, PromptLogprobRows, StepInputs
+from services.engine.worker.lora.lora_manager import LoRAManager
 from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models.interface import CausalLM
 from services.engine.worker.pooling import EmbeddingModel, PoolingConfig, pool
@@ -42,6 +43,7 @@ class ModelRunner:
         self.states: dict[str, CachedRequestState] = {}
         self.inputs = DecodeInputs(backend, block_size, device)
         self.pooling: PoolingConfig | None = None  # set by the engine for --task embed
+        self.lora: LoRAManager | None = None  # set by the engine with --enable-lora
 
     def _lm(self) -> CausalLM:
         """The model as a language model (an encoder has no logits: its requests are pooled, never sampled)."""
@@ -64,6 +66,7 @@ class ModelRunner:
                 stop_ids=stop_ids + tuple(p.stop_token_ids),
                 token_ids=list(new.prompt_token_ids) + list(new.output_token_ids),
                 pooling=new.pooling,
+                lora_name=new.lora_name,
             )
         for cached in sched.cached_reqs:
             state = self.states[cached.req_id]
@@ -84,6 +87,9 @@ class ModelRunner:
             return ModelRunnerOutput((), (), ())
         try:
             inputs = self.inputs.build(sched, self.states)
+            if self.lora is not None:
+                names = [self.states[r].lora_name for r in req_ids]
+                self.lora.prepare(names, inputs.meta.query_start_loc.tolist())
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta, self.backend)
             prompt_lps = tuple(self._prompt_logprobs(hidden, rows) for rows in inputs.prompt_rows)
             pooled = self._pool(hidden, inputs, req_ids) if inputs.pool_rows else ()

@@ -1,0 +1,100 @@
+"""Multi-LoRA throughput: 64 requests spread over {1, 4, 16} adapters vs the base model alone, same run.
+
+Adapters: random rank-16 PEFT adapters on all of SmolLM2's q/k/v/o/gate/up/down projections (written
+once into $KVFERRY_HOME/bench-models/loras). Greedy, ignore_eos, 64 prompts x 64 tokens -> 64 tokens,
+median of 3 interleaved repeats; one engine with --max-loras 16 serves every row. Prints a table,
+writes benchmarks/results/lora.json.
+
+    python benchmarks/lora.py [--repeats 3] [--dtype bfloat16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from services.engine import LLM, SamplingParams  # noqa: E402
+from services.engine.worker.loader.default_model import ensure_default_model, kvferry_home  # noqa: E402
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def adapters(base: Path, count: int, rank: int) -> dict[str, str]:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    root = kvferry_home() / "bench-models" / "loras"
+    out = {}
+    for i in range(count):
+        path = root / f"r{rank}-{i}"
+        if not (path / "adapter_model.safetensors").is_file():
+            torch.manual_seed(i)
+            model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+            cfg = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=TARGETS, init_lora_weights=False)
+            get_peft_model(model, cfg).save_pretrained(str(path))
+        out[f"a{i}"] = str(path)
+    return out
+
+
+def run(llm: LLM, names: list[str | None]) -> float:
+    prompts = [[3 + (i * 7919 + j * 31) % 49000 for j in range(64)] for i in range(len(names))]
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    llm.engine.core.kv_manager.reset_prefix_cache()
+    start = time.perf_counter()
+    llm.generate(prompts, params, lora_name=names)
+    return len(names) * 64 / (time.perf_counter() - start)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "lora.json"))
+    args = ap.parse_args()
+    torch.set_num_threads(os.cpu_count() or 1)
+    base = ensure_default_model()
+    loras = adapters(base, 16, args.rank)
+    llm = LLM(
+        model=str(base),
+        dtype=args.dtype,
+        num_kv_blocks=1024,
+        enable_lora=True,
+        max_loras=16,
+        max_lora_rank=args.rank,
+        lora_modules=loras,
+    )
+    rows: dict[str, list[str | None]] = {"base model": [None] * 64}
+    for k in (1, 4, 16):
+        rows[f"{k} adapter{'s' if k > 1 else ''}"] = [f"a{i % k}" for i in range(64)]
+    run(llm, rows["16 adapters"][:16])  # warm-up: every adapter in its slot
+    tok_s: dict[str, list[float]] = {label: [] for label in rows}
+    for rep in range(args.repeats):
+        for label, names in rows.items():
+            tok_s[label].append(run(llm, names))
+            print(f"[r{rep + 1}] {label}: {tok_s[label][-1]:.0f} tok/s", flush=True)
+    base_tok_s = statistics.median(tok_s["base model"])
+    result = {"model": base.name, "dtype": args.dtype, "rank": args.rank, "requests": 64, "rows": []}
+    print("\n| 64 requests over | output tok/s | × base |\n|---|---:|---:|")
+    for label, values in tok_s.items():
+        med = statistics.median(values)
+        result["rows"].append(
+            {"workload": label, "tok_s": med, "vs_base": med / base_tok_s, "repeats": values}
+        )
+        print(f"| {label} | {med:.0f} | {med / base_tok_s:.2f} |")
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
