@@ -128,6 +128,17 @@ class ModelSpec(CrdModel):
     )
 
 
+class LoraSpec(CrdModel):
+    """A LoRA adapter every engine of the pool serves; requests select it by ``model``."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$", max_length=128, description="its model name")
+    source: str = Field(
+        min_length=1,
+        description="the PEFT adapter folder: a path inside the model source, or an absolute path in the image",
+    )
+    max_rank: int = Field(16, ge=1, le=512, description="the adapter's rank must not exceed it")
+
+
 class EnvVar(CrdModel):
     """A container environment variable (value or valueFrom, as in core/v1)."""
 
@@ -363,6 +374,17 @@ class InferencePoolSpec(CrdModel):
             "engine.task embed needs mode Aggregated (an embedding has no decode phase to disaggregate)",
             lambda s: s.engine.task != "embed" or s.mode == "Aggregated",
         ),
+        CelRule(
+            "!has(self.loras) || size(self.loras) == 0 || !has(self.engine) || !has(self.engine.task) "
+            "|| self.engine.task != 'embed'",
+            "loras need engine.task generate (adapters are for generation)",
+            lambda s: not s.loras or s.engine.task != "embed",
+        ),
+        CelRule(
+            "!has(self.loras) || self.loras.all(a, self.loras.exists_one(b, b.name == a.name))",
+            "loras: adapter names must be unique",
+            lambda s: len({a.name for a in s.loras}) == len(s.loras),
+        ),
     )
 
     model: ModelSpec
@@ -376,6 +398,9 @@ class InferencePoolSpec(CrdModel):
         default_factory=lambda: RedisSpec(managed=True), json_schema_extra={"default": {"managed": True}}
     )
     autoscaling: AutoscalingSpec | None = None
+    loras: list[LoraSpec] = Field(
+        default_factory=list, max_length=64, description="LoRA adapters every engine loads at start"
+    )
 
 
 class Condition(CrdModel):

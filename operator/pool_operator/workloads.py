@@ -90,11 +90,7 @@ class WorkloadBuilder:
     @property
     def tokenizer_path(self) -> str:
         tokenizer = self.spec.model.tokenizer
-        if not tokenizer:
-            return self.model_path
-        if tokenizer.startswith("/") or "://" in tokenizer:
-            return tokenizer
-        return f"{self.model_path}/{tokenizer}"
+        return self._in_model(tokenizer) if tokenizer else self.model_path
 
     def _model_volume(self) -> dict[str, Any]:
         source = self.spec.model.source
@@ -246,10 +242,32 @@ class WorkloadBuilder:
         if engine.task == "embed":
             args += ["--task", "embed"]
         args += self.chat_shaping_args()
+        args += self.lora_args()
         args += ["--redis-url", self.redis_url()]
         if self.spec.kvstore.enabled:
             args += ["--kvstore-url", f"grpc://{self.names.service_host('kvstore')}:{KVSTORE_PORT}"]
         return args + list(engine.extra_args)
+
+    def lora_args(self) -> list[str]:
+        """spec.loras: every engine loads every adapter, with a slot for each (ranks up to the largest)."""
+        loras = self.spec.loras
+        if not loras:
+            return []
+        modules = [f"{a.name}={self._in_model(a.source)}" for a in loras]
+        rank = str(max(a.max_rank for a in loras))
+        return [
+            "--enable-lora",
+            "--max-loras",
+            str(len(loras)),
+            "--max-lora-rank",
+            rank,
+            "--lora-modules",
+            *modules,
+        ]
+
+    def _in_model(self, path: str) -> str:
+        """A path inside the model source (absolute paths and URIs as they are)."""
+        return path if path.startswith("/") or "://" in path else f"{self.model_path}/{path}"
 
     def chat_shaping_args(self) -> list[str]:
         """Tool and reasoning flags: engines and routers both shape chat messages, so both get them."""

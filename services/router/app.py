@@ -114,36 +114,45 @@ def _openai_routes(state: RouterState) -> APIRouter:
     router = APIRouter()
     name = state.settings.model_name
 
-    def check_model(model: str | None) -> None:
-        if model is not None and model != name:
-            raise model_not_found(model)
+    def check_model(model: str | None) -> str | None:
+        """The LoRA adapter ``model`` names (None: the base model); 404 when no engine serves it."""
+        if model is None or model == name:
+            return None
+        if model in state.lora_adapters():
+            return model
+        raise model_not_found(model)
 
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        check_model(body.model)
+        lora = check_model(body.model)
         rid = body.request_id or request.state.request_id
-        req = state.preparer.completion(body)
+        req = state.preparer.completion(body, lora)
         req.arrival = request.state.arrival  # the overhead counts parsing, tokenizing and hashing too
         return await _serve(state, req, rid, None)
 
     @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        check_model(body.model)
+        lora = check_model(body.model)
         rid = body.request_id or request.state.request_id
-        req = state.preparer.chat(body)
+        req = state.preparer.chat(body, lora)
         req.arrival = request.state.arrival
-        adapter = ChatAdapter(name, rid, req.chat_top_logprobs, body.n, req.include_usage, req.chat_plan)
+        adapter = ChatAdapter(
+            lora or name, rid, req.chat_top_logprobs, body.n, req.include_usage, req.chat_plan
+        )
         return await _serve(state, req, rid, adapter)
 
     @router.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
-        check_model(body.model)
+        if check_model(body.model) is not None:
+            raise model_not_found(str(body.model))  # adapters are for generation
         return await _embed(state, body, request.state.request_id)
 
     @router.get("/v1/models")
     async def models() -> ModelList:
-        card = ModelCard(id=name, root=str(state.settings.tokenizer), max_model_len=state.max_model_len())
-        return ModelList(data=[card])
+        limit = state.max_model_len()
+        card = ModelCard(id=name, root=str(state.settings.tokenizer), max_model_len=limit)
+        adapters = [ModelCard(id=a, parent=name, max_model_len=limit) for a in sorted(state.lora_adapters())]
+        return ModelList(data=[card, *adapters])
 
     @router.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:

@@ -26,13 +26,18 @@ class EndpointSpec(BaseModel):
 
 
 class _ModelCard(BaseModel):
-    """The field of an engine's /v1/models card the router reads (the others are ignored)."""
+    """The fields of an engine's /v1/models cards the router reads (the others are ignored)."""
 
+    id: str = ""
+    parent: str | None = None  # set on LoRA adapter cards
     max_model_len: int | None = Field(None, ge=1)
 
 
 class _ModelList(BaseModel):
     data: list[_ModelCard] = Field(default_factory=list)
+
+
+_LORA_INFO = "kvferry_lora_requests_info"  # on the /metrics page of engines started with --enable-lora
 
 
 class PollerSettings(BaseModel):
@@ -117,28 +122,36 @@ class EndpointPoller:
         except ValueError:
             log.warning("endpoint %s: unreadable /metrics", endpoint.url)
             return down
-        # The card is read when an engine (re)joins: a restarted engine may have a new context length.
-        known = endpoint.max_model_len if endpoint.healthy else None
+        # The cards are read when an engine (re)joins (a restarted engine may have a new context length),
+        # and on every poll of an engine serving LoRA adapters (they are loaded and unloaded at runtime).
+        lora = _LORA_INFO in metrics.text
+        limit: int | None = endpoint.max_model_len if endpoint.healthy else None
+        adapters = endpoint.lora_adapters
+        if limit is None or lora:
+            fetched, adapters = await self._cards(endpoint.url)
+            limit = fetched or limit
         return replace(
             endpoint,
             healthy=True,
             draining=drained,
             load=load,
             cache_config=config or endpoint.cache_config,
-            max_model_len=known or await self._max_model_len(endpoint.url),
+            max_model_len=limit,
+            lora_adapters=adapters,
         )
 
-    async def _max_model_len(self, url: str) -> int | None:
-        """The context length on the engine's /v1/models card (None: no answer, or no such field)."""
+    async def _cards(self, url: str) -> tuple[int | None, frozenset[str]]:
+        """The context length and the LoRA adapters on the engine's /v1/models cards (None / empty: no answer)."""
         try:
             reply = await self._client.get(f"{url}/v1/models")
             reply.raise_for_status()
             cards = _ModelList.model_validate_json(reply.content).data
         except (httpx.HTTPError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
-            log.debug("endpoint %s: no max_model_len from /v1/models (%s)", url, exc)
-            return None
+            log.debug("endpoint %s: no cards from /v1/models (%s)", url, exc)
+            return None, frozenset()
         lengths = [c.max_model_len for c in cards if c.max_model_len]
-        return min(lengths) if lengths else None
+        adapters = frozenset(c.id for c in cards if c.parent and c.id)
+        return (min(lengths) if lengths else None), adapters
 
     async def run(self) -> None:
         """Poll forever, every ``interval_s``; a failing round never stops the loop."""

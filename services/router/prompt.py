@@ -58,6 +58,7 @@ class PreparedRequest:
     include_usage: bool = False
     chat_top_logprobs: int | None = None
     chat_plan: ChatPlan | None = None  # chat: how tools and reasoning shape the message
+    lora_name: str | None = None  # the LoRA adapter the request's ``model`` names
     arrival: float = field(default_factory=time.perf_counter)  # the app sets the HTTP arrival (middleware)
 
     @property
@@ -84,16 +85,16 @@ class PromptPreparer:
             template_renders_tools=tokenizer.chat_template is not None and tokenizer.renders_tools()
         )
 
-    def completion(self, body: CompletionRequest) -> PreparedRequest:
+    def completion(self, body: CompletionRequest, lora_name: str | None = None) -> PreparedRequest:
         """Strings are encoded as the engine would (special tokens added); ids pass as they are."""
         prompts = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in body.prompts()]
         engine = _base_body(body)
         engine["prompt"] = prompts[0] if len(prompts) == 1 else prompts
         if body.echo and isinstance(body.prompts()[0], str):
             engine["prompt"] = body.prompt  # echo returns the caller's text, not text decoded from the ids
-        return self._prepared("completion", body, prompts, engine)
+        return self._prepared("completion", body, prompts, engine, lora_name)
 
-    def chat(self, body: ChatCompletionRequest) -> PreparedRequest:
+    def chat(self, body: ChatCompletionRequest, lora_name: str | None = None) -> PreparedRequest:
         """Chat template (with the tools it should show), then the same completions body; logprobs asked as
         completions logprobs; a tool_choice the engine must enforce becomes its output constraint."""
         plan = plan_chat(body, self.tools)
@@ -115,18 +116,33 @@ class PromptPreparer:
         top_n = chat_top_logprobs(body)
         if top_n is not None:
             engine["logprobs"] = top_n
-        prepared = self._prepared("chat", body, [ids], engine)
+        prepared = self._prepared("chat", body, [ids], engine, lora_name)
         prepared.chat_top_logprobs = top_n
         prepared.chat_plan = plan
         return prepared
 
     def _prepared(
-        self, kind: Kind, body: SamplingRequest, prompts: list[list[int]], engine: dict[str, Any]
+        self,
+        kind: Kind,
+        body: SamplingRequest,
+        prompts: list[list[int]],
+        engine: dict[str, Any],
+        lora_name: str | None,
     ) -> PreparedRequest:
-        extras = BlockHashExtras(cache_salt=body.cache_salt)
+        """Block hashes as the engine computes them: an adapter's blocks are its own (the name is hashed)."""
+        extras = BlockHashExtras(cache_salt=body.cache_salt, lora_name=lora_name)
         hashes = self.hasher.hash_tokens(prompts[0], extras)
+        if lora_name is not None:
+            engine["model"] = lora_name  # the engine picks the adapter by model
         return PreparedRequest(
-            kind, prompts, hashes, engine, body.stream, body.n, body.include_usage_in_stream()
+            kind,
+            prompts,
+            hashes,
+            engine,
+            body.stream,
+            body.n,
+            body.include_usage_in_stream(),
+            lora_name=lora_name,
         )
 
 

@@ -129,16 +129,21 @@ class RouterState:
         """The pool's context length: the smallest the engines report (None before any answered)."""
         return pool_max_model_len(self.poller.endpoints())
 
+    def lora_adapters(self) -> set[str]:
+        """The LoRA adapters some healthy engine serves (requests may name them as their model)."""
+        return {a for e in self.poller.endpoints() if e.healthy for a in e.lora_adapters}
+
     async def context(self, req: PreparedRequest) -> RequestContext:
         """The index's view of the prompt (``None`` matches: Redis down or slow, route by load, counted)."""
-        bs = self.settings.block_size
+        bs, lora = self.settings.block_size, req.lora_name
         if self.index is None:
-            return RequestContext(req.prompt_tokens, bs, None, splittable=req.splittable)
+            return RequestContext(req.prompt_tokens, bs, None, splittable=req.splittable, lora_name=lora)
         if not req.block_hashes:
-            return RequestContext(req.prompt_tokens, bs, {}, splittable=req.splittable)
+            return RequestContext(req.prompt_tokens, bs, {}, splittable=req.splittable, lora_name=lora)
         t0 = time.perf_counter()
         matches = await self.index.lookup(req.block_hashes)
         self.metrics.lookup_latency.observe(time.perf_counter() - t0)
         if matches is None:
             self.metrics.fallbacks.labels(kind="index").inc()
-        return replace(RequestContext.from_lookup(req.prompt_tokens, bs, matches), splittable=req.splittable)
+        context = RequestContext.from_lookup(req.prompt_tokens, bs, matches)
+        return replace(context, splittable=req.splittable, lora_name=lora)

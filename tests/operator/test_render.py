@@ -293,3 +293,30 @@ def test_engine_quantization_reaches_every_engine_and_defaults_to_the_checkpoint
 
 def _args(manifest: dict) -> list[str]:
     return manifest["spec"]["template"]["spec"]["containers"][0].get("args", [])
+
+
+def test_loras_reach_every_engine_and_are_checked():
+    body = load_example("disaggregated-pool.yaml")
+    body["spec"]["loras"] = [
+        {"name": "sql", "source": "adapters/sql"},
+        {"name": "chat", "source": "/opt/adapters/chat", "maxRank": 64},
+    ]
+    rendered = PoolRenderer(parse_pool(body), IMAGES).render()
+    engines = [m for m in rendered if m["kind"] == "Deployment" and "--role" in _args(m)]
+    assert len(engines) == 2
+    for m in engines:
+        args = _args(m)
+        assert args[args.index("--max-loras") + 1] == "2" and args[args.index("--max-lora-rank") + 1] == "64"
+        i = args.index("--lora-modules")
+        assert args[i + 1 : i + 3] == [
+            "sql=/models/llama-3.1-8b-instruct/adapters/sql",
+            "chat=/opt/adapters/chat",
+        ]
+        assert "--enable-lora" in args
+    body["spec"]["loras"] = [{"name": "x", "source": "a"}, {"name": "x", "source": "b"}]
+    with pytest.raises(ValueError, match="adapter names must be unique"):
+        parse_pool(body)
+    embed = load_example("embedding-pool.yaml")
+    embed["spec"]["loras"] = [{"name": "x", "source": "a"}]
+    with pytest.raises(ValueError, match="loras need engine.task generate"):
+        parse_pool(embed)

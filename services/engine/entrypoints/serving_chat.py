@@ -53,7 +53,7 @@ async def create_chat_completion(
     options = RequestOptions(request_id, body.cache_salt, body.priority, kv_params, lora_name)
     gen = Generation(ctx, subs, options)
     stream = StreamContext(
-        "chat", ctx.model_name, body.include_usage_in_stream(), id=f"chatcmpl-{request_id}"
+        "chat", lora_name or ctx.model_name, body.include_usage_in_stream(), id=f"chatcmpl-{request_id}"
     )
     if body.stream:
         return SSEResponse(_events(ctx, body, gen, stream, plan))
@@ -64,7 +64,7 @@ async def create_chat_completion(
     response = ChatCompletionResponse(
         id=stream.id,
         created=stream.created,
-        model=ctx.model_name,
+        model=lora_name or ctx.model_name,
         choices=choices,
         usage=gen.usage(),
         kv_transfer_params=finals[0].kv_transfer_params,

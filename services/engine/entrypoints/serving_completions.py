@@ -59,7 +59,7 @@ async def create_completion(
     options = RequestOptions(request_id, body.cache_salt, body.priority, kv_params, lora_name)
     gen = Generation(ctx, subs, options)
     stream = StreamContext(
-        "completion", ctx.model_name, body.include_usage_in_stream(), id=f"cmpl-{request_id}"
+        "completion", lora_name or ctx.model_name, body.include_usage_in_stream(), id=f"cmpl-{request_id}"
     )
     if body.stream:
         return SSEResponse(_events(ctx, body, gen, prompts, stream))
@@ -70,7 +70,7 @@ async def create_completion(
     response = CompletionResponse(
         id=stream.id,
         created=stream.created,
-        model=ctx.model_name,
+        model=lora_name or ctx.model_name,
         choices=choices,
         usage=gen.usage(),
         kv_transfer_params=finals[0].kv_transfer_params,

@@ -18,6 +18,7 @@ class RequestContext:
     matches: Mapping[str, PrefixMatch] | None = field(default_factory=dict)
     store_blocks: int = 0  # leading blocks the pool's kvstore holds: any engine can fetch them
     splittable: bool = True  # False: decode must compute the prompt itself (no separate prefill)
+    lora_name: str | None = None  # only engines serving this LoRA adapter can take the request
 
     @classmethod
     def from_lookup(

@@ -38,6 +38,7 @@ class Endpoint:
     load: EndpointLoad = field(default_factory=EndpointLoad)
     cache_config: CacheConfig | None = None
     max_model_len: int | None = None  # from the engine's /v1/models card; None until it answered
+    lora_adapters: frozenset[str] = frozenset()  # LoRA adapters the engine serves (cards with a parent)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "url", normalize_url(self.url))

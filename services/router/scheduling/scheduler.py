@@ -57,6 +57,8 @@ class Scheduler:
     ) -> RouteDecision | None:
         """The route for one request, or ``None`` when no endpoint can serve it."""
         exclude = list(exclude)
+        if ctx.lora_name is not None:
+            endpoints = [e for e in endpoints if ctx.lora_name in e.lora_adapters]
         decoders = eligible(endpoints, DECODE_ROLES, exclude)
         if not decoders:
             return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -100,7 +101,14 @@ def bodies(fields: dict[str, tuple[list, list]], required: str | None = None) ->
     return st.fixed_dictionaries(fixed, optional=optional)
 
 
-FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# CI (.ci/run sets CI) replays one fixed draw, so the share of bodies that reach the engine cannot flake
+# under the 40-of-200 floor below; local runs keep drawing fresh bodies.
+FUZZ = settings(
+    max_examples=80,
+    deadline=None,
+    derandomize=bool(os.environ.get("CI")),
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 
 
 @pytest.fixture(scope="module")
