@@ -82,6 +82,9 @@ class KVTransferParams(BaseModel):
         None,
         description="Unix time (s) after which prefill may free the blocks; decode must not read after it.",
     )
+    lora_name: str | None = Field(
+        None, description="The LoRA adapter the KV was computed under (None: the base model)."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -126,6 +129,7 @@ class KVTransferParams(BaseModel):
         block_hashes: list[bytes],
         block_size: int,
         lease_s: float = DEFAULT_LEASE_S,
+        lora_name: str | None = None,
     ) -> KVTransferParams:
         """What prefill answers: where the prompt's full blocks are and until when they are kept."""
         return cls(
@@ -138,6 +142,7 @@ class KVTransferParams(BaseModel):
             block_hashes=[h.hex() for h in block_hashes],
             num_tokens=len(block_ids) * block_size,
             lease_expires=time.time() + lease_s,
+            lora_name=lora_name,
         )
 
 

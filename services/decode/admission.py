@@ -7,6 +7,7 @@ from typing import Any
 
 import httpx
 
+from services.common.errors import OpenAIError
 from services.common.kv_transfer import HANDSHAKE_PATH, KVIncompatibleError, KVTransferError, KVTransferParams
 from services.decode.pull_connector import PullConnector
 from services.engine.entrypoints.role import kv_incompatible, parse_kv_transfer_params
@@ -23,11 +24,24 @@ class DecodeAdmission:
     def __init__(self, transfer: NixlTransfer | None, connector: PullConnector) -> None:
         self.transfer, self.connector = transfer, connector
 
-    async def admit(self, raw: dict[str, Any] | None, n: int) -> KVTransferParams | None:
+    async def admit(
+        self, raw: dict[str, Any] | None, n: int, lora_name: str | None = None
+    ) -> KVTransferParams | None:
         """Parsed params; when prefill cannot be reached the request is served as a local one (counted)."""
         if raw is None:
             return None
         params = parse_kv_transfer_params(raw, n, "decode", unsupported="do_remote_decode")
+        if params.do_remote_prefill and params.remote_block_ids and params.lora_name != lora_name:
+            rid = params.remote_request_id or "?"
+            detail = f"the KV was computed under {_adapter(params.lora_name)}, this request runs {_adapter(lora_name)}"
+            self.connector.record_refusal("adapter_mismatch", rid, detail)
+            raise OpenAIError(
+                409,
+                f"Refusing remote KV: {detail}.",
+                "invalid_request_error",
+                "kv_transfer_params",
+                "kv_incompatible",
+            )
         if params.do_remote_prefill and params.remote_block_ids and not await self._ensure_peer(params):
             return params.model_copy(update={"do_remote_prefill": False, "remote_block_ids": []})
         return params
@@ -56,3 +70,7 @@ class DecodeAdmission:
             )
             return False
         return True
+
+
+def _adapter(name: str | None) -> str:
+    return f"LoRA adapter {name!r}" if name else "the base model"

@@ -128,6 +128,11 @@ class PullConnector:
         except KVTransferError as exc:  # the lease expires anyway
             log.info("could not release lease %s early: %s", params.remote_request_id, exc)
 
+    def record_refusal(self, reason: str, request_id: str, detail: str) -> None:
+        """A request refused (409) for its remote KV: counted with the transfer failures, logged as an error."""
+        self._stats.add_failure(reason)
+        log.error("refusing remote KV for %s (%s): %s", request_id, reason, detail)
+
     def record_failure(self, reason: str, request_id: str, detail: str | None = None) -> None:
         self._stats.add_failure(reason)
         log.warning(

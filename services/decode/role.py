@@ -32,7 +32,9 @@ class DecodeRole:
     def routes(self) -> Sequence[APIRouter]:
         return ()
 
-    async def admit(self, raw: dict[str, Any] | None, n: int) -> KVTransferParams | None:
+    async def admit(
+        self, raw: dict[str, Any] | None, n: int, lora_name: str | None = None
+    ) -> KVTransferParams | None:
         if self._admission is None:
             raise RuntimeError("DecodeRole.admit before the engine built its connectors")
-        return await self._admission.admit(raw, n)
+        return await self._admission.admit(raw, n, lora_name)

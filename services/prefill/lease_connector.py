@@ -60,6 +60,7 @@ class LeaseConnector:
             block_hashes=request.block_hashes[:n_full],
             block_size=self.block_size,
             lease_s=self.lease_s,
+            lora_name=request.lora_name,
         )
         if not leased or self.transfer is None:  # nothing to READ over NIXL
             return False, params

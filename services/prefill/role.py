@@ -46,7 +46,9 @@ class PrefillRole:
     def routes(self) -> Sequence[APIRouter]:
         return (handshake_router(self.transfer),)
 
-    async def admit(self, raw: dict[str, Any] | None, n: int) -> KVTransferParams | None:
+    async def admit(
+        self, raw: dict[str, Any] | None, n: int, lora_name: str | None = None
+    ) -> KVTransferParams | None:
         if raw is None:
             return None
         return parse_kv_transfer_params(raw, n, self.name, unsupported="do_remote_prefill")

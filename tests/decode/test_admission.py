@@ -123,3 +123,16 @@ def test_prefill_refuses_do_remote_prefill() -> None:
 def test_kv_lease_outside_prefill_is_a_cli_error(role: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--role", role, "--kv-lease", "5"]) == 2
     assert "--kv-lease: applies to --role prefill only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("kv_adapter", "request_adapter"), [("sql", None), (None, "sql"), ("sql", "chat")])
+def test_decode_refuses_kv_of_another_adapter(kv_adapter: str | None, request_adapter: str | None) -> None:
+    """KV computed under one LoRA adapter (or the base model) is never decoded under another: 409, counted."""
+    raw = _raw("prefill-1", "127.0.0.1:9") | {"lora_name": kv_adapter}
+    pull = PullConnector(None, BLOCK_SIZE)
+    with pytest.raises(OpenAIError) as err:
+        asyncio.run(DecodeAdmission(None, pull).admit(raw, 1, request_adapter))
+    assert err.value.status == 409 and err.value.info.code == "kv_incompatible"
+    assert dict(pull.stats().failures) == {"adapter_mismatch": 1}
+    same = asyncio.run(DecodeAdmission(None, pull).admit(raw, 1, kv_adapter))
+    assert same is not None and same.lora_name == kv_adapter and same.do_remote_prefill

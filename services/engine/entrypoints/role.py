@@ -28,8 +28,12 @@ class EngineRole(Protocol):
 
     def routes(self) -> Sequence[APIRouter]: ...
 
-    async def admit(self, raw: dict[str, Any] | None, n: int) -> KVTransferParams | None:
-        """The request's kv_transfer_params as the engine will use them (None: none); 4xx OpenAIError if unusable."""
+    async def admit(
+        self, raw: dict[str, Any] | None, n: int, lora_name: str | None = None
+    ) -> KVTransferParams | None:
+        """The request's kv_transfer_params as the engine will use them (None: none); 4xx OpenAIError if unusable.
+
+        ``lora_name``: the adapter the request runs under (KV computed under another one is refused)."""
         ...
 
 
@@ -44,7 +48,9 @@ class AggregatedRole:
     def routes(self) -> Sequence[APIRouter]:
         return ()
 
-    async def admit(self, raw: dict[str, Any] | None, n: int) -> KVTransferParams | None:
+    async def admit(
+        self, raw: dict[str, Any] | None, n: int, lora_name: str | None = None
+    ) -> KVTransferParams | None:
         return None
 
 

@@ -49,7 +49,7 @@ async def create_chat_completion(
         structured,
         _shape(ctx, plan, structured is not None),
     )
-    kv_params = await ctx.role.admit(body.kv_transfer_params, len(subs))
+    kv_params = await ctx.role.admit(body.kv_transfer_params, len(subs), lora_name)
     options = RequestOptions(request_id, body.cache_salt, body.priority, kv_params, lora_name)
     gen = Generation(ctx, subs, options)
     stream = StreamContext(

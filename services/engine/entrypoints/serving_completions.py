@@ -55,7 +55,7 @@ async def create_completion(
     subs = fan_out(
         body, [p.ids for p in prompts], ctx, body.logprobs, body.engine_prompt_logprobs(), structured
     )
-    kv_params = await ctx.role.admit(body.kv_transfer_params, len(subs))
+    kv_params = await ctx.role.admit(body.kv_transfer_params, len(subs), lora_name)
     options = RequestOptions(request_id, body.cache_salt, body.priority, kv_params, lora_name)
     gen = Generation(ctx, subs, options)
     stream = StreamContext(
