@@ -70,6 +70,7 @@ class LoRAStats:
     loads: int
     evictions: int
     slots_used: int
+    requests: tuple[tuple[str, int], ...] = ()  # (adapter, requests since start)
 
 
 @dataclass(frozen=True)
@@ -309,4 +310,7 @@ def _lora_stats(core: EngineCore) -> LoRAStats | None:
     running = sorted({r.lora_name for r in sched.running if r.lora_name})
     waiting = sorted({r.lora_name for r in sched.waiting if r.lora_name})
     used = sum(1 for n in lora.slots if n)
-    return LoRAStats(tuple(running), tuple(waiting), len(lora.slots), lora.loads, lora.evictions, used)
+    requests = tuple(sorted(lora.requests.items()))
+    return LoRAStats(
+        tuple(running), tuple(waiting), len(lora.slots), lora.loads, lora.evictions, used, requests
+    )

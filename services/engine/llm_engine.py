@@ -141,6 +141,8 @@ class LLMEngine:
         self.validate_prompt(token_ids, params, kv_transfer_params)
         if lora_name is not None and lora_name not in self.core.lora_names():
             raise LookupError(f"model: LoRA adapter {lora_name!r} is not loaded")
+        if lora_name is not None and self.core.lora is not None:
+            self.core.lora.requests[lora_name] += 1
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._tracked:
             raise ValueError(f"request_id: {request_id!r} is already in use")

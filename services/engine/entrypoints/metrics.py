@@ -152,6 +152,12 @@ def _lora_metrics(lora: LoRAStats) -> Iterator[Metric]:
     yield GaugeMetricFamily(
         "kvferry_lora_slots_used", "Device slots holding an adapter.", value=lora.slots_used
     )
+    per_adapter = CounterMetricFamily(
+        "kvferry_lora_requests", "Requests queued per LoRA adapter.", labels=["lora_name"]
+    )
+    for name, n in lora.requests:
+        per_adapter.add_metric([name], n)
+    yield per_adapter
 
 
 class ServerMetrics:

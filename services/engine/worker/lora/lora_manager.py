@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
 import torch
 from torch import nn
@@ -56,6 +56,7 @@ class LoRAManager:
         self.slots: list[str | None] = [None] * max_loras
         self.slot_use: OrderedDict[int, None] = OrderedDict((s, None) for s in range(max_loras))
         self.loads = self.evictions = 0
+        self.requests: Counter[str] = Counter()  # requests queued per adapter, since start
 
     @property
     def names(self) -> list[str]:

@@ -72,6 +72,8 @@ def test_adapters_load_unload_and_serve_by_model_name(
             in metrics
         )
         assert "kvferry_lora_loads_total 2.0" in metrics and "kvferry_lora_slots_used" in metrics
+        assert 'kvferry_lora_requests_total{lora_name="a"} 1.0' in metrics
+        assert 'kvferry_lora_requests_total{lora_name="b"} 1.0' in metrics
         assert client.completions.create(model=MODEL, prompt=PROMPTS[1], **greedy).choices[0].text == base
     finally:
         assert engine.stop() == 0
