@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,16 +26,28 @@ _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "
 _SUPPORTED_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
 
 
+def gguf_reader(path: Path) -> Any:
+    """The file's GGUFReader, parsed once per version of the file: an engine start reads its config,
+    its tensor types (--quantization auto) and its tensors, and parsing SmolLM2's costs ~1.8 s."""
+    st = path.stat()
+    return _parsed(str(path.resolve()), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=1)
+def _parsed(path: str, mtime_ns: int, size: int) -> Any:
+    from gguf import GGUFReader
+
+    return GGUFReader(path)
+
+
 class GGUFCheckpoint:
     """A .gguf file read as an HF checkpoint: ``hf_config()``, ``tensors()``, ``tokenizer_files()``."""
 
     def __init__(self, path: str | Path) -> None:
-        from gguf import GGUFReader
-
         self.path = Path(path)
         if not self.path.is_file():
             raise ValueError(f"model: GGUF file {self.path} does not exist")
-        self.reader = GGUFReader(str(self.path))
+        self.reader = gguf_reader(self.path)
         self.arch = self._field("general.architecture")
         if self.arch not in _SUPPORTED_ARCHS:
             raise ValueError(

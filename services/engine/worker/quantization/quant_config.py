@@ -108,11 +108,10 @@ def detect(path: Path) -> QuantConfig:
 
 
 def _detect_gguf(path: Path) -> QuantConfig:
-    from gguf import GGUFReader
-
+    from services.engine.worker.loader.gguf import gguf_reader
     from services.engine.worker.quantization.gguf_blocks import FLOAT_TYPES, SUPPORTED_TYPES
 
-    types = Counter(t.tensor_type.name for t in GGUFReader(str(path)).tensors)
+    types = Counter(t.tensor_type.name for t in gguf_reader(path).tensors)
     bad = sorted(set(types) - SUPPORTED_TYPES)
     if bad:
         raise ValueError(
