@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -20,34 +18,12 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import kernels.cpu as kc  # noqa: E402
+from benchmarks.cpu_pointwise import pointwise_rows  # noqa: E402
+from benchmarks.timing import median_ms  # noqa: E402
 from kernels.cpu import build  # noqa: E402
-from kernels.reference import build_cos_sin_cache  # noqa: E402
 
 BLOCK = 16
 MODELS = {"h768-llama": (12, 12, 64), "smollm2": (9, 3, 64)}  # (Hq, Hkv, D)
-
-
-def median_ms(
-    fns: list[Callable[[], object]],
-    min_reps: int = 7,
-    budget_s: float = 1.0,
-    before: Callable[[], object] | None = None,
-) -> list[float]:
-    """Median wall time (ms) of each fn after a warm-up; the fns take turns, so a noisy neighbour on a
-    shared machine slows them alike. At least min_reps rounds, more while under ~budget_s (max 50).
-    before (untimed) runs ahead of every timed call, e.g. to evict the caches."""
-    for fn in fns:
-        fn()
-    times: list[list[float]] = [[] for _ in fns]
-    start = time.perf_counter()
-    while len(times[0]) < min_reps or (time.perf_counter() - start < budget_s and len(times[0]) < 50):
-        for fn, ts in zip(fns, times, strict=True):
-            if before is not None:
-                before()
-            t0 = time.perf_counter()
-            fn()
-            ts.append((time.perf_counter() - t0) * 1e3)
-    return [statistics.median(ts) for ts in times]
 
 
 class TorchPath:
@@ -271,85 +247,6 @@ PAGED_DECODE_CASES = [
 ]
 
 
-def pointwise_rows(dtype: torch.dtype, tokens: int) -> list[dict]:
-    """RMSNorm (plain and fused add), rotary, SiLU-and-mul and the cache write vs their torch versions."""
-    hidden, inter, hq, hkv, d = 768, 2048, 12, 12, 64
-    dt = str(dtype).removeprefix("torch.")
-    rows = []
-
-    def row(name: str, torch_fn: Callable, kernel_fn: Callable) -> None:
-        t_ms, k_ms = median_ms([torch_fn, kernel_fn])
-        rows.append(
-            {
-                "kind": "pointwise",
-                "op": name,
-                "dtype": dt,
-                "tokens": tokens,
-                "torch_ms": t_ms,
-                "kernel_ms": k_ms,
-                "speedup": t_ms / k_ms,
-            }
-        )
-
-    x = torch.randn(tokens, hidden, dtype=dtype)
-    res = torch.randn(tokens, hidden, dtype=dtype)
-    w = (1 + 0.1 * torch.randn(hidden)).to(dtype)
-
-    def torch_norm(x: torch.Tensor, r: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        if r is not None:
-            x = x + r
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)
-        return w * h.to(x.dtype), x
-
-    row("rms_norm", lambda: torch_norm(x), lambda: kc.rms_norm(x, w, 1e-5))
-    row("fused_add_rms_norm", lambda: torch_norm(x, res), lambda: kc.fused_add_rms_norm(x, res, w, 1e-5))
-
-    qkv = torch.randn(tokens, hq + 2 * hkv, d, dtype=dtype)
-    q, k = qkv[:, :hq], qkv[:, hq : hq + hkv]
-    cache = build_cos_sin_cache(d, 8192, 10000.0, None, dtype)
-    pos = torch.randint(0, 8192, (tokens,))
-
-    def torch_rope() -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = cache.index_select(0, pos).chunk(2, dim=-1)
-        cos, sin = torch.cat((cos, cos), dim=-1)[:, None, :], torch.cat((sin, sin), dim=-1)[:, None, :]
-
-        def rot(t: torch.Tensor) -> torch.Tensor:
-            rotated = torch.cat((-t[..., d // 2 :], t[..., : d // 2]), dim=-1)
-            return t * cos + rotated * sin
-
-        return rot(q), rot(k)
-
-    row("rotary", torch_rope, lambda: kc.rotary_embedding(pos, q, k, cache, True))
-
-    gate_up = torch.randn(tokens, 2 * inter, dtype=dtype)
-
-    def torch_silu() -> torch.Tensor:
-        gate, up = gate_up.chunk(2, dim=-1)
-        return F.silu(gate) * up
-
-    row("silu_and_mul", torch_silu, lambda: kc.silu_and_mul(gate_up))
-
-    blocks = -(-tokens // BLOCK) + 8
-    kv = torch.zeros(blocks, 3, 2, BLOCK, hkv, d, dtype=dtype)
-    key, value = torch.randn(tokens, hkv, d, dtype=dtype), torch.randn(tokens, hkv, d, dtype=dtype)
-    slots = torch.randperm(blocks * BLOCK)[:tokens]
-
-    def torch_write() -> None:
-        token_rows = kv.view(-1, hkv * d)
-        b, o = slots // BLOCK, slots % BLOCK
-        r = ((b * 3 + 1) * 2) * BLOCK + o
-        token_rows.index_copy_(0, r, key.reshape(-1, hkv * d))
-        token_rows.index_copy_(0, r + BLOCK, value.reshape(-1, hkv * d))
-
-    row(
-        "reshape_and_cache",
-        torch_write,
-        lambda: kc.reshape_and_cache(key, value, kv[:, 1, 0], kv[:, 1, 1], slots),
-    )
-    return rows
-
-
 def attention_cases(quick: bool) -> list[tuple[str, int, int, int]]:
     """(kind, batch, cached prefix, q_len) of every attention row."""
     if quick:
@@ -423,7 +320,7 @@ def main() -> int:
                 rows.append(attention_row(kind, model, dtype, batch, prefix, q_len))
                 print_table(rows[-1:], header=len(rows) == 1)
         for tokens in (64, 512):
-            rows.extend(pointwise_rows(dtype, tokens))
+            rows.extend(pointwise_rows(dtype, tokens, BLOCK))
             print_table(rows[-5:], header=False)
     print()
     print_table(rows)

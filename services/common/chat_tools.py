@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from services.common.errors import bad_request
@@ -237,3 +238,13 @@ def check_tool_settings(settings: ToolSettings) -> None:
         raise ValueError(f"--tool-call-parser / --reasoning-parser: {exc}") from exc
     if settings.auto_tool_choice and not settings.tool_call_parser:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser")
+
+
+def read_chat_template(path: str | Path | None) -> str | None:
+    """The text of ``--chat-template FILE`` (engines and routers both apply it); ValueError naming the flag."""
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"--chat-template: cannot read {path}: {exc.strerror}") from exc

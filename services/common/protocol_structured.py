@@ -122,7 +122,7 @@ class StructuredRequestFields(RequestModel):
 
     @model_validator(mode="after")
     def _one_constraint(self) -> StructuredRequestFields:
-        given = [name for name in _FIELDS if _given(self, name)]
+        given = [name for name in CONSTRAINT_FIELDS if _given(self, name)]
         if len(given) > 1:
             raise field_error(
                 given[1], f"cannot be combined with {given[0]} (one output constraint per request)"
@@ -158,7 +158,8 @@ class StructuredRequestFields(RequestModel):
         return None
 
 
-_FIELDS = (
+# Every request field that constrains the output (one of them at most): routers drop them for prefill.
+CONSTRAINT_FIELDS = (
     "response_format",
     "structured_outputs",
     "guided_json",

@@ -26,9 +26,8 @@ from services.engine.worker.loader.model_loader import (
 from services.engine.worker.lora.lora_manager import LoRAManager
 from services.engine.worker.model_runner import ModelRunner, bytes_per_block, kv_cache_shape
 from services.engine.worker.models import is_encoder_architecture
-from services.engine.worker.models.interface import CausalLM
+from services.engine.worker.models.interface import CausalLM, EmbeddingModel
 from services.engine.worker.pooling import (
-    EmbeddingModel,
     detect_task,
     pooling_config_for,
     sentence_max_seq_length,

@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from services.common.chat_tools import read_chat_template
 from services.common.errors import config_problem
 from services.router.discovery import DiscoverySettings, in_cluster_url
 from services.router.endpoints import EndpointSpec, PollerSettings
@@ -148,20 +149,11 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         poller=PollerSettings(interval_s=args.poll_interval),
         index_budget_s=args.index_budget_ms / 1000,
         self_check_interval_s=args.self_check_interval,
-        chat_template=_read_template(args.chat_template),
+        chat_template=read_chat_template(args.chat_template),
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
     )
-
-
-def _read_template(path: str | None) -> str | None:
-    if path is None:
-        return None
-    try:
-        return Path(path).read_text()
-    except OSError as exc:
-        raise ValueError(f"--chat-template: cannot read {path}: {exc.strerror}") from exc
 
 
 def _api_key(args: argparse.Namespace) -> str | None:

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from services.common.errors import OpenAIError
 from services.common.kv_transfer import KVTransferParams
+from services.common.protocol_structured import CONSTRAINT_FIELDS
 from services.router.engine_client import EngineClient, EngineStream, EngineUnavailable
 from services.router.metrics import RouterMetrics
 from services.router.prompt import PreparedRequest
@@ -40,12 +41,7 @@ _PREFILL_DROPPED = (
     "echo",
     "min_tokens",
     "n",
-    "response_format",
-    "structured_outputs",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
+    *CONSTRAINT_FIELDS,
     "structured_outputs_after",
 )
 

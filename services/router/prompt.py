@@ -16,7 +16,7 @@ from services.common.chat_prompt import chat_prompt_ids, chat_top_logprobs
 from services.common.chat_tools import ChatPlan, ToolSettings, plan_chat
 from services.common.hashing import BlockHasher, BlockHashExtras
 from services.common.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
-from services.common.protocol_structured import spec_request_fields
+from services.common.protocol_structured import CONSTRAINT_FIELDS, spec_request_fields
 from services.common.tokenizer import Tokenizer
 
 Kind = Literal["completion", "chat"]
@@ -31,14 +31,6 @@ _CHAT_ONLY = (
     "tools",
     "tool_choice",
     "parallel_tool_calls",
-)
-_CONSTRAINTS = (
-    "response_format",
-    "structured_outputs",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
 )
 # Fields the router owns: the engine fills in its model name, P/D params come from the flow.
 _ROUTER_OWNED = ("model", "kv_transfer_params", "request_id")
@@ -100,7 +92,7 @@ class PromptPreparer:
         plan = plan_chat(body, self.tools)
         ids = chat_prompt_ids(self.tokenizer, body, plan.template_tools)
         engine = _base_body(body)
-        for key in (*_CHAT_ONLY, *_CONSTRAINTS):
+        for key in (*_CHAT_ONLY, *CONSTRAINT_FIELDS):
             engine.pop(key, None)
         if plan.constraint is not None:
             engine.update(spec_request_fields(plan.constraint))

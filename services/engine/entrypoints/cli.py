@@ -15,13 +15,12 @@ import socket
 import sys
 from collections.abc import Callable, Mapping
 from functools import partial
-from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
 import uvicorn
 
-from services.common.chat_tools import ToolSettings, check_tool_settings
+from services.common.chat_tools import ToolSettings, check_tool_settings, read_chat_template
 from services.common.errors import config_problem
 from services.common.roles import RoleName, parse_role_name
 
@@ -220,21 +219,12 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
-        chat_template=_read_template(args.chat_template),
+        chat_template=read_chat_template(args.chat_template),
     )
     check_tool_settings(
         ToolSettings(args.enable_auto_tool_choice, args.tool_call_parser, args.reasoning_parser)
     )
     return engine, server
-
-
-def _read_template(path: str | None) -> str | None:
-    if path is None:
-        return None
-    try:
-        return Path(path).read_text()
-    except OSError as exc:
-        raise ValueError(f"--chat-template: cannot read {path}: {exc.strerror}") from exc
 
 
 class DrainingServer(uvicorn.Server):

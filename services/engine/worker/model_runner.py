@@ -13,8 +13,8 @@ from services.engine.worker.decode_inputs import DecodeInputs
 from services.engine.worker.input_batch import CachedRequestState, PromptLogprobRows, StepInputs
 from services.engine.worker.lora.lora_manager import LoRAManager
 from services.engine.worker.model_config import ModelConfig
-from services.engine.worker.models.interface import CausalLM
-from services.engine.worker.pooling import EmbeddingModel, PoolingConfig, pool
+from services.engine.worker.models.interface import CausalLM, EmbeddingModel
+from services.engine.worker.pooling import PoolingConfig, pool
 from services.engine.worker.sampler import Sampler, SamplingRow, TokenMask, batch_logprobs
 from services.engine.worker.structured.manager import StepConstraints
 

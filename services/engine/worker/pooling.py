@@ -1,17 +1,15 @@
-"""Embedding pooling: the model Protocol, a checkpoint's pooling config, and pooling of a flattened batch."""
+"""Embedding pooling: a checkpoint's pooling config, and pooling of a flattened batch."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
-from services.engine.worker.attention import AttentionMetadata, ComputeBackend
 from services.engine.worker.models import is_encoder_architecture
 
 PoolingMode = Literal["mean", "cls", "last"]
@@ -28,26 +26,6 @@ _ST_LEGACY_KEYS = {
     "pooling_mode_weightedmean_tokens": "weightedmean",
 }
 _ST_MODULES = {"Transformer", "Pooling", "Normalize"}  # the sentence-transformers modules we reproduce
-
-
-class EmbeddingModel(Protocol):
-    """What the runner calls on a model that serves embeddings: an encoder (BertModel) or a decoder
-    (LlamaForCausalLM, whose hidden states are read after the final norm). Built like a CausalLM."""
-
-    def __call__(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        backend: ComputeBackend,
-    ) -> torch.Tensor:
-        """Last hidden states [T, hidden] of the step's flattened tokens."""
-        ...
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Fill every parameter from HF-named checkpoint tensors (ValueError naming what is missing)."""
-        ...
 
 
 class PoolingConfig(BaseModel):

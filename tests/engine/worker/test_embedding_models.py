@@ -16,8 +16,8 @@ from services.engine.worker.attention.torch_backend import TorchBackend
 from services.engine.worker.loader.model_loader import load_embedding_model, load_model, load_model_config
 from services.engine.worker.model_runner import kv_cache_shape
 from services.engine.worker.models import get_model_class
+from services.engine.worker.models.interface import EmbeddingModel
 from services.engine.worker.pooling import (
-    EmbeddingModel,
     PoolingConfig,
     detect_task,
     pool,

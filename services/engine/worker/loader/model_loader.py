@@ -15,8 +15,7 @@ from tqdm import tqdm
 from services.engine.worker.linear import pack_linears
 from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models import get_model_class, is_encoder_architecture
-from services.engine.worker.models.interface import CausalLM
-from services.engine.worker.pooling import EmbeddingModel
+from services.engine.worker.models.interface import CausalLM, EmbeddingModel
 from services.engine.worker.quantization.quant_config import QuantConfig, detect
 from services.engine.worker.quantization.quant_plan import QuantPlan, dense_stream
 

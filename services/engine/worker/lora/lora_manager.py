@@ -151,6 +151,3 @@ class LoRAManager:
         for layer in self.layers.values():
             layer.set_slot(slot, None, 0.0)
         self.slots[slot] = None
-
-    def running(self) -> list[str]:
-        return [n for n in self.slots if n]

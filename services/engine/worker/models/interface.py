@@ -1,4 +1,4 @@
-"""CausalLM: what the runner and the loader call on a model class registered for an architecture."""
+"""EmbeddingModel / CausalLM: what the runner and the loader call on a model class registered for an architecture."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import torch
 from services.engine.worker.attention import AttentionMetadata, ComputeBackend
 
 
-class CausalLM(Protocol):
-    """An ``nn.Module`` built as ``cls(model_config, max_positions, dtype)`` on the meta device."""
+class EmbeddingModel(Protocol):
+    """An ``nn.Module`` built as ``cls(model_config, max_positions, dtype)`` on the meta device: an encoder
+    (BertModel) or a decoder (LlamaForCausalLM, whose hidden states are read after the final norm)."""
 
     def __call__(
         self,
@@ -21,8 +22,16 @@ class CausalLM(Protocol):
         meta: AttentionMetadata,
         backend: ComputeBackend,
     ) -> torch.Tensor:
-        """Hidden states [T, hidden] of the step's flattened tokens (K/V written into ``kv_cache``)."""
+        """Hidden states [T, hidden] of the step's flattened tokens (a decoder writes K/V into ``kv_cache``)."""
         ...
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Fill every parameter from HF-named checkpoint tensors (ValueError naming what is missing)."""
+        ...
+
+
+class CausalLM(EmbeddingModel, Protocol):
+    """A decoder that also scores the vocabulary."""
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits [R, vocab] of hidden rows [R, hidden]."""
@@ -30,8 +39,4 @@ class CausalLM(Protocol):
 
     def build_rope_cache(self, dtype: torch.dtype) -> torch.Tensor:
         """The rotary cos/sin table, rebuilt after the weights leave the meta device."""
-        ...
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Fill every parameter from HF-named checkpoint tensors (ValueError naming what is missing)."""
         ...

@@ -10,6 +10,8 @@ dense path dequantizes the whole weight with torch ops (slow, but exact).
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -41,6 +43,7 @@ class Int4Linear(nn.Module):
         gw = gw.regroup(group)
         self.out_features, self.in_features = gw.shape
         self.group, self.dtype, self.min_dense_rows = group, dtype, min_dense_rows
+        self.ops = _cpu_ops()
         pad = -self.out_features % _BLOCK_N
         codes = F.pad(gw.codes.to(torch.int32), (0, 0, 0, pad))
         self.packed = torch._convert_weight_to_int4pack_for_cpu(codes, 1)
@@ -69,23 +72,18 @@ class Int4Linear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         if self.perm is not None:
             rows = rows.index_select(1, self.perm)
-        if rows.shape[0] >= self.min_dense_rows and _cpu_kernels():
-            from kernels import cpu
-
-            out = cpu.woq_int4_linear(rows, self.packed, self.scales_and_zeros, self.group)
-            out = (out if out.shape[1] == self.out_features else out[:, : self.out_features]).contiguous()
-            if self.bias is not None:
-                out = out + self.bias
-        elif rows.shape[0] >= self.min_dense_rows:
-            out = F.linear(rows, self.dense_weight(), self.bias)
-        else:
+        if rows.shape[0] < self.min_dense_rows:
             out = torch._weight_int4pack_mm_for_cpu(
                 rows.contiguous(), self.packed, self.group, self.scales_and_zeros
             )
-            if out.shape[1] != self.out_features:
-                out = out[:, : self.out_features].contiguous()
-            if self.bias is not None:
-                out = out + self.bias
+        elif self.ops is not None:
+            out = self.ops.woq_int4_linear(rows, self.packed, self.scales_and_zeros, self.group)
+        else:
+            out = F.linear(rows, self.dense_weight())
+        if out.shape[1] != self.out_features:  # int4pack pads the output rows to a multiple of 64
+            out = out[:, : self.out_features].contiguous()
+        if self.bias is not None:
+            out = out + self.bias
         return out.view(*x.shape[:-1], self.out_features)
 
     def weight_bytes(self) -> int:
@@ -113,14 +111,13 @@ class Int8Linear(nn.Module):
         self.scales = scale.to(dtype)
         self.dtype, self.min_dense_rows = dtype, min_dense_rows
         self.bias = None if bias is None else bias.to(dtype)
+        self.ops = _cpu_ops()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         few = rows.shape[0] < self.min_dense_rows
-        if _cpu_kernels():
-            from kernels import cpu
-
-            gemm = cpu.woq_int8_gemv if few else cpu.woq_int8_linear
+        if self.ops is not None:
+            gemm = self.ops.woq_int8_gemv if few else self.ops.woq_int8_linear
             out = gemm(rows, self.qweight, self.scales)
         elif few and self.in_features % 16 == 0:  # torch's kernel crashes (bf16) on other K
             out = torch._weight_int8pack_mm(rows.contiguous(), self.qweight, self.scales)
@@ -152,10 +149,11 @@ class Int8Embedding(nn.Module):
         return 0
 
 
-def _cpu_kernels() -> bool:
+def _cpu_ops() -> ModuleType | None:
+    """kvferry's C++ CPU kernels (``kernels.cpu``) where they built, looked up once per layer at load."""
     from kernels import cpu
 
-    return cpu.available()
+    return cpu if cpu.available() else None
 
 
 def _nbytes(*tensors: torch.Tensor | None) -> int:
