@@ -104,8 +104,5 @@ class LoRALinear(nn.Module):
         return y
 
     def weight_bytes(self) -> int:
-        base = getattr(self.base, "weight_bytes", None)
-        own = self.a.numel() * self.a.element_size() + self.b.numel() * self.b.element_size()
-        if base is not None:
-            return int(base()) + own
-        return own + sum(t.numel() * t.element_size() for t in self.base.parameters())
+        """The adapter slots' bytes (``base`` is a submodule: model_loader.weight_bytes counts it itself)."""
+        return self.a.numel() * self.a.element_size() + self.b.numel() * self.b.element_size()

@@ -54,6 +54,7 @@ class LoRAManager:
         self.retiring: dict[str, LoRAAdapter] = {}  # unloaded, kept while requests still run under them
         self.cpu: OrderedDict[str, LoRAAdapter] = OrderedDict()
         self.slots: list[str | None] = [None] * max_loras
+        self.slot_scaling = [0.0] * max_loras  # the scaling of the adapter in each slot
         self.slot_use: OrderedDict[int, None] = OrderedDict((s, None) for s in range(max_loras))
         self.loads = self.evictions = 0
         self.requests: Counter[str] = Counter()  # requests queued per adapter, since start
@@ -106,10 +107,9 @@ class LoRAManager:
             return
         token_slot = torch.full((tokens,), -1, dtype=torch.long)
         token_scale = torch.zeros(tokens)
-        scale_of = {slot_of[n]: self._adapter(n).scaling for n in needed}
         for slot, spans in runs.items():
             for a, b in spans:
-                token_slot[a:b], token_scale[a:b] = slot, scale_of[slot]
+                token_slot[a:b], token_scale[a:b] = slot, self.slot_scaling[slot]
         self.step.set(groups, token_slot, token_scale)
 
     def _slot_for(self, name: str, needed: set[str]) -> int:
@@ -127,7 +127,7 @@ class LoRAManager:
         adapter = self._adapter(name)
         for path, layer in self.layers.items():
             layer.set_slot(slot, adapter.layers.get(path), adapter.scaling)
-        self.slots[slot] = name
+        self.slots[slot], self.slot_scaling[slot] = name, adapter.scaling
         self.slot_use.move_to_end(slot)
         self.loads += 1
         return slot

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -82,16 +83,14 @@ class QuantPlan:
 
     def finish(self, model: nn.Module) -> str:
         """Build every planned layer; says what was built."""
-        kinds: dict[str, int] = {}
+        kinds: Counter[str] = Counter()
         for path, pending in self.pending.items():
-            layer = self.built.pop(path, None) or self._build(
-                path, pending
-            )  # the latter raises: shards missing
+            # a layer not built yet is missing shards: _build raises, naming them
+            layer = self.built.pop(path) if path in self.built else self._build(path, pending)
             _set_module(model, path, layer)
-            kinds[type(layer).__name__] = kinds.get(type(layer).__name__, 0) + 1
-        head = self._built(model, "lm_head")
-        if self.tied and isinstance(head, Int8Linear):
-            model.embed_tokens = Int8Embedding(head)
+            kinds[type(layer).__name__] += 1
+            if path == "lm_head" and self.tied and isinstance(layer, Int8Linear):
+                model.embed_tokens = Int8Embedding(layer)
         return ", ".join(f"{n} x{c}" for n, c in sorted(kinds.items()))
 
     def _build(self, path: str, pending: _Pending) -> nn.Module:
@@ -158,10 +157,6 @@ class QuantPlan:
         if coded or self.qcfg.method in ("int4", "int8"):
             return "int8"
         return "float"
-
-    @staticmethod
-    def _built(model: nn.Module, path: str) -> nn.Module | None:
-        return dict(model.named_modules()).get(path)
 
 
 def dense_stream(tensors: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, torch.Tensor]]:
