@@ -177,3 +177,100 @@ def hf_greedy(model, prompt: list[int], n: int = 12) -> list[int]:  # noqa: ANN0
             ids, max_new_tokens=n, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(ids)
         )
     return out[0, len(prompt) :].tolist()
+
+
+def truncated_checkpoint(src: Path, out: Path, num_layers: int) -> Path:
+    """A copy of the HF checkpoint ``src`` keeping its first ``num_layers`` decoder layers (embeddings,
+    final norm and head kept): a draft model that shares the target's tokenizer."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if (out / "config.json").exists():
+        return out
+    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
+    model.model.layers = model.model.layers[:num_layers]
+    model.config.num_hidden_layers = num_layers
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:num_layers]
+    model.save_pretrained(str(out))
+    for f in src.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "generation_config")):
+            shutil.copy(f, out / f.name)
+    return out
+
+
+def build_eagle_head(target: Path, out: Path, seed: int = 0) -> Path:
+    """A random EAGLE-1 head for the Llama-family checkpoint ``target``: its config with one layer, and
+    ``fc.weight`` / ``fc.bias`` / ``layers.0.*`` tensors (HF Llama layer names), as EAGLE checkpoints hold."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig
+
+    if (out / "config.json").exists():
+        return out
+    cfg = AutoConfig.from_pretrained(str(target))
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = cfg.layer_types[:1]
+    cfg.num_hidden_layers = 1
+    torch.manual_seed(seed)
+    layer = _decoder_layer_class(cfg)(cfg, 0)
+    for p in layer.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    tensors = {f"layers.0.{k}": v.contiguous() for k, v in layer.state_dict().items()}
+    h = cfg.hidden_size
+    tensors["fc.weight"] = torch.randn(h, 2 * h) * 0.1
+    tensors["fc.bias"] = torch.randn(h) * 0.1
+    out.mkdir(parents=True, exist_ok=True)
+    cfg.save_pretrained(str(out))
+    save_file(tensors, str(out / "model.safetensors"))
+    return out
+
+
+def eagle_reference_drafts(target: Path, head: Path, token_ids: list[int], num: int) -> list[int]:
+    """EAGLE-1's greedy drafts after ``token_ids`` (the last one just sampled) computed from scratch with HF transformers' modules:
+    features = the target's normed last hidden states, head input p = fc([embed(x[p+1]), feature[p]]),
+    one decoder layer without its input norm, the target's LM head; drafts feed back the head's features."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
+    cfg = AutoConfig.from_pretrained(str(head))
+    cfg._attn_implementation = "eager"
+    weights = load_file(str(head / "model.safetensors"))
+    layer = _decoder_layer_class(cfg)(cfg, 0).eval()
+    layer.load_state_dict(
+        {k.removeprefix("layers.0."): v for k, v in weights.items() if k.startswith("layers.0.")}
+    )
+    layer.input_layernorm = torch.nn.Identity()
+    rotary = hf.model.rotary_emb
+    with torch.no_grad():
+        # features of every token but the last (the last was just sampled: the target has not run it)
+        feats = hf.model(torch.tensor([token_ids[:-1]])).last_hidden_state[0]
+        tokens, drafts = list(token_ids), []
+        for _ in range(num):
+            t = len(feats)  # head positions 0 .. t-1 read (token p + 1, feature p)
+            nxt = torch.tensor([tokens[1 : t + 1]])
+            x = torch.cat([hf.model.embed_tokens(nxt)[0], feats], dim=-1) @ weights["fc.weight"].T
+            x = x + weights["fc.bias"]
+            pos = torch.arange(t)[None]
+            mask = torch.full((t, t), float("-inf")).triu(1)[None, None]
+            out = layer(
+                x[None], attention_mask=mask, position_ids=pos, position_embeddings=rotary(x[None], pos)
+            )
+            out = out[0] if isinstance(out, tuple) else out
+            last = out[0, -1]
+            drafts.append(int(hf.lm_head(last).argmax()))
+            tokens.append(drafts[-1])
+            feats = torch.cat([feats, last[None]])
+    return drafts
+
+
+def _decoder_layer_class(cfg: object) -> type:
+    """HF's decoder layer class of a Llama-family config (Qwen2's has q/k/v biases)."""
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
+
+    return Qwen2DecoderLayer if getattr(cfg, "model_type", "") == "qwen2" else LlamaDecoderLayer

@@ -83,6 +83,34 @@ class LoraSpec(CrdModel):
     max_rank: int = Field(16, ge=1, le=512, description="the adapter's rank must not exceed it")
 
 
+class SpeculativeSpec(CrdModel):
+    """Speculative decoding on decode (and aggregated) engines: the engine's --speculative-config."""
+
+    CEL_RULES = (
+        CelRule(
+            "self.method == 'ngram' || has(self.model)",
+            "methods draft_model and eagle need model (the draft checkpoint or EAGLE head)",
+            lambda s: s.method == "ngram" or s.model is not None,
+        ),
+        CelRule(
+            "self.method != 'ngram' || !has(self.model)",
+            "method ngram takes no model",
+            lambda s: s.method != "ngram" or s.model is None,
+        ),
+    )
+
+    method: Literal["ngram", "draft_model", "eagle"] = Field(
+        description="ngram: prompt lookup (no model); draft_model: a smaller checkpoint with the same "
+        "tokenizer; eagle: an EAGLE head for the served model"
+    )
+    num_speculative_tokens: int = Field(ge=1, le=16, description="drafts verified per step")
+    model: str | None = Field(
+        None, description="the draft checkpoint or EAGLE head: a path inside the model source, or absolute"
+    )
+    prompt_lookup_min: int | None = Field(None, ge=1, description="ngram: shortest suffix looked up")
+    prompt_lookup_max: int | None = Field(None, ge=1, description="ngram: longest suffix looked up")
+
+
 class EnvVar(CrdModel):
     """A container environment variable (value or valueFrom, as in core/v1)."""
 
@@ -136,6 +164,9 @@ class EngineSpec(CrdModel):
     )
     reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = Field(
         None, description="<think> text goes to reasoning_content (engines and routers)"
+    )
+    speculative: SpeculativeSpec | None = Field(
+        None, description="speculative decoding (decode and aggregated engines; prefill engines do not draft)"
     )
     extra_args: list[str] = Field(default_factory=list)
     env: list[EnvVar] = Field(default_factory=list)

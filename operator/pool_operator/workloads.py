@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -243,10 +244,28 @@ class WorkloadBuilder:
             args += ["--task", "embed"]
         args += self.chat_shaping_args()
         args += self.lora_args()
+        args += self.speculative_args(role)
         args += ["--redis-url", self.redis_url()]
         if self.spec.kvstore.enabled:
             args += ["--kvstore-url", f"grpc://{self.names.service_host('kvstore')}:{KVSTORE_PORT}"]
         return args + list(engine.extra_args)
+
+    def speculative_args(self, role: EnginePodRole) -> list[str]:
+        """spec.engine.speculative as --speculative-config JSON (prefill engines emit one token: no drafts)."""
+        spec = self.spec.engine.speculative
+        if spec is None or role == "prefill":
+            return []
+        config: dict[str, object] = {
+            "method": spec.method,
+            "num_speculative_tokens": spec.num_speculative_tokens,
+        }
+        if spec.model is not None:
+            config["model"] = self._in_model(spec.model)
+        if spec.prompt_lookup_min is not None:
+            config["prompt_lookup_min"] = spec.prompt_lookup_min
+        if spec.prompt_lookup_max is not None:
+            config["prompt_lookup_max"] = spec.prompt_lookup_max
+        return ["--speculative-config", json.dumps(config, separators=(",", ":"))]
 
     def lora_args(self) -> list[str]:
         """spec.loras: every engine loads every adapter, with a slot for each (ranks up to the largest)."""

@@ -14,6 +14,7 @@ from services.common.kv_transfer import KVTransferParams
 from services.engine.core.config import EngineConfig
 from services.engine.core.pooling_params import PoolingParams
 from services.engine.core.sampling_params import SamplingParams
+from services.engine.core.spec_stats import SpecDecodingStats
 from services.engine.engine_core import EngineCore
 from services.engine.kv_transfer.context import ConnectorFactory, aggregated_connectors
 from services.engine.llm_engine import LLMEngine, RequestOutput
@@ -93,6 +94,7 @@ class EngineStats:
     structured_requests: int = 0  # requests with an output constraint, since start
     quantization: str = "none"  # how the weights are held (QuantConfig.describe())
     lora: LoRAStats | None = None  # engines with --enable-lora
+    spec: SpecDecodingStats | None = None  # engines with --speculative-config (a copy)
 
 
 class AsyncLLM:
@@ -139,6 +141,7 @@ class AsyncLLM:
             self.engine.structured.num_constrained,
             core.quant.describe(),
             _lora_stats(core),
+            _spec_stats(core),
         )
 
     async def generate(
@@ -300,6 +303,15 @@ def _settle(done: asyncio.Future, error: BaseException | None) -> None:
         done.set_result(None)
     else:
         done.set_exception(error)
+
+
+def _spec_stats(core: EngineCore) -> SpecDecodingStats | None:
+    if core.config.speculative_config is None:
+        return None
+    s = core.scheduler.spec_stats
+    return SpecDecodingStats(
+        s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens, list(s.accepted_per_pos)
+    )
 
 
 def _lora_stats(core: EngineCore) -> LoRAStats | None:

@@ -24,6 +24,7 @@ from services.engine.worker.loader.model_loader import (
     resolve_dtype,
 )
 from services.engine.worker.lora.lora_manager import LoRAManager
+from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.model_runner import ModelRunner, bytes_per_block, kv_cache_shape
 from services.engine.worker.models import is_encoder_architecture
 from services.engine.worker.models.interface import CausalLM, EmbeddingModel
@@ -33,6 +34,7 @@ from services.engine.worker.pooling import (
     sentence_max_seq_length,
 )
 from services.engine.worker.quantization.quant_config import resolve_quant_config
+from services.engine.worker.spec_decode.setup import build_spec_decoder, draft_model_config
 from services.engine.worker.structured.manager import StructuredOutputManager
 
 log = logging.getLogger(__name__)
@@ -88,6 +90,7 @@ class EngineCore:
         self.dtype = resolve_dtype(config.dtype, cfg, self.device)
         self.quant = resolve_quant_config(config.quantization, config.model)
         self.block_size = config.block_size
+        self.draft_config = self._draft_config()
         self.num_blocks = self._num_blocks()
         self.hasher = BlockHasher(config.model_name, self.block_size, HASH_VERSION)
         torch.manual_seed(config.seed)
@@ -107,6 +110,23 @@ class EngineCore:
             self.runner.pooling = pooling_config_for(config.model, cfg.architecture)
         self.lora = self._lora_manager(model)
         self.runner.lora = self.lora
+        spec = config.speculative_config
+        if spec is not None:
+            draft_kv = (
+                kv_cache_shape(self.draft_config, self.num_blocks, self.block_size)
+                if self.draft_config
+                else ()
+            )
+            self.runner.spec = build_spec_decoder(
+                spec,
+                cast(CausalLM, model),
+                self.draft_config,
+                draft_kv,
+                self.dtype,
+                self.device,
+                backend,
+                self.max_model_len,
+            )
         self.kv_manager = KVCacheManager(self.num_blocks, self.block_size, config.enable_prefix_caching)
         self.kv_transfer = KVTransferContext(config, kv_cache, self.kv_compat())
         self.connector: KVConnector = compose(list(connectors(self.kv_transfer)))
@@ -120,6 +140,7 @@ class EngineCore:
                 max_model_len=self.max_model_len,
                 chunked_prefill=self.task != "embed",
                 max_loras=config.max_loras if self.lora is not None else 0,
+                num_lookahead_tokens=spec.lookahead if spec is not None else 0,
             ),
             self.kv_manager,
             self.connector,
@@ -159,6 +180,19 @@ class EngineCore:
             manager.add(name, path)
         return manager
 
+    def _draft_config(self) -> ModelConfig | None:
+        """The draft model's config with --speculative-config's draft_model (checked against the target)."""
+        spec = self.config.speculative_config
+        if spec is not None and (self.task == "embed" or self.encoder):
+            raise ValueError("speculative_config: speculative decoding is for generation models")
+        cfg = draft_model_config(spec, self.model_config)
+        if cfg is not None and cfg.max_position_embeddings < self.max_model_len:
+            raise ValueError(
+                f"speculative_config.model: the draft's max_position_embeddings "
+                f"{cfg.max_position_embeddings} is below max_model_len={self.max_model_len}"
+            )
+        return cfg
+
     def lora_names(self) -> list[str]:
         """The adapters requests may name (empty without --enable-lora)."""
         return self.lora.names if self.lora is not None else []
@@ -189,6 +223,8 @@ class EngineCore:
         if self.encoder:  # no KV is kept: blocks only count a batch's tokens
             return self.config.max_num_seqs * -(-self.max_model_len // self.block_size)
         per_block = bytes_per_block(self.model_config, self.block_size, self.dtype)
+        if self.draft_config is not None:  # the draft's KV lives in the same block ids
+            per_block += bytes_per_block(self.draft_config, self.block_size, self.dtype)
         if self.config.kv_cache_memory_gb:
             budget = self.config.kv_cache_memory_gb * 2**30
         elif self.device.type == "cuda":

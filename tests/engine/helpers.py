@@ -18,12 +18,17 @@ def make_request(rid: str, tokens: list[int], max_tokens: int = 4, **kw) -> Requ
 
 
 class FakeRunner:
-    """Tracks what the runner would know and samples a random token when a request reaches its end."""
+    """Tracks what the runner would know and samples a random token when a request reaches its end.
 
-    def __init__(self, seed: int = 0) -> None:
+    ``num_drafts``: it also proposes that many random drafts for each sampling request, and accepts a
+    random prefix of the drafts it verifies (as speculative decoding would).
+    """
+
+    def __init__(self, seed: int = 0, num_drafts: int = 0) -> None:
         self.rng = random.Random(seed)
         self.num_tokens: dict[str, int] = {}
         self.computed: dict[str, int] = {}
+        self.num_drafts = num_drafts
 
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         for rid in sched.finished_req_ids | sched.preempted_req_ids:
@@ -33,14 +38,20 @@ class FakeRunner:
             self.computed[new.req_id] = new.num_computed_tokens
         for cached in sched.cached_reqs:
             assert self.computed[cached.req_id] == cached.num_computed_tokens
-        ids, sampled = [], []
+        ids, sampled, proposed = [], [], []
+        drafts = dict(sched.spec_token_ids)
         for rid, n in sched.num_scheduled_tokens:
+            d = drafts.get(rid, ())
             self.computed[rid] += n
-            assert self.computed[rid] <= self.num_tokens[rid]
+            assert self.computed[rid] <= self.num_tokens[rid] + len(d)
             ids.append(rid)
-            if self.computed[rid] == self.num_tokens[rid]:
-                self.num_tokens[rid] += 1
-                sampled.append((self.rng.randrange(1, 50),))
+            if self.computed[rid] == self.num_tokens[rid] + len(d):
+                accepted = self.rng.randint(0, len(d))
+                self.computed[rid] -= len(d) - accepted
+                self.num_tokens[rid] += accepted + 1
+                sampled.append((*d[:accepted], self.rng.randrange(1, 50)))
+                if self.num_drafts:
+                    proposed.append((rid, tuple(self.rng.randrange(1, 50) for _ in range(self.num_drafts))))
             else:
                 sampled.append(())
-        return ModelRunnerOutput(tuple(ids), tuple(sampled), (None,) * len(ids))
+        return ModelRunnerOutput(tuple(ids), tuple(sampled), ((),) * len(ids), spec_token_ids=tuple(proposed))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import kubernetes_validate
@@ -320,3 +321,45 @@ def test_loras_reach_every_engine_and_are_checked():
     embed["spec"]["loras"] = [{"name": "x", "source": "a"}]
     with pytest.raises(ValueError, match="loras need engine.task generate"):
         parse_pool(embed)
+
+
+def test_speculative_reaches_decode_engines_only():
+    from services.engine.core.spec_config import SpeculativeConfig
+
+    body = load_example("disaggregated-pool.yaml")
+    body["spec"]["engine"]["speculative"] = {
+        "method": "ngram",
+        "numSpeculativeTokens": 4,
+        "promptLookupMax": 3,
+    }
+    rendered = PoolRenderer(parse_pool(body), IMAGES).render()
+    engines = {
+        _args(m)[_args(m).index("--role") + 1]: _args(m)
+        for m in rendered
+        if m["kind"] == "Deployment" and "--role" in _args(m)
+    }
+    assert "--speculative-config" not in engines["prefill"]  # prefill emits one token: nothing to draft
+    args = engines["decode"]
+    cfg = SpeculativeConfig.from_json(args[args.index("--speculative-config") + 1])
+    assert (cfg.method, cfg.num_speculative_tokens, cfg.prompt_lookup_max) == ("ngram", 4, 3)
+    body["spec"]["engine"]["speculative"] = {
+        "method": "draft_model",
+        "numSpeculativeTokens": 3,
+        "model": "draft",
+    }
+    rendered = PoolRenderer(parse_pool(body), IMAGES).render()
+    decode = next(_args(m) for m in rendered if m["kind"] == "Deployment" and "decode" in _args(m))
+    spec = json.loads(decode[decode.index("--speculative-config") + 1])
+    assert spec == {
+        "method": "draft_model",
+        "num_speculative_tokens": 3,
+        "model": "/models/llama-3.1-8b-instruct/draft",
+    }
+    for bad, message in (
+        ({"method": "draft_model", "numSpeculativeTokens": 3}, "need model"),
+        ({"method": "ngram", "numSpeculativeTokens": 3, "model": "x"}, "ngram takes no model"),
+        ({"method": "ngram", "numSpeculativeTokens": 0}, "numSpeculativeTokens"),
+    ):
+        body["spec"]["engine"]["speculative"] = bad
+        with pytest.raises(ValueError, match=message):
+            parse_pool(body)

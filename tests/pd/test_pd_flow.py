@@ -142,3 +142,23 @@ def test_constrained_output_disaggregated_equals_aggregated(pd_pair) -> None:
         text = disagg.json()["choices"][0]["text"]
         assert text == agg.json()["choices"][0]["text"]
         assert set(json.loads(text)) == {"k", "v"}
+
+
+def test_speculating_decode_computes_its_draft_kv_for_ferried_prompts(llama_dir: Path, pd_pair) -> None:
+    """Decode speculates with a draft model; the prompt's KV arrives over NIXL without the draft's KV, so
+    decode computes the draft's KV for the prompt itself. With the target as its own draft every draft
+    is accepted, which it would not be if the draft ran over a missing (zero) prompt KV."""
+    prefill, _, aggregated = pd_pair
+    spec = json.dumps({"method": "draft_model", "num_speculative_tokens": 3, "model": str(llama_dir)})
+    common = ("--block-size", "16", "--num-kv-blocks", "512", "--max-model-len", "512")
+    decode = start_in_process(llama_dir, "--role", "decode", "--speculative-config", spec, *common)
+    try:
+        for prompt in prompts(6, seed=11):
+            params, out = disaggregated(prefill, decode, prompt)
+            assert out["choices"][0]["text"] == complete(aggregated, prompt)["choices"][0]["text"]
+        m = decode.metrics()
+        assert m['kvferry_kv_transfer_blocks_total{direction="received",path="nixl"}'] > 0
+        drafted = m["kvferry_spec_decode_num_draft_tokens_total"]
+        assert drafted > 0 and m["kvferry_spec_decode_num_accepted_tokens_total"] == drafted
+    finally:
+        assert decode.stop() == 0

@@ -10,12 +10,13 @@ from services.common.kv_events import AllBlocksCleared, BlockRemoved, BlockStore
 class KVCacheBlock:
     """One KV block. Free blocks sit in an intrusive doubly-linked list (prev/next)."""
 
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev", "next")
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "external", "prev", "next")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_cnt = 0
         self.block_hash: bytes | None = None
+        self.external = False  # its KV was written by a connector, not by this engine's models
         self.prev: KVCacheBlock | None = None
         self.next: KVCacheBlock | None = None
 
@@ -47,6 +48,13 @@ class FreeBlockQueue:
         assert last is not None
         last.next, block.prev = block, last
         block.next, self.tail.prev = self.tail, block
+        self.num_free += 1
+
+    def appendleft(self, block: KVCacheBlock) -> None:
+        first = self.head.next
+        assert first is not None
+        self.head.next, block.prev = block, self.head
+        block.next, first.prev = first, block
         self.num_free += 1
 
     def remove(self, block: KVCacheBlock) -> None:
@@ -106,6 +114,7 @@ class BlockPool:
             block = self.free_queue.popleft()
             self._evict(block)
             block.ref_cnt = 1
+            block.external = False
             out.append(block)
         return out
 
@@ -143,14 +152,21 @@ class BlockPool:
             toks = tuple(token_ids[start * block_size : end * block_size])
             self._emit(BlockStored(tuple(stored), parent, toks, block_size))
 
-    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
-        """Drop one reference each; blocks reaching zero join the queue in the given order."""
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock], front: bool = False) -> None:
+        """Drop one reference each; blocks reaching zero join the queue in the given order.
+
+        ``front``: they hold nothing worth keeping (rejected draft tokens): they are reused first,
+        before any cached block is evicted.
+        """
         for block in ordered_blocks:
             if block.ref_cnt <= 0:
                 raise ValueError(f"double free of {block}")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                self.free_queue.append(block)
+                if front and block.block_hash is None:
+                    self.free_queue.appendleft(block)
+                else:
+                    self.free_queue.append(block)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash; only possible when no request holds a block."""

@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from services.engine.core.spec_config import SpeculativeConfig
+
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 Quantization = Literal["auto", "none", "int8", "int4", "gguf", "gptq", "awq", "fp8"]
 
@@ -38,6 +40,7 @@ class EngineConfig(BaseModel):
     max_lora_rank: int = Field(16, ge=1, le=512)
     max_cpu_loras: int | None = Field(None, ge=1)  # loaded adapters kept on CPU (default: max_loras)
     lora_modules: dict[str, str] = Field(default_factory=dict)  # adapter name -> PEFT folder, at start
+    speculative_config: SpeculativeConfig | None = None  # draft tokens verified in one target pass
     kvstore_url: str | None = None  # grpc://host:port of the shared kvstore tier
     use_nixl: bool = True  # False: KV moves between engines through the kvstore only
 

@@ -97,6 +97,34 @@ class KVCacheManager:
     def blocks_of(self, request_id: str) -> list[KVCacheBlock]:
         return self.req_to_blocks.get(request_id, [])
 
+    def trim(self, request: Request, num_tokens: int) -> int:
+        """Free the tail blocks past the first ``num_tokens`` tokens (slots of rejected draft tokens).
+
+        They are never cached (a cached block is full of verified tokens), so they go to the front of
+        the free queue. Returns how many were freed.
+        """
+        blocks = self.req_to_blocks.get(request.request_id)
+        keep = cdiv(num_tokens, self.block_size)
+        if blocks is None or len(blocks) <= keep:
+            return 0
+        tail = blocks[keep:]
+        del blocks[keep:]
+        self.pool.free_blocks(reversed(tail), front=True)
+        return len(tail)
+
+    def mark_external(self, request: Request, first_token: int, num_tokens: int) -> None:
+        """Tokens first_token.. (num_tokens of them) get their KV from a connector, not from this engine."""
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        for block in blocks[first_token // self.block_size : cdiv(first_token + num_tokens, self.block_size)]:
+            block.external = True
+
+    def num_local_kv_tokens(self, request: Request, num_computed: int) -> int:
+        """Leading computed tokens whose blocks this engine's models wrote (no connector-written block)."""
+        for i, block in enumerate(self.req_to_blocks.get(request.request_id, ())):
+            if block.external:
+                return min(num_computed, i * self.block_size)
+        return num_computed
+
     def free(self, request: Request) -> None:
         """Release every block of the request, tail first so tail blocks are evicted first."""
         blocks = self.req_to_blocks.pop(request.request_id, [])

@@ -22,6 +22,9 @@ class NewRequestData:
     num_computed_tokens: int
     pooling: PoolingParams | None = None  # an embedding request: pool its prompt, sample nothing
     lora_name: str | None = None  # the LoRA adapter it runs under
+    # leading tokens whose KV this engine computed itself (the rest came through a connector): a draft
+    # model's own KV exists only for these
+    num_local_kv_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +34,9 @@ class CachedRequestData:
     req_id: str
     new_block_ids: tuple[int, ...]
     num_computed_tokens: int
+    num_blocks_before: int = (
+        -1
+    )  # its blocks before new_block_ids (fewer than the runner's: tail blocks freed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +49,8 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     finished_req_ids: frozenset[str] = frozenset()
     preempted_req_ids: frozenset[str] = frozenset()
+    # speculative decoding: the draft tokens each request verifies (they are counted in its scheduled tokens)
+    spec_token_ids: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @property
     def is_empty(self) -> bool:
@@ -60,11 +68,15 @@ class Logprobs:
 
 @dataclass(frozen=True, slots=True)
 class ModelRunnerOutput:
-    """Per scheduled request: sampled tokens (empty for a partial prefill chunk) and their logprobs."""
+    """Per scheduled request: sampled tokens (empty for a partial prefill chunk) and their logprobs.
+
+    With speculative decoding a request samples its accepted draft tokens and one more; ``logprobs``
+    holds one entry per sampled token when the request asked for them (else it is empty).
+    """
 
     req_ids: tuple[str, ...]
     sampled_token_ids: tuple[tuple[int, ...], ...]
-    logprobs: tuple[Logprobs | None, ...]
+    logprobs: tuple[tuple[Logprobs, ...], ...]
     failed_req_ids: frozenset[str] = frozenset()
     error: str | None = None
     # (req_id, index of the first prompt token covered, logprobs of those prompt tokens) per prompt chunk
@@ -72,6 +84,7 @@ class ModelRunnerOutput:
     pooled: tuple[
         tuple[str, tuple[float, ...]], ...
     ] = ()  # (req_id, embedding) of finished embedding requests
+    spec_token_ids: tuple[tuple[str, tuple[int, ...]], ...] = ()  # drafts proposed for the next step
 
 
 @dataclass(frozen=True, slots=True)

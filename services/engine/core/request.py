@@ -61,7 +61,7 @@ _ALLOWED: dict[RequestStatus, frozenset[RequestStatus]] = {
     _S.WAITING: frozenset({_S.RUNNING, _S.WAITING_FOR_REMOTE_KV}) | _FINISHED,
     _S.WAITING_FOR_REMOTE_KV: frozenset({_S.WAITING, _S.RUNNING}) | _FINISHED,
     _S.RUNNING: frozenset({_S.PREEMPTED}) | _FINISHED,
-    _S.PREEMPTED: frozenset({_S.RUNNING}) | _FINISHED,
+    _S.PREEMPTED: frozenset({_S.RUNNING, _S.WAITING_FOR_REMOTE_KV}) | _FINISHED,  # resumed from a connector
 }
 
 
@@ -102,6 +102,7 @@ class Request:
         self.status = RequestStatus.WAITING
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
+        self.spec_token_ids: list[int] = []  # draft tokens to verify in its next step (speculative decoding)
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prompt tokens served from the prefix cache, set when first scheduled
         self.num_preemptions = 0

@@ -19,6 +19,7 @@ from services.engine.core.outputs import (
     SchedulerOutput,
 )
 from services.engine.core.request import Request, RequestStatus
+from services.engine.core.spec_stats import SpecDecodingStats, draft_room
 
 
 class SchedulerConfig(BaseModel):
@@ -30,6 +31,8 @@ class SchedulerConfig(BaseModel):
     # False (encoder models): a prompt runs whole in one step or waits for a step with room for it
     chunked_prefill: bool = True
     max_loras: int = Field(0, ge=0)  # distinct LoRA adapters among running requests (0: LoRA off)
+    # speculative decoding with a draft model: slots it writes past a sampling request's tokens
+    num_lookahead_tokens: int = Field(0, ge=0)
 
 
 class _Admit(enum.Enum):
@@ -49,6 +52,7 @@ class _StepPlan:
         self.new: list[NewRequestData] = []
         self.cached: list[CachedRequestData] = []
         self.tokens: list[tuple[str, int]] = []
+        self.spec: list[tuple[str, tuple[int, ...]]] = []
         self.preempted: set[str] = set()
 
 
@@ -74,6 +78,7 @@ class Scheduler:
         self._finished_since_last_step: set[str] = set()
         self._known_to_runner: set[str] = set()
         self.num_preemptions = 0
+        self.spec_stats = SpecDecodingStats()
 
     # ------------------------------------------------------------------ queue management
     def add_request(self, request: Request) -> None:
@@ -148,6 +153,7 @@ class Scheduler:
             total_num_scheduled_tokens=self.config.max_num_batched_tokens - plan.budget,
             finished_req_ids=finished,
             preempted_req_ids=frozenset(plan.preempted),
+            spec_token_ids=tuple(plan.spec),
         )
 
     def _apply_finished(self, done: FinishedTransfers) -> None:
@@ -176,25 +182,33 @@ class Scheduler:
         i = 0
         while i < len(self.running) and plan.budget > 0:
             request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, plan.budget)
+            pending = request.num_tokens - request.num_computed_tokens
+            num_new = min(pending + len(request.spec_token_ids), plan.budget)
             if num_new <= 0:
                 i += 1
                 continue
-            new_blocks = self.kv.allocate_slots(request, num_new)
+            slots = num_new + (self.config.num_lookahead_tokens if num_new >= pending else 0)
+            new_blocks = self.kv.allocate_slots(request, slots)
             while new_blocks is None:
                 victim = self.running.pop()
                 self._preempt(victim, plan)
                 if victim is request:
                     break
-                new_blocks = self.kv.allocate_slots(request, num_new)
+                new_blocks = self.kv.allocate_slots(request, slots)
             if new_blocks is None:
                 break
+            rid = request.request_id
             plan.cached.append(
                 CachedRequestData(
-                    request.request_id, tuple(b.block_id for b in new_blocks), request.num_computed_tokens
+                    rid,
+                    tuple(b.block_id for b in new_blocks),
+                    request.num_computed_tokens,
+                    len(self.kv.blocks_of(rid)) - len(new_blocks),
                 )
             )
-            plan.tokens.append((request.request_id, num_new))
+            if num_new > pending:  # drafts the budget has room for (verified in this step)
+                plan.spec.append((rid, tuple(request.spec_token_ids[: num_new - pending])))
+            plan.tokens.append((rid, num_new))
             plan.budget -= num_new
             i += 1
 
@@ -202,6 +216,7 @@ class Scheduler:
         request.transition(RequestStatus.PREEMPTED)
         self.kv.free(request)
         request.num_computed_tokens = 0
+        request.spec_token_ids = []
         request.num_preemptions += 1
         self.num_preemptions += 1
         self._known_to_runner.discard(request.request_id)
@@ -246,14 +261,17 @@ class Scheduler:
         num_new = 0 if load_async else min(request.num_tokens - num_computed, plan.budget)
         if not self.config.chunked_prefill and num_new < request.num_tokens - num_computed:
             return _Admit.BLOCKED  # whole prompts only: it goes first in a later step
+        samples = not load_async and num_computed + num_new == request.num_tokens
+        lookahead = self.config.num_lookahead_tokens if samples else 0
         new_blocks = self.kv.allocate_slots(
-            request, num_external + num_new, computed, num_local, cache=not load_async
+            request, num_external + num_new + lookahead, computed, num_local, cache=not load_async
         )
         if new_blocks is None:
             return _Admit.BLOCKED
         if not holds_kv:
             self.kv.record_prefix_query(request, num_local)
         if num_external:
+            self.kv.mark_external(request, request.num_computed_tokens + num_local, num_external)
             self.connector.update_state_after_alloc(request, self.kv.block_ids(rid), num_external)
         request.num_computed_tokens = num_computed
         if load_async:
@@ -286,6 +304,7 @@ class Scheduler:
                 num_computed_tokens=num_computed,
                 pooling=request.pooling,
                 lora_name=request.lora_name,
+                num_local_kv_tokens=self.kv.num_local_kv_tokens(request, num_computed),
             )
         )
         plan.tokens.append((request.request_id, num_new))
@@ -296,6 +315,7 @@ class Scheduler:
         """Advance every scheduled request by its computed tokens and its sampled token."""
         sampled = dict(zip(result.req_ids, result.sampled_token_ids, strict=True))
         logprobs = dict(zip(result.req_ids, result.logprobs, strict=True))
+        verified, proposed = dict(sched.spec_token_ids), dict(result.spec_token_ids)
         for req_id, first, entries in result.prompt_logprobs:
             if (req := self.requests.get(req_id)) is not None:
                 req.add_prompt_logprobs(first, entries)
@@ -309,6 +329,11 @@ class Scheduler:
                 self.finish_requests([req_id], RequestStatus.FINISHED_ERROR)
                 outputs.append(EngineCoreOutput(req_id, (), finish_reason="error", error=result.error))
                 continue
+            new_tokens = sampled.get(req_id, ())
+            drafts = verified.get(req_id, ())
+            if drafts and new_tokens:  # the drafts past the first mismatch were computed for nothing
+                self.spec_stats.record(len(drafts), len(new_tokens) - 1)
+                num_tokens -= len(drafts) - (len(new_tokens) - 1)
             request.num_computed_tokens += num_tokens
             if req_id in pooled:  # an embedding request is done once its prompt is pooled
                 self.finish_requests([req_id], RequestStatus.FINISHED_STOPPED)
@@ -322,20 +347,18 @@ class Scheduler:
                     )
                 )
                 continue
-            new_tokens = sampled.get(req_id, ())
-            for token in new_tokens:
-                request.append_output_token(token)
-            status = self._check_stop(request) if new_tokens else None
+            new_tokens, status = self._append_tokens(request, new_tokens)
             if status is not None:
                 self.finish_requests([req_id], status)
+            else:
+                self._next_drafts(request, proposed.get(req_id, ()))
             kv_out = request.remote_kv_out.model_dump(mode="json") if request.remote_kv_out else None
             if new_tokens or status is not None:
-                lp = logprobs.get(req_id)
                 outputs.append(
                     EngineCoreOutput(
                         req_id,
-                        tuple(new_tokens),
-                        (lp,) if lp is not None else (),
+                        new_tokens,
+                        logprobs.get(req_id, ())[: len(new_tokens)],
                         finish_reason=status.finish_reason if status else None,
                         stop_reason=request.stop_reason,
                         num_cached_tokens=max(request.num_cached_tokens, 0),
@@ -345,6 +368,28 @@ class Scheduler:
                     )
                 )
         return outputs
+
+    def _append_tokens(
+        self, request: Request, tokens: tuple[int, ...]
+    ) -> tuple[tuple[int, ...], RequestStatus | None]:
+        """Append sampled tokens one by one; an accepted run ends at the first stop condition it meets."""
+        for n, token in enumerate(tokens, start=1):
+            request.append_output_token(token)
+            if (status := self._check_stop(request)) is not None:
+                return tokens[:n], status
+        return tokens, None
+
+    def _next_drafts(self, request: Request, proposed: tuple[int, ...]) -> None:
+        """Keep what fits of the runner's proposals for the next step; free the rejected drafts' blocks."""
+        room = draft_room(
+            request.num_tokens,
+            request.num_output_tokens,
+            request.sampling_params.max_tokens,
+            self.config.max_model_len,
+        )
+        request.spec_token_ids = list(proposed[:room])
+        if request.status == RequestStatus.RUNNING:
+            self.kv.trim(request, request.num_tokens)
 
     def _check_stop(self, request: Request) -> RequestStatus | None:
         params, token = request.sampling_params, request.output_token_ids[-1]

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from services.common.kv_event_publisher import KVEventPublisher
     from services.engine.core.config import EngineConfig
+    from services.engine.core.spec_config import SpeculativeConfig
     from services.engine.entrypoints.role import EngineRole
     from services.engine.entrypoints.serving import ServerSettings
 
@@ -91,6 +92,12 @@ def _add_serving_flags(add: Callable[..., object]) -> None:
         choices=["cpu", "torch", "triton"],
         help="compute backend (default: triton on CUDA, the C++ kernels on CPU, torch where they cannot build)",
     )
+    add(
+        "--speculative-config",
+        default=None,
+        help='speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4} or '
+        '{"method": "draft_model", "model": DIR, "num_speculative_tokens": 3}',
+    )
     add("--seed", type=int, default=0)
     add("--host", default="127.0.0.1")
     add("--port", type=int, default=8000)
@@ -135,6 +142,12 @@ def _add_lora_flags(add: Callable[..., object]) -> None:
         action="store_true",
         help="enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter",
     )
+
+
+def _speculative(text: str | None) -> SpeculativeConfig | None:
+    from services.engine.core.spec_config import SpeculativeConfig
+
+    return SpeculativeConfig.from_json(text) if text else None
 
 
 def _lora_modules(items: list[str]) -> dict[str, str]:
@@ -210,6 +223,7 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
         max_lora_rank=args.max_lora_rank,
         max_cpu_loras=args.max_cpu_loras,
         lora_modules=_lora_modules(args.lora_modules),
+        speculative_config=_speculative(args.speculative_config),
     )
     server = ServerSettings(
         allow_runtime_lora_updating=args.allow_runtime_lora_updating,

@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 from services.common import load_report as lr
 from services.common.hashing import HASH_VERSION
 from services.engine.async_llm import EngineStats, LoRAStats
+from services.engine.core.spec_stats import SpecDecodingStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -134,6 +135,33 @@ class _EngineCollector(Collector):
         )
         if s.lora is not None:
             yield from _lora_metrics(s.lora)
+        if s.spec is not None:
+            yield from _spec_metrics(s.spec)
+
+
+def _spec_metrics(spec: SpecDecodingStats) -> Iterator[Metric]:
+    """vLLM's speculative-decoding counters; acceptance rate = accepted / draft tokens."""
+    yield CounterMetricFamily(
+        "kvferry_spec_decode_num_drafts",
+        "Verification rounds (a request's step with drafts).",
+        value=spec.num_drafts,
+    )
+    yield CounterMetricFamily(
+        "kvferry_spec_decode_num_draft_tokens", "Draft tokens verified.", value=spec.num_draft_tokens
+    )
+    yield CounterMetricFamily(
+        "kvferry_spec_decode_num_accepted_tokens",
+        "Draft tokens the target accepted.",
+        value=spec.num_accepted_tokens,
+    )
+    per_pos = CounterMetricFamily(
+        "kvferry_spec_decode_num_accepted_tokens_per_pos",
+        "Rounds whose draft at this position (0-based) was accepted.",
+        labels=["position"],
+    )
+    for pos, n in enumerate(spec.accepted_per_pos):
+        per_pos.add_metric([str(pos)], n)
+    yield per_pos
 
 
 def _lora_metrics(lora: LoRAStats) -> Iterator[Metric]:

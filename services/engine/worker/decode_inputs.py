@@ -43,9 +43,14 @@ class DecodeInputs:
         self._prev: _Arrays | None = None
         self.num_updated = 0  # steps served in place (for tests)
 
+    def invalidate(self) -> None:
+        """A block table lost its tail (freed draft slots): the next step rebuilds its arrays."""
+        self._prev = None
+
     def build(self, sched: SchedulerOutput, states: dict[str, CachedRequestState]) -> StepInputs:
         order = tuple(r for r, _ in sched.num_scheduled_tokens)
-        decode_only = bool(order) and all(n == 1 for _, n in sched.num_scheduled_tokens)
+        decode_only = bool(order) and not sched.spec_token_ids
+        decode_only = decode_only and all(n == 1 for _, n in sched.num_scheduled_tokens)
         decode_only = decode_only and all(
             states[r].num_computed + 1 == len(states[r].token_ids) for r in order
         )

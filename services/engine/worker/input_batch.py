@@ -25,6 +25,8 @@ class CachedRequestState:
     token_ids: list[int] = field(default_factory=list)
     pooling: PoolingParams | None = None  # an embedding request: pooled when its prompt ends, never sampled
     lora_name: str | None = None  # its LoRA adapter
+    spec_ids: list[int] = field(default_factory=list)  # draft tokens it verifies in this step
+    num_draft_computed: int = 0  # leading tokens the draft model holds KV for (speculative decoding)
 
 
 @dataclass
@@ -35,11 +37,12 @@ class StepInputs:
     positions: torch.Tensor
     meta: AttentionMetadata
     sample_rows: list[int]  # index into the scheduled requests of those that sample
-    logits_idx: torch.Tensor  # token rows whose hidden state feeds the sampler
+    logits_idx: torch.Tensor  # token rows whose hidden state feeds the sampler (1 + drafts per sample row)
     prompt_rows: list[PromptLogprobRows] = field(default_factory=list)
     pool_rows: list[int] = field(
         default_factory=list
     )  # index into the scheduled requests of those pooled now
+    spec_lens: list[int] = field(default_factory=list)  # per sample row: drafts it verifies (empty: none)
 
 
 @dataclass
@@ -64,13 +67,16 @@ def build_inputs(
     ids: list[int] = []
     pos: list[int] = []
     slots: list[int] = []
-    q_lens, seq_lens, tables, sample_rows, logits_idx = [], [], [], [], []
+    q_lens, seq_lens, tables, sample_rows = [], [], [], []
+    logits_idx: list[int] = []
     prompt_rows: list[PromptLogprobRows] = []
     pool_rows: list[int] = []
+    spec_lens: list[int] = []
     for row, (req_id, n) in enumerate(sched.num_scheduled_tokens):
         st = states[req_id]
         start, end = st.num_computed, st.num_computed + n
-        ids.extend(st.token_ids[start:end])
+        tokens = st.token_ids + st.spec_ids if st.spec_ids else st.token_ids
+        ids.extend(tokens[start:end])
         positions = range(start, end)
         pos.extend(positions)
         blocks = st.block_ids
@@ -80,11 +86,12 @@ def build_inputs(
         q_lens.append(n)
         seq_lens.append(end)
         tables.append(blocks)
-        if end == len(st.token_ids) and st.pooling is not None:
+        if end == len(tokens) and st.pooling is not None:
             pool_rows.append(row)
-        elif end == len(st.token_ids):
+        elif end == len(tokens):
             sample_rows.append(row)
-            logits_idx.append(len(ids) - 1)
+            spec_lens.append(len(st.spec_ids))
+            logits_idx.extend(range(len(ids) - 1 - len(st.spec_ids), len(ids)))
     meta = backend.build_metadata(q_lens, seq_lens, tables, slots, block_size, device)
     return StepInputs(
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),
@@ -94,6 +101,7 @@ def build_inputs(
         logits_idx=torch.tensor(logits_idx, dtype=torch.long, device=device),
         prompt_rows=prompt_rows,
         pool_rows=pool_rows,
+        spec_lens=spec_lens if any(spec_lens) else [],
     )
 
 

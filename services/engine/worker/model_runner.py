@@ -16,6 +16,8 @@ from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models.interface import CausalLM, EmbeddingModel
 from services.engine.worker.pooling import PoolingConfig, pool
 from services.engine.worker.sampler import Sampler, SamplingRow, TokenMask, batch_logprobs
+from services.engine.worker.spec_decode.proposal import accepted_prefix
+from services.engine.worker.spec_decode.spec_decoder import SpecDecoder
 from services.engine.worker.structured.manager import StepConstraints
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,7 @@ class ModelRunner:
         self.inputs = DecodeInputs(backend, block_size, device)
         self.pooling: PoolingConfig | None = None  # set by the engine for --task embed
         self.lora: LoRAManager | None = None  # set by the engine with --enable-lora
+        self.spec: SpecDecoder | None = None  # set by the engine with --speculative-config
 
     def _lm(self) -> CausalLM:
         """The model as a language model (an encoder has no logits: its requests are pooled, never sampled)."""
@@ -52,8 +55,11 @@ class ModelRunner:
         return cast(CausalLM, self.model)
 
     def _update_states(self, sched: SchedulerOutput) -> None:
-        for req_id in sched.finished_req_ids | sched.preempted_req_ids:
+        gone = sched.finished_req_ids | sched.preempted_req_ids
+        for req_id in gone:
             self.states.pop(req_id, None)
+        if self.spec is not None:
+            self.spec.forget(gone)
         for new in sched.new_reqs:
             p = new.sampling_params
             stop_ids = () if p.ignore_eos else tuple(self.eos_ids)
@@ -67,11 +73,18 @@ class ModelRunner:
                 token_ids=list(new.prompt_token_ids) + list(new.output_token_ids),
                 pooling=new.pooling,
                 lora_name=new.lora_name,
+                num_draft_computed=new.num_local_kv_tokens,
             )
         for cached in sched.cached_reqs:
             state = self.states[cached.req_id]
+            if 0 <= cached.num_blocks_before < len(state.block_ids):  # the scheduler freed draft slots
+                del state.block_ids[cached.num_blocks_before :]
+                self.inputs.invalidate()
             state.block_ids.extend(cached.new_block_ids)
             state.num_computed = cached.num_computed_tokens
+        drafts = dict(sched.spec_token_ids)
+        for req_id, _ in sched.num_scheduled_tokens:
+            self.states[req_id].spec_ids = list(drafts.get(req_id, ()))
 
     @torch.inference_mode()
     def execute(
@@ -94,17 +107,16 @@ class ModelRunner:
             prompt_lps = tuple(self._prompt_logprobs(hidden, rows) for rows in inputs.prompt_rows)
             pooled = self._pool(hidden, inputs, req_ids) if inputs.pool_rows else ()
             sampled: list[tuple[int, ...]] = [()] * len(req_ids)
-            lps: list = [None] * len(req_ids)
-            if inputs.sample_rows:
-                logits = self._lm().compute_logits(hidden[inputs.logits_idx])
-                rows = [self._row(req_ids[r]) for r in inputs.sample_rows]
-                masked = _mask_rows(constraints, [req_ids[r] for r in inputs.sample_rows])
-                tokens, logprobs = self.sampler(logits, rows, masked)
-                for r, tok, lp in zip(inputs.sample_rows, tokens, logprobs, strict=True):
-                    sampled[r], lps[r] = (tok,), lp
-                    st = self.states[req_ids[r]]
-                    st.token_ids.append(tok)
-                    st.output_ids.append(tok)
+            lps: list[tuple[Logprobs, ...]] = [()] * len(req_ids)
+            rejected = (
+                self._sample(hidden, inputs, req_ids, constraints, sampled, lps) if inputs.sample_rows else {}
+            )
+            starts = [self.states[r].num_computed for r in req_ids]
+            for req_id, n in sched.num_scheduled_tokens:  # rejected drafts' KV is overwritten later
+                self.states[req_id].num_computed += n - rejected.get(req_id, 0)
+            proposed = (
+                self._propose(req_ids, sampled, hidden, inputs, starts) if self.spec is not None else ()
+            )
         except Exception as exc:  # noqa: BLE001 - one bad step must not kill the engine
             log.exception("model step failed; failing its %d requests", len(req_ids))
             for req_id in req_ids:
@@ -112,15 +124,76 @@ class ModelRunner:
             return ModelRunnerOutput(
                 req_ids,
                 ((),) * len(req_ids),
-                (None,) * len(req_ids),
+                ((),) * len(req_ids),
                 failed_req_ids=frozenset(req_ids),
                 error=f"{type(exc).__name__}: {exc}",
             )
-        for req_id, n in sched.num_scheduled_tokens:
-            self.states[req_id].num_computed += n
         return ModelRunnerOutput(
-            req_ids, tuple(sampled), tuple(lps), prompt_logprobs=prompt_lps, pooled=pooled
+            req_ids,
+            tuple(sampled),
+            tuple(lps),
+            prompt_logprobs=prompt_lps,
+            pooled=pooled,
+            spec_token_ids=proposed,
         )
+
+    def _sample(
+        self,
+        hidden: torch.Tensor,
+        inputs: StepInputs,
+        req_ids: tuple[str, ...],
+        constraints: StepConstraints | None,
+        sampled: list[tuple[int, ...]],
+        lps: list[tuple[Logprobs, ...]],
+    ) -> dict[str, int]:
+        """Sample every logits row; a request verifying drafts keeps the tokens its target confirms.
+
+        Returns the number of rejected drafts per request that verified some.
+        """
+        logits = self._lm().compute_logits(hidden[inputs.logits_idx])
+        spec_lens = inputs.spec_lens or [0] * len(inputs.sample_rows)
+        rows: list[SamplingRow] = []
+        row_reqs: list[str] = []
+        for r, m in zip(inputs.sample_rows, spec_lens, strict=True):
+            st = self.states[req_ids[r]]
+            for j in range(m + 1):  # row j samples the position after drafts[:j]
+                out = st.output_ids + st.spec_ids[:j] if j else st.output_ids
+                rows.append(SamplingRow(st.params, st.prompt_ids, out, st.stop_ids))
+                row_reqs.append(req_ids[r])
+        tokens, logprobs = self.sampler(logits, rows, _mask_rows(constraints, row_reqs))
+        off, rejected = 0, {}
+        for r, m in zip(inputs.sample_rows, spec_lens, strict=True):
+            st = self.states[req_ids[r]]
+            targets = tokens[off : off + m + 1]
+            n = accepted_prefix(targets, st.spec_ids) + 1
+            sampled[r] = tuple(targets[:n])
+            lps[r] = tuple(lp for lp in logprobs[off : off + n] if lp is not None)
+            st.token_ids.extend(targets[:n])
+            st.output_ids.extend(targets[:n])
+            if m:
+                rejected[req_ids[r]] = m - (n - 1)
+                if self.spec is not None:
+                    self.spec.record(req_ids[r], m, n - 1)
+            st.spec_ids = []
+            off += m + 1
+        return rejected
+
+    def _propose(
+        self,
+        req_ids: tuple[str, ...],
+        sampled: list[tuple[int, ...]],
+        hidden: torch.Tensor,
+        inputs: StepInputs,
+        starts: list[int],
+    ) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """The next step's drafts (the states hold this step's tokens and KV counts)."""
+        assert self.spec is not None
+        rows = inputs.meta.query_start_loc.tolist()
+        steps = [
+            (rid, self.states[rid], bool(tok), rows[i], starts[i])
+            for i, (rid, tok) in enumerate(zip(req_ids, sampled, strict=True))
+        ]
+        return self.spec.propose(steps, hidden)
 
     def _pool(
         self, hidden: torch.Tensor, inputs: StepInputs, req_ids: tuple[str, ...]

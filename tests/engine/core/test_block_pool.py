@@ -104,7 +104,7 @@ def test_request_transitions_are_checked() -> None:
     r.transition(RequestStatus.RUNNING)
     r.transition(RequestStatus.PREEMPTED)
     with pytest.raises(InvalidTransition):
-        r.transition(RequestStatus.WAITING_FOR_REMOTE_KV)
+        r.transition(RequestStatus.WAITING)
     r.transition(RequestStatus.FINISHED_ABORTED)
     with pytest.raises(InvalidTransition):
         r.transition(RequestStatus.RUNNING)

@@ -104,3 +104,50 @@ def test_invariants_over_random_streams(lengths, max_tokens, aborts, blocks, bud
     assert not s.has_unfinished(), "every request must finish"
     assert s.kv.pool.num_free_blocks == blocks and not s.kv.req_to_blocks
     assert all(b.ref_cnt == 0 for b in s.kv.pool.blocks)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 30), min_size=1, max_size=8),
+    max_tokens=st.lists(st.integers(1, 12), min_size=8, max_size=8),
+    num_drafts=st.integers(1, 5),
+    lookahead=st.sampled_from([0, 3]),
+    blocks=st.integers(13, 40),
+    budget=st.integers(1, 48),
+    seed=st.integers(0, 1000),
+)
+def test_invariants_with_speculation(
+    lengths, max_tokens, num_drafts, lookahead, blocks, budget, seed
+) -> None:
+    """Drafts count in the budget, never push a request past max_tokens / max_model_len, and the blocks
+    of rejected drafts (and of a draft model's lookahead) return to the pool after every step."""
+    cfg = SchedulerConfig(
+        max_num_seqs=4, max_num_batched_tokens=budget, max_model_len=52, num_lookahead_tokens=lookahead
+    )
+    s, runner = Scheduler(cfg, KVCacheManager(blocks, 4)), FakeRunner(seed, num_drafts)
+    for i, n in enumerate(lengths):
+        s.add_request(
+            make_request(f"r{i}", [(seed + i + j) % 13 + 1 for j in range(n)], max_tokens=max_tokens[i])
+        )
+    produced: dict[str, int] = {}
+    for _ in range(2000):
+        if not s.has_unfinished():
+            break
+        out = s.schedule()
+        assert out.total_num_scheduled_tokens <= budget
+        for rid, drafts in out.spec_token_ids:
+            req = s.requests[rid]
+            assert (
+                req.num_tokens + len(drafts) < 52
+                and req.num_output_tokens + len(drafts) < req.sampling_params.max_tokens
+            )
+        for o in s.update_from_output(out, runner.execute(out)):
+            produced[o.req_id] = produced.get(o.req_id, 0) + len(o.new_token_ids)
+        for req in s.running:  # no block is held past the request's own tokens between steps
+            assert len(s.kv.blocks_of(req.request_id)) <= -(-req.num_tokens // 4)
+        held = {b.block_id for v in s.kv.req_to_blocks.values() for b in v}
+        assert s.kv.pool.num_free_blocks + len(held) == blocks
+    assert not s.has_unfinished(), "every request must finish"
+    assert s.kv.pool.num_free_blocks == blocks and all(b.ref_cnt == 0 for b in s.kv.pool.blocks)
+    assert all(produced[f"r{i}"] == max_tokens[i] for i in range(len(lengths))), "exactly max_tokens each"
+    assert s.spec_stats.num_draft_tokens >= s.spec_stats.num_accepted_tokens

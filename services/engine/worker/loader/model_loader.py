@@ -15,6 +15,7 @@ from tqdm import tqdm
 from services.engine.worker.linear import pack_linears
 from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models import get_model_class, is_encoder_architecture
+from services.engine.worker.models.eagle import EagleHead
 from services.engine.worker.models.interface import CausalLM, EmbeddingModel
 from services.engine.worker.quantization.quant_config import QuantConfig, detect
 from services.engine.worker.quantization.quant_plan import QuantPlan, dense_stream
@@ -104,6 +105,19 @@ def load_embedding_model(
     )
 
 
+def load_eagle_head(
+    path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int
+) -> EagleHead:
+    """An EAGLE draft head (its checkpoint's ``architectures`` names the target family, not the head)."""
+    if cfg.architecture not in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"):
+        raise ValueError(
+            f"speculative_config.model: EAGLE heads are for Llama-family models, not {cfg.architecture}"
+        )
+    return cast(
+        EagleHead, _build_and_load(path, cfg, dtype, device, max_positions, QuantConfig(), "cpu", EagleHead)
+    )
+
+
 def _build_and_load(
     path: str | Path,
     cfg: ModelConfig,
@@ -112,9 +126,10 @@ def _build_and_load(
     max_positions: int,
     quant: QuantConfig,
     kernels: str,
+    cls: type[nn.Module] | None = None,
 ) -> nn.Module:
     """``kernels``: which quantized layers to build, "cpu" (torch's packed CPU ops) or "triton"."""
-    cls = get_model_class(cfg.architecture)
+    cls = cls or get_model_class(cfg.architecture)
     with torch.device("meta"):
         model = cls(cfg, max_positions, dtype)
     plan = (

@@ -129,26 +129,33 @@ class LlamaForCausalLM(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load HF-named tensors, fusing q/k/v and gate/up; every parameter must be filled."""
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
-        for name, tensor in weights:
-            target, shard = _map_name(name.removeprefix("model."), self.cfg)
-            if target is None:
-                continue
-            if target not in params:
-                raise ValueError(f"checkpoint tensor {name!r} has no place in {self.cfg.architecture}")
-            _copy_shard(params[target], tensor, shard, self.cfg)
-            loaded.add(f"{target}:{shard}")
-            if (
-                target == "embed_tokens.weight"
-                and self.cfg.tie_word_embeddings
-                and "lm_head.weight" in params
-            ):
-                _copy_shard(params["lm_head.weight"], tensor, None, self.cfg)
-                loaded.add("lm_head.weight:None")
-        missing = [n for n in params if not any(key.startswith(n + ":") for key in loaded)]
-        if missing:
-            raise ValueError(f"checkpoint is missing tensors for: {', '.join(missing[:8])}")
+        load_llama_weights(self, weights, self.cfg)
+
+
+def load_llama_weights(
+    module: nn.Module,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    cfg: ModelConfig,
+    optional: tuple[str, ...] = (),
+) -> None:
+    """Copy HF-named tensors into ``module`` (q/k/v and gate/up fused); every parameter not in ``optional``
+    must be filled (ValueError naming the missing ones)."""
+    params = dict(module.named_parameters())
+    loaded: set[str] = set()
+    for name, tensor in weights:
+        target, shard = _map_name(name.removeprefix("model."), cfg)
+        if target is None:
+            continue
+        if target not in params:
+            raise ValueError(f"checkpoint tensor {name!r} has no place in {cfg.architecture}")
+        _copy_shard(params[target], tensor, shard, cfg)
+        loaded.add(f"{target}:{shard}")
+        if target == "embed_tokens.weight" and cfg.tie_word_embeddings and "lm_head.weight" in params:
+            _copy_shard(params["lm_head.weight"], tensor, None, cfg)
+            loaded.add("lm_head.weight:None")
+    missing = [n for n in params if n not in optional and not any(k.startswith(n + ":") for k in loaded)]
+    if missing:
+        raise ValueError(f"checkpoint is missing tensors for: {', '.join(missing[:8])}")
 
 
 _FUSED = {

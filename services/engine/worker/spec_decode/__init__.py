@@ -1,0 +1,1 @@
+"""Speculative decoding in the runner: proposers (n-gram, draft model), the acceptance rule, the gate."""

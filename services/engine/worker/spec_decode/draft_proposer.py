@@ -1,0 +1,84 @@
+"""DraftModelProposer: a smaller model with the target's tokenizer drafts greedily over its own paged KV.
+
+Its KV cache is a second tensor indexed by the same block ids as the target's: the scheduler's block
+manager allocates for both (with ``lookahead`` slots for the drafts it writes), so prefix-cache hits,
+preemption and freed blocks apply to both at once. Each step it first catches up on the tokens the
+target verified (ragged, one forward for the batch), then drafts ``k`` tokens one forward at a time.
+KV that came through a connector (P/D, the kvstore) holds no draft KV: the draft computes it itself on
+this engine (see ``NewRequestData.num_local_kv_tokens``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from services.engine.worker.attention import ComputeBackend
+from services.engine.worker.models.interface import CausalLM
+from services.engine.worker.spec_decode.draft_batch import build_draft_batch
+from services.engine.worker.spec_decode.proposal import Proposal
+
+
+class DraftModelProposer:
+    """Greedy drafts from ``model``; ``kv_cache`` is [num_blocks, draft layers, 2, block, kv heads, dim]."""
+
+    def __init__(
+        self,
+        model: CausalLM,
+        kv_cache: torch.Tensor,
+        num_tokens: int,
+        block_size: int,
+        backend: ComputeBackend,
+        device: torch.device,
+        max_model_len: int,
+    ) -> None:
+        self.model, self.kv_cache, self.k = model, kv_cache, num_tokens
+        self.block_size, self.backend, self.device = block_size, backend, device
+        self.max_model_len = max_model_len
+
+    def propose(self, batch: list[Proposal], hidden: torch.Tensor) -> dict[str, tuple[int, ...]]:
+        """Catch the draft's KV up with the target's, then draft for the requests that want it."""
+        rows: list[tuple[Proposal, int, int]] = []  # (request, first position, end) fed this round
+        for p in batch:
+            st = p.state
+            end = min(len(st.token_ids) if p.sampled else p.computed_end, self._capacity(p))
+            if end > st.num_draft_computed:
+                rows.append((p, st.num_draft_computed, end))
+        if not rows:
+            return {}
+        logits = self._forward([(p, p.state.token_ids[a:b], a) for p, a, b in rows])
+        drafting: list[tuple[Proposal, int]] = []  # (request, its next draft position)
+        first: list[int] = []
+        for i, (p, _, end) in enumerate(rows):
+            p.state.num_draft_computed = end
+            room = min(self.k, p.max_drafts, self._capacity(p) - end + 1)
+            if p.want and p.sampled and end == len(p.state.token_ids) and room > 0:
+                drafting.append((p, end))
+                first.append(i)
+        if not drafting:
+            return {}
+        tokens = logits[first].argmax(dim=-1).tolist()
+        drafts: dict[str, list[int]] = {p.req_id: [t] for (p, _), t in zip(drafting, tokens, strict=True)}
+        for step in range(1, self.k):
+            live = [
+                (p, pos) for p, pos in drafting if len(drafts[p.req_id]) == step and self._fits(p, pos, step)
+            ]
+            if not live:
+                break
+            out = self._forward([(p, [drafts[p.req_id][-1]], pos + step - 1) for p, pos in live])
+            for (p, _), t in zip(live, out.argmax(dim=-1).tolist(), strict=True):
+                drafts[p.req_id].append(t)
+        return {rid: tuple(d) for rid, d in drafts.items()}
+
+    def _fits(self, p: Proposal, pos: int, step: int) -> bool:
+        """Draft ``step`` (0-based) is fed at position pos + step - 1; it must stay in the slots and the context."""
+        return step < min(p.max_drafts, self._capacity(p) - pos + 1)
+
+    def _capacity(self, p: Proposal) -> int:
+        return min(len(p.state.block_ids) * self.block_size, self.max_model_len)
+
+    def _forward(self, seqs: list[tuple[Proposal, list[int], int]]) -> torch.Tensor:
+        """One draft forward over ragged sequences (tokens fed from a start position); last-row logits."""
+        runs = [(p.state.block_ids, toks, start) for p, toks, start in seqs]
+        b = build_draft_batch(runs, self.block_size, self.backend, self.device)
+        hidden = self.model(b.input_ids, b.positions, self.kv_cache, b.meta, self.backend)
+        return self.model.compute_logits(hidden[b.last])
