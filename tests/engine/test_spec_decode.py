@@ -35,6 +35,7 @@ def _specs(model: Path, tmp: Path) -> dict[str, dict]:
             "method": "draft_model",
             "num_speculative_tokens": 2,
             "model": str(truncated_checkpoint(model, tmp / f"{model.name}-1layer", 1)),
+            "min_acceptance": 0,  # a weak draft: keep it drafting so every step verifies
         },
         "eagle": {
             "method": "eagle",
@@ -107,6 +108,20 @@ def test_seeded_sampling_gives_the_same_text(llama_dir: Path, other_draft: Path)
     ):
         llm = LLM(model=str(llama_dir), dtype="float32", speculative_config=spec)
         assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)] == plain, spec["method"]
+
+
+def test_logprobs_are_the_targets(llama_dir: Path) -> None:
+    """Accepted drafts carry the target's logprobs (and top-n), as plain decoding reports them."""
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2)
+    plain = LLM(model=str(llama_dir), dtype="float32").generate(PROMPTS[2:3], params)[0].outputs[0]
+    spec = {"method": "ngram", "num_speculative_tokens": 4}
+    llm = LLM(model=str(llama_dir), dtype="float32", speculative_config=spec)
+    ours = llm.generate(PROMPTS[2:3], params)[0].outputs[0]
+    assert llm.engine.core.scheduler.spec_stats.num_accepted_tokens > 5
+    assert ours.token_ids == plain.token_ids and len(ours.logprobs) == 24
+    for a, b in zip(ours.logprobs, plain.logprobs, strict=True):
+        assert a.rank == b.rank and abs(a.token_logprob - b.token_logprob) < 1e-4
+        assert [t for t, _ in a.top] == [t for t, _ in b.top]
 
 
 def _exact_pair_distribution(model: Path, prompt: list[int], top_k: int) -> dict[tuple[int, int], float]:
@@ -267,3 +282,18 @@ def test_eagle_head_drafts_what_eagle_computes(llama_dir: Path, tmp_path_factory
     engine.step()  # the prefill samples t1; the head drafts from the prompt's features
     req = engine.core.scheduler.requests["r"]
     assert req.spec_token_ids == eagle_reference_drafts(llama_dir, head, req.all_token_ids, 3)
+
+
+def test_draft_kv_follows_the_prefix_cache(llama_dir: Path) -> None:
+    """A request that never drafted (max_tokens=1) leaves prefix-cache blocks without draft KV; a later
+    request hitting them must not trust them (the target as its own draft then still accepts all)."""
+    spec = {"method": "draft_model", "num_speculative_tokens": 3, "model": str(llama_dir)}
+    llm = LLM(model=str(llama_dir), dtype="float32", num_kv_blocks=128, block_size=4, speculative_config=spec)
+    prefix = list(range(30, 70))
+    llm.generate([prefix + [1]], SamplingParams(temperature=0, max_tokens=1))
+    out = llm.generate([prefix + [2, 3]], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0]
+    assert out.num_cached_tokens >= 36  # the shared prefix came from the cache
+    stats = llm.engine.core.scheduler.spec_stats
+    assert stats.num_draft_tokens > 10 and stats.acceptance_rate == 1.0
+    llm.generate([prefix + [2, 3, 4]], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    assert llm.engine.core.scheduler.spec_stats.acceptance_rate == 1.0  # now the blocks hold draft KV too

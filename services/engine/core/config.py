@@ -7,10 +7,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from services.engine.core.spec_config import SpeculativeConfig
+from services.engine.core.spec_config import Quantization, SpeculativeConfig
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
-Quantization = Literal["auto", "none", "int8", "int4", "gguf", "gptq", "awq", "fp8"]
 
 
 class EngineConfig(BaseModel):

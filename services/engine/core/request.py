@@ -180,6 +180,22 @@ class Request:
         if self._hash_fn is not None:
             self._hash_fn(self.block_hashes, self.all_token_ids)
 
+    def stop_status(self, max_model_len: int) -> RequestStatus | None:
+        """The finished status its last generated token brings (eos, a stop id, max_tokens, the context
+        length), or None; a stop id becomes ``stop_reason``."""
+        params, token = self.sampling_params, self.output_token_ids[-1]
+        if self.num_output_tokens >= params.min_tokens:
+            if token == self.eos_token_id and not params.ignore_eos:
+                return RequestStatus.FINISHED_STOPPED
+            if token in params.stop_token_ids:
+                self.stop_reason = token
+                return RequestStatus.FINISHED_STOPPED
+        if params.max_tokens is not None and self.num_output_tokens >= params.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        if self.num_tokens >= max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
     def transition(self, new_status: RequestStatus) -> None:
         """Move to ``new_status``; raises InvalidTransition when that edge does not exist."""
         if new_status not in _ALLOWED.get(self.status, frozenset()):

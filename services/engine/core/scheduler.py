@@ -375,7 +375,7 @@ class Scheduler:
         """Append sampled tokens one by one; an accepted run ends at the first stop condition it meets."""
         for n, token in enumerate(tokens, start=1):
             request.append_output_token(token)
-            if (status := self._check_stop(request)) is not None:
+            if (status := request.stop_status(self.config.max_model_len)) is not None:
                 return tokens[:n], status
         return tokens, None
 
@@ -390,17 +390,3 @@ class Scheduler:
         request.spec_token_ids = list(proposed[:room])
         if request.status == RequestStatus.RUNNING:
             self.kv.trim(request, request.num_tokens)
-
-    def _check_stop(self, request: Request) -> RequestStatus | None:
-        params, token = request.sampling_params, request.output_token_ids[-1]
-        if request.num_output_tokens >= params.min_tokens:
-            if token == request.eos_token_id and not params.ignore_eos:
-                return RequestStatus.FINISHED_STOPPED
-            if token in params.stop_token_ids:
-                request.stop_reason = token
-                return RequestStatus.FINISHED_STOPPED
-        if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
-            return RequestStatus.FINISHED_LENGTH
-        if request.num_tokens >= self.config.max_model_len:
-            return RequestStatus.FINISHED_LENGTH
-        return None

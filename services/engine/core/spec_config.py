@@ -9,6 +9,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 SpecMethod = Literal["ngram", "draft_model", "eagle"]
+Quantization = Literal["auto", "none", "int8", "int4", "gguf", "gptq", "awq", "fp8"]
+# A rejected n-gram draft costs only its verification; a draft model's also costs the draft's forwards.
+_MIN_ACCEPTANCE = {"ngram": 0.1, "draft_model": 0.25, "eagle": 0.25}
 
 
 class SpeculativeConfig(BaseModel):
@@ -21,12 +24,20 @@ class SpeculativeConfig(BaseModel):
     prompt_lookup_min: int | None = Field(None, ge=1)  # ngram: shortest suffix looked up (default 2)
     prompt_lookup_max: int | None = Field(None, ge=1)  # ngram: longest suffix looked up (default 5)
     model: str | None = None  # draft_model: a smaller checkpoint with the target's tokenizer; eagle: the head
-    # Requests whose recent drafts are mostly rejected stop proposing for a while (doubling back-off).
-    min_acceptance: float = Field(0.25, ge=0.0, le=1.0)
+    quantization: Quantization = "auto"  # draft_model: its weights in memory (as the engine's --quantization)
+    # Requests whose recent drafts are mostly rejected stop proposing for a while (doubling back-off);
+    # default: 0.1 for ngram, 0.25 for a draft model or EAGLE head
+    min_acceptance: float | None = Field(None, ge=0.0, le=1.0)
     disable_by_batch_size: int | None = Field(None, ge=1)  # no drafts while more requests run
 
     @model_validator(mode="after")
     def _method_fields(self) -> SpeculativeConfig:
+        if self.min_acceptance is None:
+            self.min_acceptance = _MIN_ACCEPTANCE[self.method]
+        if self.quantization != "auto" and self.method != "draft_model":
+            raise ValueError(
+                f"quantization: only a draft_model's weights can be quantized, not {self.method}'s"
+            )
         if self.method == "ngram":
             if self.model is not None:
                 raise ValueError("model: the ngram method proposes from the prompt, it takes no model")

@@ -2,10 +2,11 @@
 
 Its KV cache is a second tensor indexed by the same block ids as the target's: the scheduler's block
 manager allocates for both (with ``lookahead`` slots for the drafts it writes), so prefix-cache hits,
-preemption and freed blocks apply to both at once. Each step it first catches up on the tokens the
-target verified (ragged, one forward for the batch), then drafts ``k`` tokens one forward at a time.
-KV that came through a connector (P/D, the kvstore) holds no draft KV: the draft computes it itself on
-this engine (see ``NewRequestData.num_local_kv_tokens``).
+preemption and freed blocks apply to both at once. Each step, for the requests that draft next, it
+first catches up on the tokens the target verified since it last ran for them (ragged, one forward for
+the batch), then drafts ``k`` tokens one forward at a time; paused requests cost nothing (see
+``DraftKVTracker``). KV that came through a connector (P/D, the kvstore) holds no draft KV: the draft
+computes it itself on this engine (see ``NewRequestData.num_local_kv_tokens``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from services.engine.worker.attention import ComputeBackend
 from services.engine.worker.models.interface import CausalLM
 from services.engine.worker.spec_decode.draft_batch import build_draft_batch
+from services.engine.worker.spec_decode.draft_kv import DraftKVTracker
 from services.engine.worker.spec_decode.proposal import Proposal
 
 
@@ -34,24 +36,30 @@ class DraftModelProposer:
         self.model, self.kv_cache, self.k = model, kv_cache, num_tokens
         self.block_size, self.backend, self.device = block_size, backend, device
         self.max_model_len = max_model_len
+        self.kv = DraftKVTracker(kv_cache.shape[0], block_size)
+
+    def forget(self, req_ids: frozenset[str] | set[str]) -> None:
+        self.kv.forget(req_ids)
 
     def propose(self, batch: list[Proposal], hidden: torch.Tensor) -> dict[str, tuple[int, ...]]:
         """Catch the draft's KV up with the target's, then draft for the requests that want it."""
         rows: list[tuple[Proposal, int, int]] = []  # (request, first position, end) fed this round
         for p in batch:
             st = p.state
-            end = min(len(st.token_ids) if p.sampled else p.computed_end, self._capacity(p))
-            if end > st.num_draft_computed:
+            self.kv.sync(p.req_id, st)
+            end = min(len(st.token_ids), self._capacity(p))
+            if p.want and end > st.num_draft_computed:
                 rows.append((p, st.num_draft_computed, end))
         if not rows:
             return {}
         logits = self._forward([(p, p.state.token_ids[a:b], a) for p, a, b in rows])
         drafting: list[tuple[Proposal, int]] = []  # (request, its next draft position)
         first: list[int] = []
-        for i, (p, _, end) in enumerate(rows):
+        for i, (p, start, end) in enumerate(rows):
+            self.kv.computed(p.state, start, end)
             p.state.num_draft_computed = end
             room = min(self.k, p.max_drafts, self._capacity(p) - end + 1)
-            if p.want and p.sampled and end == len(p.state.token_ids) and room > 0:
+            if end == len(p.state.token_ids) and room > 0:
                 drafting.append((p, end))
                 first.append(i)
         if not drafting:

@@ -42,6 +42,9 @@ class EagleProposer:
         self.block_size, self.backend, self.device = block_size, backend, device
         self.max_model_len = max_model_len
 
+    def forget(self, req_ids: frozenset[str] | set[str]) -> None:
+        """Nothing per request is kept here."""
+
     def propose(self, batch: list[Proposal], hidden: torch.Tensor) -> dict[str, tuple[int, ...]]:
         runs: list[tuple[Proposal, int, int]] = []  # (request, first draft position, end)
         for p in batch:

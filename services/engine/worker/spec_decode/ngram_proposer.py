@@ -16,6 +16,9 @@ class NgramProposer:
     def __init__(self, num_tokens: int, min_n: int, max_n: int) -> None:
         self.k, self.min_n, self.max_n = num_tokens, min_n, max_n
 
+    def forget(self, req_ids: frozenset[str] | set[str]) -> None:
+        """Nothing per request is kept here."""
+
     def propose(self, batch: list[Proposal], hidden: torch.Tensor) -> dict[str, tuple[int, ...]]:
         out: dict[str, tuple[int, ...]] = {}
         for p in batch:

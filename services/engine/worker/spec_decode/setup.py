@@ -60,7 +60,7 @@ def build_spec_decoder(
         proposer = EagleProposer(head, target, kv, k, kv_shape[3], backend, device, max_model_len)
     else:
         assert spec.model is not None and draft_cfg is not None
-        quant = resolve_quant_config("auto", spec.model)
+        quant = resolve_quant_config(spec.quantization, spec.model)
         kernels = "triton" if backend.name == "triton" else "cpu"
         model = load_model(spec.model, draft_cfg, dtype, device, max_model_len, quant, kernels)
         kv = torch.zeros(kv_shape, dtype=dtype, device=device)

@@ -23,6 +23,9 @@ class Proposer(Protocol):
 
     def propose(self, batch: list[Proposal], hidden: torch.Tensor) -> dict[str, tuple[int, ...]]: ...
 
+    def forget(self, req_ids: frozenset[str] | set[str]) -> None:
+        """The requests left the runner (finished or preempted)."""
+
 
 class SpecDecoder:
     """Gates requests (eligibility, acceptance back-off, batch size) and asks the proposer for drafts.
@@ -33,15 +36,26 @@ class SpecDecoder:
 
     def __init__(self, config: SpeculativeConfig, proposer: Proposer, max_model_len: int) -> None:
         self.config, self.proposer, self.max_model_len = config, proposer, max_model_len
+        assert config.min_acceptance is not None  # resolved by the config's validator
+        self.min_acceptance = config.min_acceptance
         self.gates: dict[str, DraftGate] = {}
+        self.overall = DraftGate(self.min_acceptance)  # every request's rounds: new requests start from it
 
     def forget(self, req_ids: frozenset[str] | set[str]) -> None:
         for rid in req_ids:
             self.gates.pop(rid, None)
+        self.proposer.forget(req_ids)
 
     def record(self, req_id: str, num_drafts: int, num_accepted: int) -> None:
         """A verified round: the request's gate learns how many of its drafts were right."""
-        self.gates.setdefault(req_id, DraftGate(self.config.min_acceptance)).record(num_drafts, num_accepted)
+        self.overall.record(num_drafts, num_accepted)
+        self._gate(req_id).record(num_drafts, num_accepted)
+
+    def _gate(self, req_id: str) -> DraftGate:
+        gate = self.gates.get(req_id)
+        if gate is None:
+            gate = self.gates[req_id] = self.overall.spawn()
+        return gate
 
     def propose(
         self, steps: list[StepResult], hidden: torch.Tensor
@@ -53,7 +67,7 @@ class SpecDecoder:
         for rid, st, sampled, row, start in steps:
             if st.pooling is not None:
                 continue
-            gate = self.gates.setdefault(rid, DraftGate(self.config.min_acceptance))
+            gate = self._gate(rid)
             eligible = on and sampled and st.params.structured_outputs is None
             room = draft_room(len(st.token_ids), len(st.output_ids), st.params.max_tokens, self.max_model_len)
             want = eligible and gate.open and room > 0
