@@ -197,3 +197,32 @@ def ref_dequant_matmul(
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype)
+
+
+def ref_fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """Twin of kernels.fused_moe, one expert at a time: gather its (token, slot) rows, fp32 math.
+
+    out[t] = sum_k topk_weights[t, k] * w2[e] @ (silu(w13[e, :I] @ x[t]) * (w13[e, I:] @ x[t])) with
+    e = topk_ids[t, k]; the silu * up activation is rounded to x.dtype like the kernel's, the sum over
+    k stays in fp32 and the result is rounded to x.dtype once.
+    """
+    num_tokens, topk = topk_ids.shape
+    inter = w2.shape[2]
+    flat_ids = topk_ids.reshape(-1)
+    tokens = torch.arange(num_tokens, device=x.device).repeat_interleave(topk)
+    weights = topk_weights.reshape(-1).float()
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for expert in flat_ids.unique().tolist():
+        rows = (flat_ids == expert).nonzero().squeeze(1)
+        rows_tokens = tokens.index_select(0, rows)
+        gate_up = x.index_select(0, rows_tokens).float() @ w13[expert].float().t()
+        act = (F.silu(gate_up[:, :inter]) * gate_up[:, inter:]).to(x.dtype).float()
+        down = act @ w2[expert].float().t()
+        out.index_add_(0, rows_tokens, down * weights.index_select(0, rows)[:, None])
+    return out.to(x.dtype)

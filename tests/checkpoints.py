@@ -103,7 +103,8 @@ def build_checkpoint(
     heads: int = 4,
     vocab_size: int | None = None,
 ) -> Path:
-    """Write a random-weight checkpoint (tiny by default): kind is 'llama', 'qwen2' or 'mistral'."""
+    """Write a random-weight checkpoint (tiny by default): kind is 'llama', 'qwen2', 'mistral', or one of
+    ``FAMILY_KINDS`` (Qwen3, Phi-3 and the MoE families: 8 experts, top-2)."""
     import torch
     from transformers import (
         LlamaConfig,
@@ -155,7 +156,7 @@ def build_checkpoint(
         cfg = MistralConfig(num_key_value_heads=2, sliding_window=None, **common)
         cls = MistralForCausalLM
     else:
-        raise ValueError(kind)
+        cfg, cls = _family_config(kind, common)
     torch.manual_seed(seed)
     model = cls(cfg).eval()
     with torch.no_grad():
@@ -164,6 +165,41 @@ def build_checkpoint(
                 p.add_(torch.randn_like(p) * 0.1)  # biases start at 0 and norms at 1: make them matter
     model.save_pretrained(str(out), safe_serialization=True)
     return out
+
+
+FAMILY_KINDS = ("qwen3", "phi3", "mixtral", "qwen2_moe", "qwen3_moe")
+
+
+def _family_config(kind: str, common: dict) -> tuple[object, type]:
+    """Configs of the families beyond Llama / Qwen2 / Mistral (MoE ones with 8 experts, top-2)."""
+    import transformers as tf
+
+    hidden = common["hidden_size"]
+    moe = dict(num_experts_per_tok=2, moe_intermediate_size=hidden)
+    if kind == "qwen3":
+        return tf.Qwen3Config(num_key_value_heads=2, head_dim=32, **common), tf.Qwen3ForCausalLM
+    if kind == "phi3":  # its window (512) is below max_position_embeddings: the engine caps the context
+        return tf.Phi3Config(num_key_value_heads=2, sliding_window=512, **common), tf.Phi3ForCausalLM
+    if kind == "mixtral":
+        cfg = tf.MixtralConfig(num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2, **common)
+        return cfg, tf.MixtralForCausalLM
+    if kind == "qwen2_moe":  # a shared expert; layer 1 stays dense
+        cfg = tf.Qwen2MoeConfig(
+            num_key_value_heads=2,
+            num_experts=8,
+            shared_expert_intermediate_size=3 * hidden,
+            mlp_only_layers=[1],
+            norm_topk_prob=False,
+            **moe,
+            **common,
+        )
+        return cfg, tf.Qwen2MoeForCausalLM
+    if kind == "qwen3_moe":
+        cfg = tf.Qwen3MoeConfig(
+            num_key_value_heads=2, head_dim=16, num_experts=8, norm_topk_prob=True, **moe, **common
+        )
+        return cfg, tf.Qwen3MoeForCausalLM
+    raise ValueError(kind)
 
 
 def hf_greedy(model, prompt: list[int], n: int = 12) -> list[int]:  # noqa: ANN001 - any HF causal LM

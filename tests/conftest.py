@@ -16,6 +16,7 @@ try:  # The Triton interpreter must be chosen before anything imports triton.
 except ImportError:  # torch-free installs (router/operator images) still run their tests
     torch = None
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -49,3 +50,16 @@ def mistral_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session", params=["llama", "qwen2"])
 def tiny_model(request: pytest.FixtureRequest) -> Path:
     return request.getfixturevalue(f"{request.param}_dir")
+
+
+@pytest.fixture(scope="session")
+def family_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Tiny checkpoints of the other families (tests.checkpoints.FAMILY_KINDS), built once on first use."""
+    built: dict[str, Path] = {}
+
+    def get(kind: str) -> Path:
+        if kind not in built:
+            built[kind] = build_checkpoint(tmp_path_factory.mktemp(f"tiny-{kind}"), kind)
+        return built[kind]
+
+    return get

@@ -95,6 +95,7 @@ class EngineStats:
     quantization: str = "none"  # how the weights are held (QuantConfig.describe())
     lora: LoRAStats | None = None  # engines with --enable-lora
     spec: SpecDecodingStats | None = None  # engines with --speculative-config (a copy)
+    moe_expert_tokens: list[tuple[int, list[int]]] = field(default_factory=list)  # (layer, per expert)
 
 
 class AsyncLLM:
@@ -142,6 +143,7 @@ class AsyncLLM:
             core.quant.describe(),
             _lora_stats(core),
             _spec_stats(core),
+            core.moe_expert_tokens(),
         )
 
     async def generate(

@@ -28,6 +28,7 @@ from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.model_runner import ModelRunner, bytes_per_block, kv_cache_shape
 from services.engine.worker.models import is_encoder_architecture
 from services.engine.worker.models.interface import CausalLM, EmbeddingModel
+from services.engine.worker.models.moe import expert_token_counts
 from services.engine.worker.pooling import (
     detect_task,
     pooling_config_for,
@@ -51,6 +52,20 @@ def resolve_task(task: str, model: str, architecture: str) -> str:
     if task == "generate" and is_encoder_architecture(architecture):
         raise ValueError(f"task: {architecture} is an encoder (embeddings only); use task='embed'")
     return task
+
+
+def _within_window(max_model_len: int, window: int | None, asked: int | None) -> int:
+    """A sliding-window model attends over the whole context only up to its window, where full and
+    windowed attention agree: the context is capped there (windowed attention is not built yet)."""
+    if window is None or max_model_len <= window:
+        return max_model_len
+    if asked is not None:
+        raise ValueError(
+            f"max_model_len={asked} exceeds the model's sliding_window={window}; kvferry does not run "
+            f"windowed attention yet: use max_model_len <= {window}"
+        )
+    log.warning("sliding_window=%d: max_model_len capped from %d to %d", window, max_model_len, window)
+    return window
 
 
 def resolve_device(name: str) -> torch.device:
@@ -81,6 +96,7 @@ class EngineCore:
                 f"max_model_len={config.max_model_len} exceeds the model's "
                 f"max_position_embeddings={cfg.max_position_embeddings}"
             )
+        self.max_model_len = _within_window(self.max_model_len, cfg.sliding_window, config.max_model_len)
         self.task = resolve_task(config.task, config.model, cfg.architecture)
         self.encoder = is_encoder_architecture(cfg.architecture)
         if self.encoder and not config.max_model_len:
@@ -261,6 +277,10 @@ class EngineCore:
         """Blocks moved by (direction, path) and failures by reason, over every connector."""
         stats = self.connector.stats()
         return dict(stats.blocks), dict(stats.failures)
+
+    def moe_expert_tokens(self) -> list[tuple[int, list[int]]]:
+        """Tokens routed to each expert of each MoE layer since start (empty for dense models)."""
+        return expert_token_counts(cast(torch.nn.Module, self.runner.model))
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)

@@ -1,4 +1,5 @@
-"""Greedy output equals HF transformers token for token, also chunked, preempted and with prefix caching."""
+"""Greedy output equals HF transformers token for token, also chunked, preempted and with prefix caching,
+for every model family."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from services.engine import LLM, SamplingParams
+from tests.checkpoints import FAMILY_KINDS
 
 NEW_TOKENS = 32
 GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
@@ -24,6 +26,15 @@ def _shared_prefix_prompts(vocab: int) -> list[list[int]]:
     rng = random.Random(2)
     prefixes = [[rng.randrange(3, vocab) for _ in range(n)] for n in (40, 100)]
     return [prefixes[i % 2] + [rng.randrange(3, vocab) for _ in range(rng.randint(1, 40))] for i in range(16)]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", *FAMILY_KINDS])
+def tiny_model(request: pytest.FixtureRequest, family_dir) -> Path:
+    """Every family the engine serves: Llama, Qwen2, and Qwen3, Phi-3, Mixtral, Qwen2-MoE, Qwen3-MoE (the
+    MoE ones with 8 experts, top-2, so routing differs per token)."""
+    if request.param in ("llama", "qwen2"):
+        return request.getfixturevalue(f"{request.param}_dir")
+    return family_dir(request.param)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import triton
@@ -24,7 +25,7 @@ TARGET = GPUTarget("cuda", 90, 32)
 OPTION_NAMES = ("num_warps", "num_stages")
 
 
-def _usage(kernel: object) -> str:
+def _usage(kernel: Any) -> str:
     """Registers and spill bytes that ptxas reports for the kernel's PTX."""
     ptxas = Path(triton.__file__).parent / "backends/nvidia/bin/ptxas-blackwell"
     with tempfile.TemporaryDirectory() as tmp:
@@ -68,6 +69,7 @@ def launch_all(quick: bool) -> None:
     """Call every public wrapper per kernel configuration the engine uses (CPU tensors); quick: bf16, D=128."""
     from kernels.activation import silu_and_mul
     from kernels.dequant_matmul import dequant_matmul
+    from kernels.fused_moe import CONFIGS, choose_config, fused_moe
     from kernels.paged_decode_attention import paged_decode_attention
     from kernels.paged_prefill_attention import paged_prefill_attention
     from kernels.reshape_and_cache import reshape_and_cache
@@ -95,6 +97,13 @@ def launch_all(quick: bool) -> None:
                 q = torch.zeros(256, 4096 // (8 // bits), dtype=torch.uint8)
                 s = torch.zeros(256, 4096 // group, dtype=dtype)
                 dequant_matmul(x, q, s, s, bits, group)
+        # fused MoE: one T per tile config the chooser can pick (E=4, K=2: T / 2 rows per expert).
+        moe_tokens = (2, 40, 100, 512)
+        assert [choose_config(t, 2, 4) for t in moe_tokens] == list(CONFIGS)
+        w13, w2 = torch.zeros(4, 512, 512, dtype=dtype), torch.zeros(4, 512, 256, dtype=dtype)
+        for t in moe_tokens:
+            ids = torch.arange(2 * t).reshape(t, 2) % 4
+            fused_moe(torch.zeros(t, 512, dtype=dtype), w13, w2, torch.zeros(t, 2), ids)
         q = torch.zeros(4, 8, 128, dtype=dtype)
         for is_neox in (True, False):
             rotary_embedding(

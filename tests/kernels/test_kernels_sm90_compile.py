@@ -29,13 +29,15 @@ def run_compile_check(tmp_path: Path, *flags: str) -> str:
 
 def test_kernels_compile_for_sm90_bf16(tmp_path: Path) -> None:
     report = run_compile_check(tmp_path, "--quick")
-    assert "compiled 14 launches" in report
+    assert "compiled 22 launches" in report
     attention = [line for line in report.splitlines() if line.startswith(("_prefill", "_decode_split"))]
     assert len(attention) == 3 and all("spill_stores=0" in line for line in attention), report
     dequant = [line for line in report.splitlines() if line.startswith("_dequant_matmul")]
     assert len(dequant) == 2 and all("spill_stores=0" in line for line in dequant), report
+    moe = [line for line in report.splitlines() if line.startswith("_moe_")]  # one per tile config, x2
+    assert len(moe) == 8 and all("spill_stores=0" in line for line in moe), report
 
 
 @pytest.mark.slow
 def test_kernels_compile_for_sm90_all_dtypes_and_head_dims(tmp_path: Path) -> None:
-    assert "compiled 85 launches" in run_compile_check(tmp_path)
+    assert "compiled 109 launches" in run_compile_check(tmp_path)

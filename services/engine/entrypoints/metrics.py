@@ -137,6 +137,16 @@ class _EngineCollector(Collector):
             yield from _lora_metrics(s.lora)
         if s.spec is not None:
             yield from _spec_metrics(s.spec)
+        if s.moe_expert_tokens:
+            experts = CounterMetricFamily(
+                "kvferry_moe_expert_tokens",
+                "Tokens routed to each expert of each MoE layer (each token counts once per chosen expert).",
+                labels=["layer", "expert"],
+            )
+            for layer, counts in s.moe_expert_tokens:
+                for expert, n in enumerate(counts):
+                    experts.add_metric([str(layer), str(expert)], n)
+            yield experts
 
 
 def _spec_metrics(spec: SpecDecodingStats) -> Iterator[Metric]:

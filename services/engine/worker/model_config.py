@@ -33,6 +33,16 @@ class ModelConfig(BaseModel):
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str | None = None
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head's q and k before rotary
+    sliding_window: int | None = None  # attention span of a windowed family (Mistral, Phi-3)
+    # Mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE): 0 experts = a dense model
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True  # renormalise the top-k routing weights to sum to 1
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: a shared expert with a sigmoid gate
+    decoder_sparse_step: int = 1  # every this-many-th layer is MoE (the others dense)
+    mlp_only_layers: tuple[int, ...] = ()  # layers that stay dense
     # BERT-family encoders only (Llama ignores them)
     layer_norm_eps: float = 1e-12
     type_vocab_size: int = 0
@@ -67,7 +77,7 @@ class ModelConfig(BaseModel):
             rope_scaling=scaling,
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
-            qkv_bias=attention_bias or arch == "Qwen2ForCausalLM",
+            qkv_bias=attention_bias or arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"),
             o_bias=attention_bias,
             mlp_bias=bool(cfg.get("mlp_bias", False)),
             bos_token_id=cfg.get("bos_token_id"),
@@ -77,6 +87,17 @@ class ModelConfig(BaseModel):
             type_vocab_size=cfg.get("type_vocab_size", 0),
             hidden_act=cfg.get("hidden_act", "silu"),
             position_embedding_type=cfg.get("position_embedding_type") or "absolute",
+            qk_norm=arch in _QK_NORM,
+            sliding_window=_window(cfg),
+            **_moe_fields(cfg, arch),
+        )
+
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        """Whether decoder layer ``layer_idx`` has a mixture-of-experts MLP."""
+        return (
+            self.num_experts > 0
+            and layer_idx not in self.mlp_only_layers
+            and (layer_idx + 1) % self.decoder_sparse_step == 0
         )
 
     @classmethod
@@ -95,9 +116,42 @@ class ModelConfig(BaseModel):
         return cls.from_hf_dict(cfg)
 
 
+_QK_NORM = frozenset({"Qwen3ForCausalLM", "Qwen3MoeForCausalLM"})
+
+
+def _window(cfg: dict[str, Any]) -> int | None:
+    """The sliding window a config declares and uses (Qwen configs carry one with use_sliding_window off)."""
+    window = cfg.get("sliding_window")
+    if not window or cfg.get("use_sliding_window") is False:
+        return None
+    return int(window)
+
+
+def _moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
+    """The expert layout of a Mixtral / Qwen2-MoE / Qwen3-MoE config (nothing for dense models)."""
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
+    if not experts:
+        return {}
+    mixtral = arch == "MixtralForCausalLM"
+    return {
+        "num_experts": experts,
+        "num_experts_per_tok": cfg["num_experts_per_tok"],
+        "moe_intermediate_size": cfg["intermediate_size"] if mixtral else cfg["moe_intermediate_size"],
+        "norm_topk_prob": True if mixtral else bool(cfg.get("norm_topk_prob", False)),
+        "shared_expert_intermediate_size": cfg.get("shared_expert_intermediate_size") or 0,
+        "decoder_sparse_step": cfg.get("decoder_sparse_step") or 1,
+        "mlp_only_layers": tuple(cfg.get("mlp_only_layers") or ()),
+    }
+
+
 _ARCH_BY_TYPE = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "phi3": "Phi3ForCausalLM",
     "bert": "BertModel",
 }

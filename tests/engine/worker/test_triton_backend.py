@@ -39,3 +39,17 @@ def test_triton_backend_matches_torch_backend_on_gpu(tiny_model: Path, dtype: st
     else:  # bf16: rounding differs (fused kernels round once); the first tokens must still agree
         assert [t[:2] for t in triton_out] == [t[:2] for t in torch_out]
     assert torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe"])
+def test_moe_models_on_the_triton_backend_interpreted(family_dir, kind: str) -> None:
+    """The fused MoE kernel in the engine (a shared expert, and a dense layer, for Qwen2-MoE)."""
+    model = family_dir(kind)
+    assert _run(model, "triton", "cpu", "float32") == _run(model, "torch", "cpu", "float32")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe"])
+def test_moe_models_on_the_triton_backend_on_gpu(family_dir, kind: str) -> None:
+    model = family_dir(kind)
+    assert _run(model, "triton", "cuda", "float32") == _run(model, "torch", "cuda", "float32")

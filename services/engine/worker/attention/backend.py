@@ -46,6 +46,19 @@ class ComputeBackend(Protocol):
         """silu(x[:, :I]) * x[:, I:] for x [T, 2I]."""
         ...
 
+    def fused_moe(
+        self,
+        x: torch.Tensor,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        """The experts of a MoE layer: sum_k w[t, k] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = ids[t, k].
+
+        x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; topk_* [T, K] -> [T, H]."""
+        ...
+
     def attention(
         self,
         q: torch.Tensor,

@@ -14,6 +14,7 @@ from types import ModuleType
 import torch
 
 from services.engine.worker.attention.metadata import AttentionMetadata, build_metadata
+from services.engine.worker.grouped_moe import grouped_moe
 
 
 class CpuBackend:
@@ -51,6 +52,16 @@ class CpuBackend:
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         return self._ops.silu_and_mul(x)
+
+    def fused_moe(
+        self,
+        x: torch.Tensor,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        return grouped_moe(x, w13, w2, topk_weights, topk_ids, self.silu_and_mul)
 
     def attention(
         self,

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from services.engine.worker.attention.metadata import AttentionMetadata, build_metadata
+from services.engine.worker.grouped_moe import grouped_moe
 from services.engine.worker.rope import apply_rotary, rope_rows
 
 
@@ -132,6 +133,16 @@ class TorchBackend:
     def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+    def fused_moe(
+        self,
+        x: torch.Tensor,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        return grouped_moe(x, w13, w2, topk_weights, topk_ids, self.silu_and_mul)
 
     def attention(
         self,

@@ -54,6 +54,18 @@ class TritonBackend:
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         return self._silu_and_mul(x)
 
+    def fused_moe(
+        self,
+        x: torch.Tensor,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        from kernels.fused_moe import fused_moe
+
+        return fused_moe(x, w13, w2, topk_weights, topk_ids)
+
     def attention(
         self,
         q: torch.Tensor,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib.metadata import EntryPoint, entry_points
 from types import MappingProxyType
 
 from torch import nn
@@ -14,6 +15,11 @@ _REGISTRY: MappingProxyType[str, type[nn.Module]] = MappingProxyType(
         "LlamaForCausalLM": LlamaForCausalLM,
         "MistralForCausalLM": LlamaForCausalLM,
         "Qwen2ForCausalLM": LlamaForCausalLM,
+        "Qwen3ForCausalLM": LlamaForCausalLM,
+        "Phi3ForCausalLM": LlamaForCausalLM,
+        "MixtralForCausalLM": LlamaForCausalLM,
+        "Qwen2MoeForCausalLM": LlamaForCausalLM,
+        "Qwen3MoeForCausalLM": LlamaForCausalLM,
     }
 )
 # Encoders: no KV cache, no logits; they serve embeddings only (see services.engine.worker.pooling).
@@ -25,8 +31,16 @@ _ENCODERS: MappingProxyType[str, type[nn.Module]] = MappingProxyType(
 )
 
 
+PLUGIN_GROUP = "kvferry.models"  # entry points: architecture name -> "module:Class"
+
+
+def _plugins() -> dict[str, EntryPoint]:
+    """Model classes other packages register (looked up when a model is built, in that process)."""
+    return {ep.name: ep for ep in entry_points(group=PLUGIN_GROUP)}
+
+
 def supported_architectures() -> list[str]:
-    return sorted([*_REGISTRY, *_ENCODERS])
+    return sorted({*_REGISTRY, *_ENCODERS, *_plugins()})
 
 
 def is_encoder_architecture(architecture: str) -> bool:
@@ -35,11 +49,22 @@ def is_encoder_architecture(architecture: str) -> bool:
 
 
 def get_model_class(architecture: str) -> type[nn.Module]:
-    """The class for an architecture name; a clear error listing the supported ones otherwise."""
+    """The class for an architecture name: built in, or from a ``kvferry.models`` entry point; a clear
+    error listing both otherwise. A plugin class is built as ``cls(ModelConfig, max_positions, dtype)``
+    and implements the ``CausalLM`` protocol (services.engine.worker.models.interface)."""
     cls = _REGISTRY.get(architecture) or _ENCODERS.get(architecture)
-    if cls is None:
-        raise ValueError(
-            f"model architecture {architecture!r} is not supported; supported: {', '.join(sorted(_REGISTRY))}; "
-            f"encoder (embedding) models: {', '.join(sorted(_ENCODERS))}"
-        )
-    return cls
+    if cls is not None:
+        return cls
+    plugins = _plugins()
+    if architecture in plugins:
+        loaded = plugins[architecture].load()
+        if not (isinstance(loaded, type) and issubclass(loaded, nn.Module)):
+            raise ValueError(
+                f"model plugin {architecture!r} ({plugins[architecture].value}) is not an nn.Module class"
+            )
+        return loaded
+    raise ValueError(
+        f"model architecture {architecture!r} is not supported; supported: {', '.join(sorted(_REGISTRY))}; "
+        f"encoder (embedding) models: {', '.join(sorted(_ENCODERS))}; "
+        f"plugins ({PLUGIN_GROUP} entry points): {', '.join(sorted(plugins)) or 'none installed'}"
+    )

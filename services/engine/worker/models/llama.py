@@ -1,4 +1,5 @@
-"""LlamaForCausalLM (also Mistral and Qwen2): RMSNorm, GQA attention over the paged cache, SwiGLU, RoPE."""
+"""LlamaForCausalLM and its family (Mistral, Qwen2/3, Phi-3, and the MoE Mixtral / Qwen2-MoE / Qwen3-MoE):
+RMSNorm, GQA attention over the paged cache (Qwen3's q/k norms), SwiGLU or routed experts, RoPE."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from kernels.reference import build_cos_sin_cache
 from services.engine.worker.attention import AttentionMetadata
 from services.engine.worker.attention import ComputeBackend as Backend
 from services.engine.worker.model_config import ModelConfig
+from services.engine.worker.models.moe import MoEBlock, expert_shard, moe_name
 
 
 class RMSNorm(nn.Module):
@@ -37,22 +39,27 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.scale = self.d**-0.5
+        self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
 
     def forward(
         self, x: torch.Tensor, rope: Any, kv_cache: torch.Tensor, meta: AttentionMetadata, backend: Backend
     ) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = backend.rotary(q.view(t, self.hq, self.d), k.view(t, self.hkv, self.d), rope)
+        if self.q_norm is not None and self.k_norm is not None:  # Qwen3: per-head norms before rotary
+            q = self.q_norm(q.reshape(t * self.hq, self.d), backend)[0]
+            k = self.k_norm(k.reshape(t * self.hkv, self.d), backend)[0]
+        q, k = backend.rotary(q.reshape(t, self.hq, self.d), k.reshape(t, self.hkv, self.d), rope)
         v = v.view(t, self.hkv, self.d)
         out = backend.attention(q, k, v, kv_cache, self.layer_idx, meta, self.scale)
         return self.o_proj(out.reshape(t, self.q_size))
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, intermediate: int | None = None) -> None:
         super().__init__()
-        self.inter = cfg.intermediate_size
+        self.inter = intermediate or cfg.intermediate_size
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.inter, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(self.inter, cfg.hidden_size, bias=cfg.mlp_bias)
 
@@ -66,7 +73,10 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = LlamaAttention(cfg, layer_idx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = LlamaMLP(cfg)
+        self.mlp: nn.Module = LlamaMLP(cfg)
+        if cfg.is_moe_layer(layer_idx):
+            shared = cfg.shared_expert_intermediate_size
+            self.mlp = MoEBlock(cfg, LlamaMLP(cfg, shared) if shared else None)
 
     def forward(
         self,
@@ -141,19 +151,27 @@ def load_llama_weights(
     """Copy HF-named tensors into ``module`` (q/k/v and gate/up fused); every parameter not in ``optional``
     must be filled (ValueError naming the missing ones)."""
     params = dict(module.named_parameters())
-    loaded: set[str] = set()
+    filled = dict.fromkeys(params, 0)  # elements copied into each parameter
     for name, tensor in weights:
-        target, shard = _map_name(name.removeprefix("model."), cfg)
+        name = moe_name(name.removeprefix("model."))
+        if (expert := expert_shard(name, cfg)) is not None:
+            param_name, index, (lo, hi) = expert
+            if param_name not in params:
+                raise ValueError(f"checkpoint tensor {name!r} has no place in {cfg.architecture}")
+            _copy_into(params[param_name].data[index, lo:hi], tensor, f"expert {index}")
+            filled[param_name] += tensor.numel()
+            continue
+        target, shard = _map_name(name, cfg)
         if target is None:
             continue
         if target not in params:
             raise ValueError(f"checkpoint tensor {name!r} has no place in {cfg.architecture}")
         _copy_shard(params[target], tensor, shard, cfg)
-        loaded.add(f"{target}:{shard}")
+        filled[target] += tensor.numel()
         if target == "embed_tokens.weight" and cfg.tie_word_embeddings and "lm_head.weight" in params:
             _copy_shard(params["lm_head.weight"], tensor, None, cfg)
-            loaded.add("lm_head.weight:None")
-    missing = [n for n in params if n not in optional and not any(k.startswith(n + ":") for k in loaded)]
+            filled["lm_head.weight"] += tensor.numel()
+    missing = [n for n, p in params.items() if n not in optional and filled[n] < p.numel()]
     if missing:
         raise ValueError(f"checkpoint is missing tensors for: {', '.join(missing[:8])}")
 
@@ -182,21 +200,24 @@ def _copy_shard(param: torch.Tensor, tensor: torch.Tensor, shard: str | None, cf
     if shard is None:
         rows = (0, param.shape[0])
     else:
-        q, kv, inter = (
+        q, kv, half = (
             cfg.num_attention_heads * cfg.head_dim,
             cfg.num_key_value_heads * cfg.head_dim,
-            cfg.intermediate_size,
+            param.shape[0] // 2,  # gate_up: a shared expert's width is not intermediate_size
         )
         rows = {
             "q": (0, q),
             "k": (q, q + kv),
             "v": (q + kv, q + 2 * kv),
-            "gate": (0, inter),
-            "up": (inter, 2 * inter),
+            "gate": (0, half),
+            "up": (half, 2 * half),
         }[shard]
-    dst = param.data[rows[0] : rows[1]]
+    _copy_into(param.data[rows[0] : rows[1]], tensor, shard or "tensor")
+
+
+def _copy_into(dst: torch.Tensor, tensor: torch.Tensor, what: str) -> None:
     if dst.shape != tensor.shape:
         raise ValueError(
-            f"weight shape mismatch for {shard or 'tensor'}: expected {tuple(dst.shape)}, got {tuple(tensor.shape)}"
+            f"weight shape mismatch for {what}: expected {tuple(dst.shape)}, got {tuple(tensor.shape)}"
         )
     dst.copy_(tensor.to(dst.dtype))

@@ -1,0 +1,88 @@
+"""MoEBlock: a mixture-of-experts MLP (Mixtral, Qwen2-MoE with its shared expert, Qwen3-MoE).
+
+Routing: router logits in fp32, softmax over the experts, top-k, renormalised to sum to 1 where the
+config says so (always for Mixtral, ``norm_topk_prob`` for Qwen). Experts are stacked ``w13 [E, 2I, H]``
+(gate rows, then up rows) and ``w2 [E, H, I]`` for the backend's fused MoE op. Tokens routed to each
+expert are counted (``expert_tokens``) so that load skew is observable.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from services.engine.worker.attention import ComputeBackend as Backend
+from services.engine.worker.model_config import ModelConfig
+
+# HF expert tensor names -> (w13 | w2, which rows): Mixtral's w1/w3/w2, Qwen's gate/up/down_proj
+_EXPERT = re.compile(
+    r"^(?P<prefix>.*)\.(?:block_sparse_moe|mlp)\.experts\.(?P<e>\d+)\.(?P<proj>\w+)\.weight$"
+)
+_PARTS = {"w1": "gate", "gate_proj": "gate", "w3": "up", "up_proj": "up", "w2": "down", "down_proj": "down"}
+
+
+class RouterGate(nn.Module):
+    """The router's [E, H] weight; not an nn.Linear, so no packer or quantizer touches it."""
+
+    def __init__(self, num_experts: int, hidden: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden), requires_grad=False)
+
+
+class MoEBlock(nn.Module):
+    """``forward(x)`` -> routed experts (+ the gated shared expert where there is one)."""
+
+    expert_tokens: torch.Tensor
+
+    def __init__(self, cfg: ModelConfig, shared_mlp: nn.Module | None) -> None:
+        super().__init__()
+        e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
+        self.gate = RouterGate(e, h)
+        self.w13 = nn.Parameter(torch.empty(e, 2 * i, h), requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(e, h, i), requires_grad=False)
+        self.shared_expert = shared_mlp
+        self.shared_expert_gate = nn.Linear(h, 1, bias=False) if shared_mlp is not None else None
+        self.register_buffer("expert_tokens", torch.zeros(e, dtype=torch.int64), persistent=False)
+
+    def forward(self, x: torch.Tensor, backend: Backend) -> torch.Tensor:
+        logits = F.linear(x.float(), self.gate.weight.float())
+        weights, ids = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        self.expert_tokens += torch.bincount(ids.reshape(-1), minlength=self.expert_tokens.shape[0])
+        out = backend.fused_moe(x, self.w13, self.w2, weights, ids)
+        if self.shared_expert is not None and self.shared_expert_gate is not None:
+            shared = self.shared_expert(x, backend)
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * shared
+        return out
+
+
+def expert_shard(name: str, cfg: ModelConfig) -> tuple[str, int, tuple[int, int]] | None:
+    """An HF per-expert tensor -> (our parameter, expert index, row range in it); None for other tensors."""
+    m = _EXPERT.match(name)
+    if m is None or m["proj"] not in _PARTS:
+        return None
+    i, part = cfg.moe_intermediate_size, _PARTS[m["proj"]]
+    if part == "down":
+        return f"{m['prefix']}.mlp.w2", int(m["e"]), (0, cfg.hidden_size)
+    rows = (0, i) if part == "gate" else (i, 2 * i)
+    return f"{m['prefix']}.mlp.w13", int(m["e"]), rows
+
+
+def moe_name(name: str) -> str:
+    """Mixtral's ``block_sparse_moe.*`` under our ``mlp.*`` (the router: ``mlp.gate.weight``)."""
+    return name.replace(".block_sparse_moe.", ".mlp.")
+
+
+def expert_token_counts(model: nn.Module) -> list[tuple[int, list[int]]]:
+    """(MoE layer index, tokens routed to each expert since start) for every MoE layer of ``model``."""
+    out = []
+    for name, module in model.named_modules():
+        if isinstance(module, MoEBlock):
+            layer = next((int(p) for p in name.split(".") if p.isdigit()), -1)
+            out.append((layer, [int(n) for n in module.expert_tokens.tolist()]))
+    return out

@@ -1,0 +1,92 @@
+"""Model families beyond the parity matrix: plugins through the kvferry.models entry points, MoE expert
+counters on /metrics, the sliding-window context cap."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from services.engine import LLM, SamplingParams
+from services.engine.worker.models import get_model_class
+from tests.engine.entrypoints.helpers import MODEL
+from tests.engine_harness import start_in_process
+
+PLUGIN = '''
+"""A kvferry model plugin: a Llama whose logits always favour token 7 (so its use is visible)."""
+import torch
+from services.engine.worker.models.llama import LlamaForCausalLM
+
+
+class SevenLM(LlamaForCausalLM):
+    def compute_logits(self, hidden):
+        logits = super().compute_logits(hidden)
+        logits[:, 7] += 1e4
+        return logits
+'''
+
+
+def _install_plugin(site: Path) -> None:
+    """What `pip install` leaves in site-packages: the module and a dist-info with the entry point."""
+    (site / "kvferry_seven_plugin.py").write_text(PLUGIN)
+    info = site / "kvferry_seven_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kvferry-seven-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[kvferry.models]\nSevenForCausalLM = kvferry_seven_plugin:SevenLM\n"
+    )
+
+
+def test_a_plugin_architecture_is_served(
+    llama_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ValueError, match="plugins \\(kvferry.models entry points\\): none installed"):
+        get_model_class("SevenForCausalLM")
+    site = tmp_path / "site"
+    site.mkdir()
+    _install_plugin(site)
+    monkeypatch.syspath_prepend(str(site))
+    model = tmp_path / "seven"
+    shutil.copytree(llama_dir, model)
+    cfg = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**cfg, "architectures": ["SevenForCausalLM"]}))
+    llm = LLM(model=str(model), dtype="float32", num_kv_blocks=64)
+    out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))[0]
+    assert out.outputs[0].token_ids == [7] * 5
+    with pytest.raises(ValueError, match="plugins \\(kvferry.models entry points\\): SevenForCausalLM"):
+        get_model_class("NopeForCausalLM")
+    sys.modules.pop("kvferry_seven_plugin", None)
+
+
+def _expert_counts(url: str) -> dict[tuple[str, str], float]:
+    metrics = httpx.get(f"{url}/metrics", timeout=30).text
+    pattern = r'kvferry_moe_expert_tokens_total\{expert="(\d+)",layer="(\d+)"\} (\S+)'
+    return {(m[2], m[1]): float(m[3]) for m in re.finditer(pattern, metrics)}
+
+
+def test_moe_expert_tokens_are_counted_on_metrics(family_dir) -> None:
+    engine = start_in_process(family_dir("mixtral"), "--num-kv-blocks", "64")
+    try:
+        before = _expert_counts(engine.url)
+        assert len(before) == 2 * 8  # (layer, expert) for two layers of eight experts
+        body = {"model": MODEL, "prompt": list(range(3, 40)), "max_tokens": 4, "temperature": 0}
+        assert httpx.post(f"{engine.url}/v1/completions", json=body, timeout=30).status_code == 200
+        after = _expert_counts(engine.url)
+        for layer in ("0", "1"):  # 37 prompt tokens and 3 decode steps, two experts each
+            added = sum(after[(layer, e)] - before[(layer, e)] for e in map(str, range(8)))
+            assert added == 2 * (37 + 3)
+        assert len({after[("0", e)] for e in map(str, range(8))}) > 1  # routing differs per token
+    finally:
+        assert engine.stop() == 0
+
+
+def test_a_context_beyond_the_sliding_window_is_refused(family_dir) -> None:
+    phi3 = family_dir("phi3")  # sliding_window 512, max_position_embeddings 1024
+    assert LLM(model=str(phi3), num_kv_blocks=64).engine.max_model_len == 512
+    with pytest.raises(ValueError, match="exceeds the model's sliding_window=512"):
+        LLM(model=str(phi3), num_kv_blocks=64, max_model_len=1024)
