@@ -35,7 +35,14 @@ def grouped_moe(
         rows = order[start : start + n]
         start += n
         tokens = rows // k
-        h = silu_and_mul(F.linear(x.index_select(0, tokens), w13[expert]))
-        h = F.linear(h, w2[expert]).float() * weights.index_select(0, rows).unsqueeze(1)
+        h = silu_and_mul(_linear(x.index_select(0, tokens), w13[expert]))
+        h = _linear(h, w2[expert]).float() * weights.index_select(0, rows).unsqueeze(1)
         out.index_add_(0, tokens, h)
     return out.to(x.dtype)
+
+
+def _linear(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """rows @ weight.T; one row as a matrix-vector product (bf16 GEMV streams ~1.4x faster on CPU)."""
+    if rows.shape[0] == 1:
+        return torch.mv(weight, rows[0]).unsqueeze(0)
+    return F.linear(rows, weight)
