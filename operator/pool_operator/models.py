@@ -133,6 +133,11 @@ class EngineSpec(CrdModel):
             "blockSize is immutable: cached KV blocks and their hashes depend on it",
         ),
         CelRule(
+            "self.tensorParallelSize == 1",
+            "tensorParallelSize must be 1: kvferry engines do not run tensor parallelism yet",
+            lambda s: s.tensor_parallel_size == 1,
+        ),
+        CelRule(
             "!self.enableAutoToolChoice || has(self.toolCallParser)",
             "enableAutoToolChoice needs toolCallParser",
             lambda s: not s.enable_auto_tool_choice or s.tool_call_parser is not None,
@@ -150,8 +155,15 @@ class EngineSpec(CrdModel):
     max_model_len: int = Field(4096, ge=16)
     max_num_seqs: int = Field(256, ge=1)
     max_num_batched_tokens: int = Field(8192, ge=1)
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    tensor_parallel_size: int = Field(1, ge=1, le=16)
+    gpu_memory_utilization: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="GPU engines: the fraction of device memory for weights and KV cache (engine default 0.9)",
+    )
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=16, description="ranks per engine: only 1 until TP is built"
+    )
     prefix_caching: bool = True
     task: Literal["generate", "embed"] = Field(
         "generate", description="generate: completions and chat; embed: /v1/embeddings (an embedding model)"

@@ -237,7 +237,11 @@ class WorkloadBuilder:
             str(engine.max_num_seqs),
             "--max-num-batched-tokens",
             str(engine.max_num_batched_tokens),
+            "--tensor-parallel-size",
+            str(engine.tensor_parallel_size),
         ]
+        if engine.gpu_memory_utilization is not None:
+            args += ["--gpu-memory-utilization", f"{engine.gpu_memory_utilization:g}"]
         if not engine.prefix_caching:
             args.append("--no-prefix-caching")
         if engine.task == "embed":
@@ -301,14 +305,7 @@ class WorkloadBuilder:
 
     def engine(self, role: EnginePodRole, role_spec: RoleSpec, autoscaled: bool) -> Manifest:
         engine = self.spec.engine
-        env = (
-            self._pool_env(role)
-            + [
-                _env_value("KVFERRY_GPU_MEMORY_UTILIZATION", f"{engine.gpu_memory_utilization:g}"),
-                _env_value("KVFERRY_TENSOR_PARALLEL_SIZE", str(engine.tensor_parallel_size)),
-            ]
-            + [e.model_dump(by_alias=True, exclude_none=True) for e in engine.env]
-        )
+        env = self._pool_env(role) + [e.model_dump(by_alias=True, exclude_none=True) for e in engine.env]
         container = {
             "name": "engine",
             "image": engine.image or self.images.image("engine"),

@@ -41,6 +41,8 @@ from services.engine.worker.structured.manager import StructuredOutputManager
 log = logging.getLogger(__name__)
 
 _DEFAULT_CPU_KV_GB = 2.0
+_DEFAULT_GPU_UTILIZATION = 0.9  # vLLM's default
+_ACTIVATION_RESERVE = 0.05  # of the device, kept free for a step's activations
 _DEFAULT_BATCHED_TOKENS = 2048  # per step; longer prompts are chunked (vLLM V1's default)
 
 
@@ -107,7 +109,6 @@ class EngineCore:
         self.quant = resolve_quant_config(config.quantization, config.model)
         self.block_size = config.block_size
         self.draft_config = self._draft_config()
-        self.num_blocks = self._num_blocks()
         self.hasher = BlockHasher(config.model_name, self.block_size, HASH_VERSION)
         torch.manual_seed(config.seed)
         backend = select_backend(self.device, config.attention_backend)
@@ -118,7 +119,7 @@ class EngineCore:
             raise ValueError(
                 f"quantization {self.quant.describe()} on {self.device.type} needs --attention-backend triton"
             )
-        model, kv_cache = self._load_model()
+        model, kv_cache = self._load_model()  # the KV cache is sized after the weights are in memory
         self.runner = ModelRunner(
             model, cfg, kv_cache, self.block_size, backend, self.device, cfg.eos_token_ids, seed=config.seed
         )
@@ -228,6 +229,7 @@ class EngineCore:
             model: CausalLM | EmbeddingModel = load_embedding_model(*args)
         else:
             model = load_model(*args)
+        self.num_blocks = self._num_blocks()
         if self.encoder:
             return model, torch.empty(0, dtype=self.dtype, device=self.device)
         shape = kv_cache_shape(self.model_config, self.num_blocks, self.block_size)
@@ -241,13 +243,7 @@ class EngineCore:
         per_block = bytes_per_block(self.model_config, self.block_size, self.dtype)
         if self.draft_config is not None:  # the draft's KV lives in the same block ids
             per_block += bytes_per_block(self.draft_config, self.block_size, self.dtype)
-        if self.config.kv_cache_memory_gb:
-            budget = self.config.kv_cache_memory_gb * 2**30
-        elif self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            budget = free * 0.5
-        else:
-            budget = _DEFAULT_CPU_KV_GB * 2**30
+        budget = self._kv_budget_bytes()
         needed = self.config.max_num_seqs * -(-self.max_model_len // self.block_size)
         blocks = min(int(budget // per_block), needed)
         min_blocks = -(-self.max_model_len // self.block_size)
@@ -257,6 +253,27 @@ class EngineCore:
                 f"sequence ({min_blocks} blocks needed); raise kv_cache_memory_gb or lower max_model_len"
             )
         return blocks
+
+    def _kv_budget_bytes(self) -> float:
+        """--kv-cache-memory if given; on GPUs what --gpu-memory-utilization leaves after the weights (less
+        a 5% activation reserve: no profiling pass yet); on CPUs 2 GiB."""
+        c = self.config
+        if c.kv_cache_memory_gb:
+            return c.kv_cache_memory_gb * 2**30
+        if self.device.type == "cuda":
+            util = c.gpu_memory_utilization or _DEFAULT_GPU_UTILIZATION
+            free, total = torch.cuda.mem_get_info(self.device)
+            budget = total * (util - _ACTIVATION_RESERVE) - (total - free)
+            if budget <= 0:
+                raise ValueError(
+                    f"gpu_memory_utilization={util}: the weights already use {(total - free) / 2**30:.1f} of "
+                    f"{total / 2**30:.1f} GiB; nothing is left for the KV cache"
+                )
+            return budget
+        if c.gpu_memory_utilization is not None:
+            log.warning("gpu_memory_utilization applies to GPU engines; this CPU engine sizes its KV cache "
+                        "with kv_cache_memory_gb (default %.0f GiB)", _DEFAULT_CPU_KV_GB)  # fmt: skip
+        return _DEFAULT_CPU_KV_GB * 2**30
 
     def kv_compat(self) -> KVCompat:
         """What a peer engine must match to exchange KV blocks with this one."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 
@@ -123,6 +124,10 @@ def test_engine_and_router_command_lines_follow_the_cli_contract():
         "256",
         "--max-num-batched-tokens",
         "8192",
+        "--tensor-parallel-size",
+        "1",
+        "--gpu-memory-utilization",
+        "0.9",
         "--redis-url",
         "$(KVFERRY_REDIS_URL)",
         "--kvstore-url",
@@ -363,3 +368,54 @@ def test_speculative_reaches_decode_engines_only():
         body["spec"]["engine"]["speculative"] = bad
         with pytest.raises(ValueError, match=message):
             parse_pool(body)
+
+
+# A non-default, valid value for every EngineSpec field: each must change what the engines run.
+_ENGINE_FIELD_VALUES = {
+    "image": "registry.example/kvferry-engine:other",
+    "dtype": "float32",
+    "quantization": "int8",
+    "block_size": 32,
+    "max_model_len": 2048,
+    "max_num_seqs": 64,
+    "max_num_batched_tokens": 3000,
+    "gpu_memory_utilization": 0.8,
+    "tensor_parallel_size": None,  # only 1 is accepted until TP lands (a CEL rule): checked below
+    "prefix_caching": False,
+    "task": "embed",
+    "enable_auto_tool_choice": True,
+    "tool_call_parser": "hermes",
+    "reasoning_parser": "qwen3",
+    "speculative": {"method": "ngram", "numSpeculativeTokens": 3},
+    "extra_args": ["--seed", "7"],
+    "env": [{"name": "FOO", "value": "1"}],
+}
+
+
+def _engines(body: dict) -> list[dict]:
+    rendered = PoolRenderer(parse_pool(body), IMAGES).render()
+    return [
+        m["spec"]["template"]["spec"] for m in rendered if m["kind"] == "Deployment" and "--role" in _args(m)
+    ]
+
+
+def test_every_engine_field_reaches_the_engines():
+    """No silent pool field: setting any spec.engine field changes the engine pods (flags, image, env)."""
+    from pool_operator.models import EngineSpec
+
+    assert set(_ENGINE_FIELD_VALUES) == set(EngineSpec.model_fields), "a new engine field needs an entry here"
+    base_body = load_example("aggregated-pool.yaml")
+    base = _engines(base_body)
+    for field, value in _ENGINE_FIELD_VALUES.items():
+        if value is None:
+            continue
+        body = copy.deepcopy(base_body)
+        key = EngineSpec.model_fields[field].alias or field
+        body["spec"]["engine"][key] = value
+        if field == "enable_auto_tool_choice":
+            body["spec"]["engine"]["toolCallParser"] = "hermes"
+        assert _engines(body) != base, f"spec.engine.{key} reaches nothing"
+    body = copy.deepcopy(base_body)
+    body["spec"]["engine"]["tensorParallelSize"] = 2
+    with pytest.raises(ValueError, match="tensorParallelSize must be 1"):
+        parse_pool(body)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from services.engine.core.spec_config import Quantization, SpeculativeConfig
 
@@ -29,6 +29,11 @@ class EngineConfig(BaseModel):
     max_model_len: int | None = Field(None, ge=1)
     enable_prefix_caching: bool = True
     device: str = "auto"
+    # GPUs: the fraction of the device's memory this engine may fill (weights, activations, KV cache);
+    # sizes the KV cache from what is free after loading. CPU engines size it with kv_cache_memory_gb.
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)
     seed: int = 0
     attention_backend: Literal["cpu", "torch", "triton"] | None = None
     task: Literal["auto", "generate", "embed"] = (
@@ -42,6 +47,16 @@ class EngineConfig(BaseModel):
     speculative_config: SpeculativeConfig | None = None  # draft tokens verified in one target pass
     kvstore_url: str | None = None  # grpc://host:port of the shared kvstore tier
     use_nixl: bool = True  # False: KV moves between engines through the kvstore only
+
+    @field_validator("tensor_parallel_size", "pipeline_parallel_size")
+    @classmethod
+    def _one_rank(cls, v: int, info: ValidationInfo) -> int:
+        if v != 1:
+            raise ValueError(
+                f"{info.field_name}={v}: kvferry engines run on one device for now (tensor and pipeline "
+                "parallelism are not built yet); serve a model that fits one device"
+            )
+        return v
 
     @field_validator("model")
     @classmethod

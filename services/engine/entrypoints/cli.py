@@ -70,6 +70,14 @@ def add_parser(
     add("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     add("--no-prefix-caching", dest="prefix_caching", action="store_false", help="disable prefix caching")
     add("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    add(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        help="GPUs: fraction of the device memory for weights + KV cache (default 0.9); CPUs: --kv-cache-memory",
+    )
+    add("--tensor-parallel-size", "-tp", type=int, default=1, help="ranks per model (only 1 for now)")
+    add("--pipeline-parallel-size", "-pp", type=int, default=1, help="pipeline stages (only 1 for now)")
     _add_serving_flags(add)
     _add_lora_flags(add)
     _add_pool_flags(add)
@@ -213,6 +221,9 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
         max_model_len=args.max_model_len,
         enable_prefix_caching=args.prefix_caching,
         device=args.device,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        tensor_parallel_size=args.tensor_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size,
         task=args.task,
         attention_backend=args.attention_backend,
         seed=args.seed,

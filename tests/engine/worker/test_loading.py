@@ -102,3 +102,18 @@ def test_half_precision_runs_close_to_fp32(llama_dir: Path, dtype: str) -> None:
     fp32 = LLM(model=str(llama_dir), dtype="float32", num_kv_blocks=64).generate(PROMPTS, GREEDY)
     half = LLM(model=str(llama_dir), num_kv_blocks=64, dtype=dtype).generate(PROMPTS, GREEDY)
     assert half[0].outputs[0].token_ids[:3] == fp32[0].outputs[0].token_ids[:3]
+
+
+def test_parallel_sizes_other_than_one_are_refused_by_name(llama_dir: Path) -> None:
+    for field in ("tensor_parallel_size", "pipeline_parallel_size"):
+        with pytest.raises(ValueError, match=f"{field}=2: kvferry engines run on one device"):
+            LLM(model=str(llama_dir), **{field: 2})
+
+
+def test_gpu_memory_utilization_on_a_cpu_engine_says_it_does_not_apply(
+    llama_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING"):
+        llm = LLM(model=str(llama_dir), dtype="float32", gpu_memory_utilization=0.5, max_num_seqs=2)
+    assert "gpu_memory_utilization applies to GPU engines" in caplog.text
+    assert llm.engine.core.num_blocks > 0
