@@ -230,6 +230,14 @@ class ServiceSpec(CrdModel):
 class RouterSpec(CrdModel):
     """The pool's OpenAI endpoint."""
 
+    CEL_RULES = (
+        CelRule(
+            "!self.saltFromApiKey || has(self.apiKeySecretRef)",
+            "saltFromApiKey needs apiKeySecretRef (the keys that name the tenants)",
+            lambda s: not s.salt_from_api_key or s.api_key_secret_ref is not None,
+        ),
+    )
+
     image: str | None = None
     replicas: int = Field(1, ge=0)
     strategy: Literal["PrefixAware", "LeastLoad", "RoundRobin"] = "PrefixAware"
@@ -238,7 +246,12 @@ class RouterSpec(CrdModel):
         256, ge=0, description="uncached prompt tokens above which prefill is split off"
     )
     service: ServiceSpec = Field(default_factory=ServiceSpec, json_schema_extra={"default": {}})
-    api_key_secret_ref: SecretKeyRef | None = None
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        None, description="a Secret key holding the client API keys, one per line (each a tenant)"
+    )
+    salt_from_api_key: bool = Field(
+        False, description="each API key's requests get their own prefix-cache salt: tenants never share KV"
+    )
     resources: Resources | None = None
 
 

@@ -364,6 +364,8 @@ class WorkloadBuilder:
         ]
         if router.api_key_secret_ref is not None:
             args += ["--api-key-file", f"{API_KEY_MOUNT}/{router.api_key_secret_ref.key}"]
+        if router.salt_from_api_key:
+            args.append("--salt-from-api-key")
         return args + self.chat_shaping_args()
 
     def router(self) -> Manifest:

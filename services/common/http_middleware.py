@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import secrets
 import time
 import uuid
+from collections.abc import Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -19,21 +21,37 @@ from services.common.errors import OpenAIError, server_error, unauthorized, vali
 _MAX_ID_LEN = 128
 
 
-def _authorized(headers: Headers, api_key: str) -> bool:
+def _bearer_token(headers: Headers) -> bytes | None:
     scheme, _, token = headers.get("authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), api_key.encode())
+    return token.strip().encode() if scheme.lower() == "bearer" else None
+
+
+def _authorized(token: bytes | None, api_keys: Sequence[bytes]) -> bool:
+    """Constant time over every key: which key matched, or how far a guess got, does not show in timing."""
+    if token is None:
+        return False
+    matched = False
+    for key in api_keys:
+        matched |= secrets.compare_digest(token, key)
+    return matched
+
+
+def tenant_of(token: bytes) -> str:
+    """A stable, non-reversible id of an API key (for per-tenant cache salts; the key itself is never kept)."""
+    return hashlib.sha256(b"kvferry-tenant:" + token).hexdigest()[:32]
 
 
 class RequestContextMiddleware:
     """Sets ``request.state.request_id`` (and the response header) and ``request.state.arrival`` (perf_counter
-    when the request's headers arrived); answers 401 for a bad API key.
+    when the request's headers arrived); answers 401 for a bad API key. With several keys (tenants),
+    ``request.state.tenant`` is ``tenant_of`` the key the request carried.
 
     Pure ASGI (not ``BaseHTTPMiddleware``), so streamed responses and disconnects pass through untouched.
     """
 
-    def __init__(self, app: ASGIApp, api_key: str | None = None) -> None:
+    def __init__(self, app: ASGIApp, api_keys: Sequence[str] = ()) -> None:
         self.app = app
-        self.api_key = api_key
+        self.api_keys = [k.encode() for k in api_keys]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -49,10 +67,14 @@ class RequestContextMiddleware:
                 MutableHeaders(scope=message)["X-Request-Id"] = request_id
             await send(message)
 
-        if self.api_key and scope["path"].startswith("/v1") and not _authorized(headers, self.api_key):
-            error = unauthorized()
-            await JSONResponse(error.body(), status_code=error.status)(scope, receive, send_with_id)
-            return
+        if self.api_keys and scope["path"].startswith("/v1"):
+            token = _bearer_token(headers)
+            if not _authorized(token, self.api_keys):
+                error = unauthorized()
+                await JSONResponse(error.body(), status_code=error.status)(scope, receive, send_with_id)
+                return
+            assert token is not None
+            state["tenant"] = tenant_of(token)
         await self.app(scope, receive, send_with_id)
 
 

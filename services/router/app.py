@@ -122,8 +122,15 @@ def _openai_routes(state: RouterState) -> APIRouter:
             return model
         raise model_not_found(model)
 
+    def salt(body: CompletionRequest | ChatCompletionRequest, request: Request) -> None:
+        """--salt-from-api-key: the tenant's salt leads the request's own, so tenants never share KV."""
+        if state.settings.salt_from_api_key:
+            tenant = f"tenant:{request.state.tenant}"
+            body.cache_salt = f"{tenant}:{body.cache_salt}" if body.cache_salt else tenant
+
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
+        salt(body, request)
         lora = check_model(body.model)
         rid = body.request_id or request.state.request_id
         req = state.preparer.completion(body, lora)
@@ -132,6 +139,7 @@ def _openai_routes(state: RouterState) -> APIRouter:
 
     @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        salt(body, request)
         lora = check_model(body.model)
         rid = body.request_id or request.state.request_id
         req = state.preparer.chat(body, lora)
@@ -201,7 +209,7 @@ def build_app(settings: RouterSettings, state: RouterState | None = None) -> Fas
 
     app = FastAPI(title="kvferry router", lifespan=lifespan)
     app.state.router = state
-    app.add_middleware(RequestContextMiddleware, api_key=settings.api_key)
+    app.add_middleware(RequestContextMiddleware, api_keys=settings.api_keys)
     install_error_handlers(app, log)
     app.include_router(_openai_routes(state))
     app.include_router(_ops_routes(state))

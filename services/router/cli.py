@@ -93,7 +93,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--api-key-file",
         type=Path,
         default=None,
-        help="read the API key from this file (e.g. a mounted Secret)",
+        help="client API keys, one per line (e.g. a mounted Secret); each key is a tenant",
+    )
+    add(
+        "--salt-from-api-key",
+        action="store_true",
+        help="give each API key's requests their own cache salt: tenants never share KV blocks",
+    )
+    add(
+        "--engine-api-key-file",
+        type=Path,
+        default=None,
+        help="the key the engines were started with (--api-key): the router sends it on every engine call",
     )
     add("--strategy", choices=["prefix-aware", "least-load", "round-robin"], default="prefix-aware")
     add(
@@ -142,7 +153,9 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         model_name=args.model_name or tokenizer.name,
         block_size=args.block_size,
         redis_url=args.redis_url,
-        api_key=_api_key(args),
+        api_keys=_api_keys(args),
+        salt_from_api_key=args.salt_from_api_key,
+        engine_api_key=_engine_api_key(args),
         scheduling=SchedulingConfig(
             strategy=args.strategy, weights=args.weights, pd_threshold=args.pd_threshold
         ),
@@ -156,16 +169,33 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
     )
 
 
-def _api_key(args: argparse.Namespace) -> str | None:
-    if args.api_key_file is None:
-        return args.api_key
+def _api_keys(args: argparse.Namespace) -> list[str]:
+    """--api-key and every key of --api-key-file (one per line; blank lines and # comments skipped)."""
+    keys = [args.api_key] if args.api_key else []
+    if args.api_key_file is not None:
+        keys += _read_keys(args.api_key_file, "--api-key-file")
+    return keys
+
+
+def _engine_api_key(args: argparse.Namespace) -> str | None:
+    if args.engine_api_key_file is None:
+        return None
+    keys = _read_keys(args.engine_api_key_file, "--engine-api-key-file")
+    if len(keys) != 1:
+        raise ValueError(f"--engine-api-key-file: {args.engine_api_key_file} must hold exactly one key")
+    return keys[0]
+
+
+def _read_keys(path: Path, flag: str) -> list[str]:
+    """The keys of a key file (never logged: errors name the file, not its contents)."""
     try:
-        key = next((line.strip() for line in args.api_key_file.read_text().splitlines() if line.strip()), "")
+        lines = path.read_text().splitlines()
     except OSError as exc:
-        raise ValueError(f"--api-key-file: cannot read {args.api_key_file}: {exc.strerror}") from None
-    if not key:
-        raise ValueError(f"--api-key-file: {args.api_key_file} is empty")
-    return key
+        raise ValueError(f"{flag}: cannot read {path}: {exc.strerror}") from None
+    keys = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    if not keys:
+        raise ValueError(f"{flag}: {path} holds no key")
+    return keys
 
 
 def run(args: argparse.Namespace) -> int:

@@ -65,9 +65,10 @@ class EndpointPoller:
         specs: Sequence[EndpointSpec],
         settings: PollerSettings | None = None,
         client: httpx.AsyncClient | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         self.settings = settings or PollerSettings()
-        self._client = client or httpx.AsyncClient(timeout=self.settings.timeout_s)
+        self._client = client or httpx.AsyncClient(timeout=self.settings.timeout_s, headers=headers)
         self._owns_client = client is None
         self._endpoints: dict[str, Endpoint] = {}
         self._draining: set[str] = set()

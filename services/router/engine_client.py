@@ -79,10 +79,16 @@ class EngineStream:
 class EngineClient:
     """POSTs to ``{url}/v1/completions``; 4xx raise OpenAIError, anything else failing EngineUnavailable."""
 
-    def __init__(self, connect_timeout_s: float = 2.0, read_timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        connect_timeout_s: float = 2.0,
+        read_timeout_s: float | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        """``headers``: sent on every call (the engines' Authorization, when they require a key)."""
         timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
-        self._client = httpx.AsyncClient(timeout=timeout, limits=limits)
+        self._client = httpx.AsyncClient(timeout=timeout, limits=limits, headers=headers)
 
     async def complete(
         self,

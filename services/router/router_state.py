@@ -55,8 +55,9 @@ class RouterState:
         check_tool_settings(tools)
         hasher = BlockHasher(settings.model_name, settings.block_size, HASH_VERSION)
         metrics = RouterMetrics()
-        poller = EndpointPoller(settings.endpoints, settings.poller)
-        client = EngineClient(settings.connect_timeout_s, settings.request_timeout_s)
+        auth = {"Authorization": f"Bearer {settings.engine_api_key}"} if settings.engine_api_key else {}
+        poller = EndpointPoller(settings.endpoints, settings.poller, headers=auth)
+        client = EngineClient(settings.connect_timeout_s, settings.request_timeout_s, headers=auth)
         index = (
             AsyncPrefixIndex.from_url(settings.redis_url, budget_s=settings.index_budget_s)
             if settings.redis_url

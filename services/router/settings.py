@@ -22,7 +22,9 @@ class RouterSettings(BaseModel):
     model_name: str = Field(min_length=1)
     block_size: int = Field(16, gt=0)
     redis_url: str | None = None
-    api_key: str | None = None
+    api_keys: list[str] = Field(default_factory=list)  # clients' keys (tenants); empty: no auth
+    salt_from_api_key: bool = False  # each key's requests get their own cache salt: no KV shared
+    engine_api_key: str | None = None  # sent to the engines (started with --api-key)
     scheduling: SchedulingConfig = SchedulingConfig()
     poller: PollerSettings = PollerSettings()
     index_budget_s: float = Field(0.02, gt=0, description="Longest a prefix-index lookup may take.")
@@ -38,6 +40,12 @@ class RouterSettings(BaseModel):
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+
+    @model_validator(mode="after")
+    def _check_keys(self) -> RouterSettings:
+        if self.salt_from_api_key and not self.api_keys:
+            raise ValueError("--salt-from-api-key needs client keys (--api-key or --api-key-file)")
+        return self
 
     @model_validator(mode="after")
     def _check_roles(self) -> RouterSettings:

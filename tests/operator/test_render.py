@@ -419,3 +419,15 @@ def test_every_engine_field_reaches_the_engines():
     body["spec"]["engine"]["tensorParallelSize"] = 2
     with pytest.raises(ValueError, match="tensorParallelSize must be 1"):
         parse_pool(body)
+
+
+def test_salt_from_api_key_reaches_the_router_and_needs_keys():
+    body = load_example("disaggregated-pool.yaml")
+    body["spec"]["router"]["saltFromApiKey"] = True
+    body["spec"]["router"]["apiKeySecretRef"] = {"name": "llm-keys", "key": "keys"}
+    rendered = PoolRenderer(parse_pool(body), IMAGES).render()
+    router = next(m for m in rendered if m["kind"] == "Deployment" and _args(m)[:1] == ["router"])
+    assert "--salt-from-api-key" in _args(router) and "--api-key-file" in _args(router)
+    del body["spec"]["router"]["apiKeySecretRef"]
+    with pytest.raises(ValueError, match="saltFromApiKey needs apiKeySecretRef"):
+        parse_pool(body)

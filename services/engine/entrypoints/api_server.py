@@ -160,7 +160,7 @@ def build_app(llm: AsyncLLM, settings: ServerSettings, role: EngineRole | None =
 
     app = FastAPI(title="kvferry engine", version=version(), lifespan=lifespan)
     app.state.ctx = ctx
-    app.add_middleware(RequestContextMiddleware, api_key=settings.api_key)
+    app.add_middleware(RequestContextMiddleware, api_keys=[settings.api_key] if settings.api_key else [])
     install_error_handlers(app, log)
     app.include_router(_openai_routes(ctx))
     app.include_router(_ops_routes(ctx))
