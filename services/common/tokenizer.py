@@ -9,6 +9,8 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from services.common.errors import bad_request
+
 
 class ChatTemplateError(ValueError):
     """The chat template rejected the messages or is missing."""
@@ -45,6 +47,10 @@ class Tokenizer:
         self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self._template: jinja2.Template | None = None
+        # Servers set this to max_model_len: a text that cannot fit is refused before it is tokenized
+        # (tokenizing 10 MB takes seconds on the event loop). None (offline use): no limit.
+        self.max_text_tokens: int | None = None
+        self._max_token_chars: int | None = None
 
     @property
     def backend(self) -> Any:
@@ -52,7 +58,20 @@ class Tokenizer:
         return self._tok
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if self.max_text_tokens is not None and len(text) > self.max_text_chars():
+            raise bad_request(
+                f"This model's maximum context length is {self.max_text_tokens} tokens, and the prompt's "
+                f"{len(text)} characters need more than that (refused without tokenizing).",
+                "prompt",
+            )
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def max_text_chars(self) -> int:
+        """Characters beyond which a text surely has more than ``max_text_tokens`` tokens: no token spells
+        more characters than the longest vocabulary entry (x4 for normalizers that merge characters)."""
+        if self._max_token_chars is None:
+            self._max_token_chars = max(len(t) for t in self._tok.get_vocab(with_added_tokens=True))
+        return 4 * self._max_token_chars * (self.max_text_tokens or 0)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)

@@ -123,7 +123,9 @@ def _openai_routes(state: RouterState) -> APIRouter:
         raise model_not_found(model)
 
     def salt(body: CompletionRequest | ChatCompletionRequest, request: Request) -> None:
-        """--salt-from-api-key: the tenant's salt leads the request's own, so tenants never share KV."""
+        """--salt-from-api-key: the tenant's salt leads the request's own, so tenants never share KV.
+        (Also: texts that cannot fit the pool's context are refused before they are tokenized.)"""
+        state.tokenizer.max_text_tokens = state.max_model_len()
         if state.settings.salt_from_api_key:
             tenant = f"tenant:{request.state.tenant}"
             body.cache_salt = f"{tenant}:{body.cache_salt}" if body.cache_salt else tenant

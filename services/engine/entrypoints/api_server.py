@@ -114,6 +114,7 @@ def _tool_settings(llm: AsyncLLM, settings: ServerSettings) -> ToolSettings:
     """Tool and reasoning flags, with the chat template's ability to show tools (warned about when it cannot)."""
     if settings.chat_template:
         llm.tokenizer.set_chat_template(settings.chat_template)
+    llm.tokenizer.max_text_tokens = llm.engine.max_model_len  # refuse hopeless texts before tokenizing
     renders = llm.tokenizer.chat_template is not None and llm.tokenizer.renders_tools()
     tools = ToolSettings(
         settings.enable_auto_tool_choice, settings.tool_call_parser, settings.reasoning_parser, renders

@@ -1,0 +1,46 @@
+"""Hostile input against the real server: oversized bodies, NaN / Infinity, invalid UTF-8, absurd limits:
+each a 400 naming the problem, answered at once (no tokenizing a text that cannot fit), engine alive."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.engine.entrypoints.helpers import MODEL
+
+CASES = {
+    "10 MB of prompt text": (
+        "/v1/completions",
+        json.dumps({"model": MODEL, "prompt": "a" * 10_000_000, "max_tokens": 1}),
+        "refused without tokenizing",
+    ),
+    "10,000 chat messages": (
+        "/v1/chat/completions",
+        json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}] * 10_000}),
+        "refused without tokenizing",
+    ),
+    "a 1M-token prompt": (
+        "/v1/completions",
+        json.dumps({"model": MODEL, "prompt": [5] * 1_000_000, "max_tokens": 1}),
+        "maximum context length is 1024 tokens",
+    ),
+    "NaN": ("/v1/completions", f'{{"model": "{MODEL}", "prompt": "hi", "temperature": NaN}}', "temperature"),
+    "Infinity": ("/v1/completions", f'{{"model": "{MODEL}", "prompt": "hi", "top_p": Infinity}}', "top_p"),
+    "invalid UTF-8": ("/v1/completions", b'{"model": "m", "prompt": "\xff\xfe"}', "error parsing the body"),
+    "max_tokens 1e20": (
+        "/v1/completions",
+        f'{{"model": "{MODEL}", "prompt": "hi", "max_tokens": {10**20}}}',
+        "max_tokens",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_hostile_body_is_a_named_400(http: httpx.Client, name: str) -> None:
+    path, body, says = CASES[name]
+    content = body.encode() if isinstance(body, str) else body
+    r = http.post(path, content=content, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and says in r.json()["error"]["message"], r.text[:300]
+    assert http.get("/health").status_code == 200
