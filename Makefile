@@ -10,7 +10,7 @@ KVFERRY_HOME ?= $(HOME)/.cache/kvferry
 export KVFERRY_HOME
 STAMP := $(VENV)/.setup-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
-.PHONY: setup cpu-kernels test test-all test-gpu lint run bench bench-kernels bench-vllm crds proto images helm clean
+.PHONY: setup cpu-kernels test test-all test-gpu test-reliability lint run bench bench-kernels bench-vllm crds proto images helm clean
 
 setup: $(STAMP) redis model helm cpu-kernels
 
@@ -49,6 +49,9 @@ test-all: setup
 
 test-gpu: setup
 	$(PY) -m pytest -q -m gpu
+
+test-reliability: setup
+	$(PY) -m pytest -q -m "" tests/reliability
 
 run: setup
 	$(VENV)/bin/kvferry up
