@@ -97,10 +97,15 @@ def with_test_dtype(args: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def start_server(
-    model: Path, log_dir: Path, *args: str, api_key: str | None = None, timeout: float = 120.0
+    model: Path,
+    log_dir: Path,
+    *args: str,
+    api_key: str | None = None,
+    timeout: float = 120.0,
+    port: int | None = None,
 ) -> ServerProcess:
-    """Start ``kvferry serve`` and wait until /health says 200 (the warm-up finished)."""
-    port = free_port()
+    """Start ``kvferry serve`` (on ``port``, or a free one) and wait until /health says 200 (warmed up)."""
+    port = port or free_port()
     cmd = [
         sys.executable,
         "-m",

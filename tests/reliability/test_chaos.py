@@ -1,0 +1,95 @@
+"""Chaos: kill -9 an engine mid-stream behind the router. Its in-flight streams end with an SSE error event
+(no hang), new requests go to the surviving engine, nothing else is disturbed, and the engine restarted
+on its address is back in rotation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.engine.entrypoints.helpers import MODEL, start_server
+from tests.router.stack import start_router
+
+
+async def _stream(client: httpx.AsyncClient, prompt: list[int], started: asyncio.Event) -> dict:
+    """One stream to its end: the engine that served it, whether it ended with [DONE] or an error event."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 400, "temperature": 0, "stream": True,
+            "ignore_eos": True}  # fmt: skip
+    out = {"done": False, "error": None, "endpoint": None, "chunks": 0}
+    async with client.stream("POST", "/v1/completions", json=body) as response:
+        out["endpoint"] = response.headers.get("x-kvferry-endpoint")
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line.removeprefix("data:").strip()
+            if data == "[DONE]":
+                out["done"] = True
+            elif "error" in (event := json.loads(data)):
+                out["error"] = event["error"]
+            else:
+                out["chunks"] += 1
+                started.set()
+    return out
+
+
+async def _kill_during_streams(router_url: str, victim_url: str, victim_pid: int) -> tuple[list[dict], float]:
+    async with httpx.AsyncClient(base_url=router_url, timeout=60) as client:
+        started = asyncio.Event()
+        tasks = [
+            asyncio.create_task(_stream(client, [3 + (i * 31 + j) % 390 for j in range(40 + i)], started))
+            for i in range(6)
+        ]
+        await asyncio.wait_for(started.wait(), 30)
+        await asyncio.sleep(0.3)
+        os.kill(victim_pid, signal.SIGKILL)
+        killed = time.monotonic()
+        results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        return results, time.monotonic() - killed
+
+
+def test_kill_9_an_engine_mid_stream(llama_dir: Path, tmp_path: Path) -> None:
+    args = ("--num-kv-blocks", "256", "--max-num-seqs", "8")
+    engines = [start_server(llama_dir, tmp_path, *args) for _ in range(2)]
+    router = start_router(llama_dir, tmp_path, [e.url for e in engines], "--strategy", "round-robin")
+    try:
+        victim = engines[0]
+        results, took = asyncio.run(_kill_during_streams(router.url, victim.url, victim.proc.pid))
+        on_victim = [r for r in results if r["endpoint"] == victim.url]
+        assert on_victim, results  # round-robin put some streams on the victim
+        for r in on_victim:  # they end with an error event (the openai client raises on it), promptly
+            assert r["error"] is not None and r["error"]["code"] == "engine_failed", r
+        for r in results:
+            if r["endpoint"] != victim.url:
+                assert r["done"] and r["error"] is None, r  # the survivor's streams are undisturbed
+        assert took < 10, took
+        deadline = time.monotonic() + 20
+        with router.http() as http:
+            body = {"model": MODEL, "prompt": list(range(3, 50)), "max_tokens": 4, "temperature": 0}
+            for _ in range(4):  # new requests all go to the survivor (after at most a failed try)
+                while True:
+                    answer = http.post("/v1/completions", json=body)
+                    if answer.status_code == 200 or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.2)
+                assert answer.status_code == 200, answer.text
+                assert answer.headers["x-kvferry-endpoint"] == engines[1].url
+            port = int(victim.url.rsplit(":", 1)[1])  # restarted on its address: back in rotation
+            engines[0] = start_server(llama_dir, tmp_path, *args, port=port)
+            served = set()
+            deadline = time.monotonic() + 30
+            while len(served) < 2 and time.monotonic() < deadline:
+                answer = http.post("/v1/completions", json=body)
+                assert answer.status_code == 200, answer.text
+                served.add(answer.headers["x-kvferry-endpoint"])
+            assert served == {engines[0].url, engines[1].url}
+    finally:
+        router.stop()
+        for e in engines:
+            if e.proc.poll() is None:
+                e.stop()
