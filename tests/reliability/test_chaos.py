@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from tests.engine.entrypoints.helpers import MODEL, start_server
+from tests.engine_harness import start_in_process
 from tests.router.stack import start_router
 
 
@@ -93,3 +94,37 @@ def test_kill_9_an_engine_mid_stream(llama_dir: Path, tmp_path: Path) -> None:
         for e in engines:
             if e.proc.poll() is None:
                 e.stop()
+
+
+def test_a_hung_prefill_costs_decode_a_recompute_not_a_hang(llama_dir: Path, tmp_path: Path) -> None:
+    """SIGSTOP prefill after it answered: decode's handshake times out, decode recomputes the prompt
+    (counted as handshake_failed) and answers the tokens aggregated decoding gives."""
+    common = ("--block-size", "16", "--num-kv-blocks", "512", "--max-model-len", "512")
+    prefill = start_server(llama_dir, tmp_path, "--role", "prefill", "--kv-lease", "20", *common)
+    decode = start_in_process(llama_dir, "--role", "decode", *common)
+    aggregated = start_in_process(llama_dir, *common)
+    prompt = list(range(3, 100))
+    body = {"model": MODEL, "prompt": prompt, "temperature": 0, "ignore_eos": True}
+    try:
+        first = httpx.post(
+            f"{prefill.url}/v1/completions",
+            json={**body, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}},
+            timeout=30,
+        ).json()
+        os.kill(prefill.proc.pid, signal.SIGSTOP)
+        start = time.monotonic()
+        params = first["kv_transfer_params"]
+        out = httpx.post(
+            f"{decode.url}/v1/completions",
+            json={**body, "max_tokens": 8, "kv_transfer_params": params},
+            timeout=60,
+        )
+        took = time.monotonic() - start
+        ref = httpx.post(f"{aggregated.url}/v1/completions", json={**body, "max_tokens": 8}, timeout=30)
+        assert out.status_code == 200 and out.json()["choices"][0]["text"] == ref.json()["choices"][0]["text"]
+        assert decode.metrics()['kvferry_kv_transfer_failures_total{reason="handshake_failed"}'] == 1
+        assert took < 20, took  # well within prefill's lease
+    finally:
+        os.kill(prefill.proc.pid, signal.SIGCONT)
+        prefill.stop()
+        assert decode.stop() == 0 and aggregated.stop() == 0
