@@ -19,7 +19,7 @@ from kernels.reference import build_cos_sin_cache
 from services.engine.worker.attention import AttentionMetadata
 from services.engine.worker.attention import ComputeBackend as Backend
 from services.engine.worker.model_config import ModelConfig
-from services.engine.worker.models.llama import LlamaDecoderLayer, load_llama_weights
+from services.engine.worker.models.llama import PACKED_MODULES, LlamaDecoderLayer, load_llama_weights
 
 
 class _NoInputNorm(nn.Module):
@@ -36,10 +36,7 @@ class EagleHead(nn.Module):
     """``forward(embeds, features, ...)`` -> the predicted next features [T, hidden] (no final norm)."""
 
     cos_sin_cache: torch.Tensor
-    packed_modules_mapping = {
-        "qkv_proj": ("q_proj", "k_proj", "v_proj"),
-        "gate_up_proj": ("gate_proj", "up_proj"),
-    }
+    packed_modules_mapping = PACKED_MODULES
 
     def __init__(self, cfg: ModelConfig, max_positions: int, dtype: torch.dtype) -> None:
         super().__init__()

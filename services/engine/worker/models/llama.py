@@ -3,7 +3,8 @@ RMSNorm, GQA attention over the paged cache (Qwen3's q/k norms), SwiGLU or route
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -94,15 +95,17 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(h, backend), residual
 
 
+# fused linear -> its checkpoint shards in row order (the quantization plan fuses them too)
+PACKED_MODULES: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+)
+
+
 class LlamaForCausalLM(nn.Module):
     """The Llama family. Weights use HF names except fused qkv_proj / gate_up_proj (see load_weights)."""
 
     cos_sin_cache: torch.Tensor
-    # fused linear -> its checkpoint shards in row order (the quantization plan fuses them too)
-    packed_modules_mapping = {
-        "qkv_proj": ("q_proj", "k_proj", "v_proj"),
-        "gate_up_proj": ("gate_proj", "up_proj"),
-    }
+    packed_modules_mapping = PACKED_MODULES
 
     def __init__(self, cfg: ModelConfig, max_positions: int, dtype: torch.dtype) -> None:
         super().__init__()
