@@ -128,3 +128,57 @@ def test_a_hung_prefill_costs_decode_a_recompute_not_a_hang(llama_dir: Path, tmp
         os.kill(prefill.proc.pid, signal.SIGCONT)
         prefill.stop()
         assert decode.stop() == 0 and aggregated.stop() == 0
+
+
+def _metric(router, name: str) -> float:  # noqa: ANN001 - a RouterProcess
+    return sum(v for k, v in router.metrics().items() if k.startswith(name))
+
+
+def test_redis_killed_and_restarted_under_load(llama_dir: Path, tmp_path: Path) -> None:
+    """Redis down: routing falls back to load (counted), every request still answered; Redis back (empty):
+    the engines rewrite their blocks into it and prefix hits return."""
+    from tests.redis_server import RedisServer
+
+    (tmp_path / "redis").mkdir()
+    redis_server = RedisServer(tmp_path / "redis")
+    redis_server.start()
+    args = ("--redis-url", redis_server.url, "--num-kv-blocks", "256")
+    engines = [start_in_process(llama_dir, *args) for _ in range(2)]
+    router = start_router(llama_dir, tmp_path, [e.url for e in engines], redis_url=redis_server.url)
+    prefix = list(range(3, 200))  # 12 full blocks
+    try:
+        with router.http() as http:
+
+            def ask(tail: int) -> httpx.Response:
+                body = {"model": MODEL, "prompt": prefix + [tail], "max_tokens": 2, "temperature": 0}
+                answer = http.post("/v1/completions", json=body)
+                assert answer.status_code == 200, answer.text
+                return answer
+
+            def hits_return(tail: int) -> bool:
+                before = _metric(router, "kvferry_router_prefix_hit_blocks_total")
+                ask(tail)
+                return _metric(router, "kvferry_router_prefix_hit_blocks_total") > before
+
+            ask(0)
+            assert _until(lambda: hits_return(1), 15), "no prefix hit before the outage"
+            redis_server.stop()
+            for tail in range(2, 12):
+                ask(tail)  # every request answered while the index is gone
+            assert _metric(router, "kvferry_router_fallbacks_total") >= 1
+            redis_server.start()  # empty: the engines must write their blocks again
+            assert _until(lambda: hits_return(20), 30), "prefix hits did not return after Redis came back"
+    finally:
+        router.stop()
+        for e in engines:
+            assert e.stop() == 0
+        redis_server.stop()
+
+
+def _until(check, timeout: float) -> bool:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.5)
+    return False
