@@ -17,6 +17,15 @@ GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 ]
 
+# A store that went away and came back is used again within ~2 s: gRPC's default reconnect back-off
+# grows to 120 s, and channels to one address share a subchannel (and its back-off) unless local.
+CLIENT_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.use_local_subchannel_pool", 1),
+]
+
 Item = TypeVar("Item")
 BlockItem = tuple[bytes, Sequence[int], bytes]  # (block hash, token ids, block bytes)
 BlockKey = tuple[bytes, Sequence[int]]  # (block hash, token ids the block must hold)
@@ -63,7 +72,7 @@ class KVStoreClient:
         self.target = target.removeprefix("grpc://")
         self.batch_bytes = batch_bytes
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(self.target, options=GRPC_OPTIONS)
+        self._channel = grpc.insecure_channel(self.target, options=GRPC_OPTIONS + CLIENT_OPTIONS)
         self._stub = kvstore_pb2_grpc.KVStoreStub(self._channel)
 
     def wait_ready(self, timeout_s: float = 10.0) -> None:

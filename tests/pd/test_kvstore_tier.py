@@ -193,3 +193,37 @@ def test_failed_nixl_read_from_the_store_is_counted_and_recomputed(
     assert again.outputs[0].token_ids == expected_changed
     assert again.num_cached_tokens == (len(changed) - 1) // 16 * 16 and store.tier.blocks_received > 0
     assert store.stats().failures["transfer_error"] == 1
+
+
+def test_store_stopped_then_restarted_is_used_again(llama_dir: Path) -> None:
+    """The store goes away under an engine that offloads to it: the engine serves on; a store started
+    again on the same address gets blocks again, and another engine reads a prefix from it."""
+    port = free_port()
+    a = None
+    try:
+        with running_kvstore("--port", str(port)) as target:
+            a = start_in_process(llama_dir, "--kvstore-url", f"grpc://{target}", *ARGS)
+            first = prompts(1, seed=31)[0] + list(range(3, 60))
+            complete(a, first)
+            _wait_stored(target, first, (len(first) - 1) // 16)
+        for prompt in prompts(4, seed=32):  # the store is gone: answered all the same
+            complete(a, prompt)
+        with running_kvstore("--port", str(port)) as target:
+            sent, deadline = _blocks(a, "sent", "kvstore"), time.monotonic() + 20
+            for seed in range(40, 80):  # the engine skips a failed tier for 5 s, then offloads again
+                again = prompts(1, seed=seed)[0] + list(range(100, 180))
+                ref = complete(a, again)
+                if _blocks(a, "sent", "kvstore") > sent or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            _wait_stored(target, again, (len(again) - 1) // 16)
+            b = start_in_process(llama_dir, "--kvstore-url", f"grpc://{target}", *ARGS)
+            try:
+                out = complete(b, again)
+                assert out["choices"][0]["text"] == ref["choices"][0]["text"]
+                assert _blocks(b, "received", "kvstore") == (len(again) - 1) // 16
+            finally:
+                b.stop()
+    finally:
+        if a is not None:
+            a.stop()
