@@ -182,3 +182,32 @@ def _until(check, timeout: float) -> bool:  # noqa: ANN001
             return True
         time.sleep(0.5)
     return False
+
+
+def test_a_router_replica_killed_leaves_the_other_undisturbed(llama_dir: Path, tmp_path: Path) -> None:
+    """Two router replicas over one pool: kill -9 one during the other's streams; those finish, and the
+    killed replica restarted on its port serves again."""
+    engine = start_in_process(llama_dir, "--num-kv-blocks", "256")
+    routers = [start_router(llama_dir, tmp_path, [engine.url]) for _ in range(2)]
+    try:
+
+        async def streams_while_killing() -> list[dict]:
+            async with httpx.AsyncClient(base_url=routers[0].url, timeout=60) as client:
+                started = asyncio.Event()
+                prompts = [[3 + (i * 17 + j) % 390 for j in range(30 + i)] for i in range(4)]
+                tasks = [asyncio.create_task(_stream(client, p, started)) for p in prompts]
+                await asyncio.wait_for(started.wait(), 30)
+                os.kill(routers[1].proc.pid, signal.SIGKILL)
+                return await asyncio.wait_for(asyncio.gather(*tasks), 60)
+
+        for r in asyncio.run(streams_while_killing()):
+            assert r["done"] and r["error"] is None and r["chunks"] > 0, r
+        port = int(routers[1].url.rsplit(":", 1)[1])
+        routers[1] = start_router(llama_dir, tmp_path, [engine.url], port=port)
+        with routers[1].http() as http:
+            body = {"model": MODEL, "prompt": list(range(3, 40)), "max_tokens": 3, "temperature": 0}
+            assert http.post("/v1/completions", json=body).status_code == 200
+    finally:
+        for r in routers:
+            r.stop()
+        assert engine.stop() == 0

@@ -68,9 +68,10 @@ def start_router(
     redis_url: str | None = None,
     healthy: bool = True,
     timeout: float = 60.0,
+    port: int | None = None,
 ) -> RouterProcess:
-    """Start ``kvferry router`` on a free port; wait for /health 200 (or only for it to answer)."""
-    port = free_port()
+    """Start ``kvferry router`` on ``port`` (or a free one); wait for /health 200 (or only for it to answer)."""
+    port = port or free_port()
     cmd = [
         sys.executable,
         "-m",
