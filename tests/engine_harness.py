@@ -16,6 +16,7 @@ import httpx
 import uvicorn
 
 from services.cli import build_parser
+from services.common.http_protocol import HeaderDeadlineH11
 from services.engine.entrypoints.cli import build
 from services.serve_cli import ROLE_FACTORIES
 from tests.engine.entrypoints.helpers import MODEL, EngineEndpoint, with_test_dtype
@@ -62,7 +63,11 @@ class InProcessEngine(EngineEndpoint):
         self.ctx = app.state.ctx  # the app's ServingContext (its AsyncLLM is ctx.llm)
         self._state = app.state.ctx.state
         config = uvicorn.Config(
-            app, log_level="warning", access_log=False, timeout_graceful_shutdown=settings.drain_timeout + 5
+            app,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=settings.drain_timeout + 5,
+            http=HeaderDeadlineH11,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._serve, name=f"engine-{port}", daemon=True)

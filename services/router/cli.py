@@ -218,5 +218,14 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # e.g. no tokenizer.json in --tokenizer
         print(f"kvferry router: error: {exc}", file=sys.stderr)
         return 2
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    from services.common.http_protocol import HeaderDeadlineH11
+
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,
+        http=HeaderDeadlineH11,
+    )
     return 0

@@ -22,6 +22,7 @@ import uvicorn
 
 from services.common.chat_tools import ToolSettings, check_tool_settings, read_chat_template
 from services.common.errors import config_problem
+from services.common.http_protocol import HeaderDeadlineH11
 from services.common.roles import RoleName, parse_role_name
 
 if TYPE_CHECKING:
@@ -336,6 +337,7 @@ def run(args: argparse.Namespace, roles: Mapping[str, RoleFactory]) -> int:
         log_level=args.log_level,
         access_log=False,
         timeout_graceful_shutdown=math.ceil(settings.drain_timeout + _BACKSTOP_S),
+        http=HeaderDeadlineH11,
     )
     server = DrainingServer(config, on_exit=app.state.ctx.state.begin_drain)
     for sig in (signal.SIGTERM, signal.SIGINT):

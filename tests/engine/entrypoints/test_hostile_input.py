@@ -44,3 +44,25 @@ def test_hostile_body_is_a_named_400(http: httpx.Client, name: str) -> None:
     r = http.post(path, content=content, headers={"content-type": "application/json"})
     assert r.status_code == 400 and says in r.json()["error"]["message"], r.text[:300]
     assert http.get("/health").status_code == 200
+
+
+def test_a_client_too_slow_with_its_headers_is_dropped(server, http: httpx.Client) -> None:  # noqa: ANN001
+    """Slow-loris: half-sent headers held open. The connection is closed after HEADER_TIMEOUT_S, while
+    other clients are served meanwhile; a normal keep-alive client is not affected."""
+    import socket
+    import time
+
+    from services.common.http_protocol import HEADER_TIMEOUT_S
+
+    host, port = server.url.removeprefix("http://").split(":")
+    slow = [socket.create_connection((host, int(port))) for _ in range(20)]
+    for s in slow:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+    start = time.monotonic()
+    assert http.get("/health").status_code == 200  # 20 stuck clients block nobody
+    slow[0].settimeout(HEADER_TIMEOUT_S + 10)
+    assert slow[0].recv(100) == b""  # closed by the server, without an answer
+    assert HEADER_TIMEOUT_S - 1 <= time.monotonic() - start <= HEADER_TIMEOUT_S + 10
+    for s in slow:
+        s.close()
+    assert http.get("/health").status_code == 200
