@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
+from pool_operator.command_lines import API_KEY_MOUNT, MODEL_MOUNT, CommandLines
 from pool_operator.images import ImageSet
 from pool_operator.models import InferencePool, Resources, RoleSpec
 from pool_operator.naming import (
@@ -16,14 +16,11 @@ from pool_operator.naming import (
     PoolNames,
 )
 from pool_operator.quantity import parse_quantity, quantity_to_gb
-from services.common.pod_labels import CONFIG_HASH_ANNOTATION, POOL_LABEL, selector_string
-from services.common.roles import EnginePodRole, serve_role
+from services.common.pod_labels import CONFIG_HASH_ANNOTATION
+from services.common.roles import EnginePodRole
 
-MODEL_MOUNT = "/models"
-API_KEY_MOUNT = "/etc/kvferry/api-key"
 RUN_AS = 10001
 REDIS_UID = 999  # the redis user of the official image
-STRATEGY_FLAG = {"PrefixAware": "prefix-aware", "LeastLoad": "least-load", "RoundRobin": "round-robin"}
 KVSTORE_OVERHEAD_BYTES = 512 * 2**20
 
 Manifest = dict[str, Any]
@@ -75,24 +72,11 @@ class WorkloadBuilder:
         self.pool = pool
         self.spec = pool.spec
         self.names = PoolNames(pool.metadata.name, pool.metadata.namespace)
+        self.cmd = CommandLines(pool)
         self.images = images
         self.config_hash = config_hash
 
     # -- shared pieces ------------------------------------------------------------------------
-    @property
-    def model_path(self) -> str:
-        source = self.spec.model.source
-        if source.pvc is not None:
-            return f"{MODEL_MOUNT}/{source.pvc.path}".rstrip("/") if source.pvc.path else MODEL_MOUNT
-        if source.host_path is not None:
-            return MODEL_MOUNT
-        return str(source.uri)
-
-    @property
-    def tokenizer_path(self) -> str:
-        tokenizer = self.spec.model.tokenizer
-        return self._in_model(tokenizer) if tokenizer else self.model_path
-
     def _model_volume(self) -> dict[str, Any]:
         source = self.spec.model.source
         if source.pvc is not None:
@@ -103,15 +87,6 @@ class WorkloadBuilder:
         if source.host_path is not None:
             return {"name": "model", "hostPath": {"path": source.host_path, "type": "Directory"}}
         return {"name": "model", "emptyDir": {}}
-
-    def redis_url(self) -> str:
-        """The --redis-url value; `$(KVFERRY_REDIS_URL)` when it comes from a Secret."""
-        redis = self.spec.redis
-        if redis.url is not None:
-            return redis.url
-        if redis.secret_ref is not None:
-            return "$(KVFERRY_REDIS_URL)"
-        return f"redis://{self.names.service_host('redis')}:{REDIS_PORT}/0"
 
     def _redis_env(self) -> list[dict[str, Any]]:
         ref = self.spec.redis.secret_ref
@@ -211,98 +186,6 @@ class WorkloadBuilder:
         return {**annotations, **(extra or {})}
 
     # -- engines ------------------------------------------------------------------------------
-    def engine_args(self, role: EnginePodRole) -> list[str]:
-        """The `kvferry serve` command line of one engine role."""
-        engine = self.spec.engine
-        args = [
-            "serve",
-            self.model_path,
-            "--served-model-name",
-            self.spec.model.name,
-            "--host",
-            "0.0.0.0",
-            "--port",
-            str(HTTP_PORT),
-            "--role",
-            serve_role(role),
-            "--dtype",
-            engine.dtype,
-            "--quantization",
-            engine.quantization,
-            "--block-size",
-            str(engine.block_size),
-            "--max-model-len",
-            str(engine.max_model_len),
-            "--max-num-seqs",
-            str(engine.max_num_seqs),
-            "--max-num-batched-tokens",
-            str(engine.max_num_batched_tokens),
-            "--tensor-parallel-size",
-            str(engine.tensor_parallel_size),
-        ]
-        if engine.gpu_memory_utilization is not None:
-            args += ["--gpu-memory-utilization", f"{engine.gpu_memory_utilization:g}"]
-        if not engine.prefix_caching:
-            args.append("--no-prefix-caching")
-        if engine.task == "embed":
-            args += ["--task", "embed"]
-        args += self.chat_shaping_args()
-        args += self.lora_args()
-        args += self.speculative_args(role)
-        args += ["--redis-url", self.redis_url()]
-        if self.spec.kvstore.enabled:
-            args += ["--kvstore-url", f"grpc://{self.names.service_host('kvstore')}:{KVSTORE_PORT}"]
-        return args + list(engine.extra_args)
-
-    def speculative_args(self, role: EnginePodRole) -> list[str]:
-        """spec.engine.speculative as --speculative-config JSON (prefill engines emit one token: no drafts)."""
-        spec = self.spec.engine.speculative
-        if spec is None or role == "prefill":
-            return []
-        config: dict[str, object] = {
-            "method": spec.method,
-            "num_speculative_tokens": spec.num_speculative_tokens,
-        }
-        if spec.model is not None:
-            config["model"] = self._in_model(spec.model)
-        if spec.prompt_lookup_min is not None:
-            config["prompt_lookup_min"] = spec.prompt_lookup_min
-        if spec.prompt_lookup_max is not None:
-            config["prompt_lookup_max"] = spec.prompt_lookup_max
-        return ["--speculative-config", json.dumps(config, separators=(",", ":"))]
-
-    def lora_args(self) -> list[str]:
-        """spec.loras: every engine loads every adapter, with a slot for each (ranks up to the largest)."""
-        loras = self.spec.loras
-        if not loras:
-            return []
-        modules = [f"{a.name}={self._in_model(a.source)}" for a in loras]
-        rank = str(max(a.max_rank for a in loras))
-        return [
-            "--enable-lora",
-            "--max-loras",
-            str(len(loras)),
-            "--max-lora-rank",
-            rank,
-            "--lora-modules",
-            *modules,
-        ]
-
-    def _in_model(self, path: str) -> str:
-        """A path inside the model source (absolute paths and URIs as they are)."""
-        return path if path.startswith("/") or "://" in path else f"{self.model_path}/{path}"
-
-    def chat_shaping_args(self) -> list[str]:
-        """Tool and reasoning flags: engines and routers both shape chat messages, so both get them."""
-        engine, args = self.spec.engine, []
-        if engine.enable_auto_tool_choice:
-            args.append("--enable-auto-tool-choice")
-        if engine.tool_call_parser:
-            args += ["--tool-call-parser", engine.tool_call_parser]
-        if engine.reasoning_parser:
-            args += ["--reasoning-parser", engine.reasoning_parser]
-        return args
-
     def engine(self, role: EnginePodRole, role_spec: RoleSpec, autoscaled: bool) -> Manifest:
         engine = self.spec.engine
         env = self._pool_env(role) + [e.model_dump(by_alias=True, exclude_none=True) for e in engine.env]
@@ -310,7 +193,7 @@ class WorkloadBuilder:
             "name": "engine",
             "image": engine.image or self.images.image("engine"),
             "command": ["kvferry"],
-            "args": self.engine_args(role),
+            "args": self.cmd.engine_args(role),
             "env": env,
             "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
             "startupProbe": _http_probe(5, 360),
@@ -337,37 +220,6 @@ class WorkloadBuilder:
         )
 
     # -- router -------------------------------------------------------------------------------
-    def router_args(self) -> list[str]:
-        """The `kvferry router` command line."""
-        router = self.spec.router
-        weights = router.weights
-        args = [
-            "router",
-            "--host",
-            "0.0.0.0",
-            "--port",
-            str(HTTP_PORT),
-            "--redis-url",
-            self.redis_url(),
-            "--discovery",
-            "kubernetes",
-            "--selector",
-            selector_string({POOL_LABEL: self.names.pool}),
-            "--tokenizer",
-            self.tokenizer_path,
-            "--strategy",
-            STRATEGY_FLAG[router.strategy],
-            "--pd-threshold",
-            str(router.pd_threshold),
-            "--weights",
-            f"prefix={weights.prefix:g},queue={weights.queue:g},kv={weights.kv:g}",
-        ]
-        if router.api_key_secret_ref is not None:
-            args += ["--api-key-file", f"{API_KEY_MOUNT}/{router.api_key_secret_ref.key}"]
-        if router.salt_from_api_key:
-            args.append("--salt-from-api-key")
-        return args + self.chat_shaping_args()
-
     def router(self) -> Manifest:
         router = self.spec.router
         mounts = [
@@ -382,7 +234,7 @@ class WorkloadBuilder:
             "name": "router",
             "image": router.image or self.images.image("router"),
             "command": ["kvferry"],
-            "args": self.router_args(),
+            "args": self.cmd.router_args(),
             "env": self._pool_env("router"),
             "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
             "readinessProbe": _http_probe(5, 3),
@@ -411,7 +263,7 @@ class WorkloadBuilder:
             "--capacity-gb",
             f"{capacity_gb:g}",
             "--redis-url",
-            self.redis_url(),
+            self.cmd.redis_url(),
         ]
         container = {
             "name": "kvstore",

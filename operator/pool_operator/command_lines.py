@@ -1,0 +1,168 @@
+"""CommandLines: the `kvferry serve` / `kvferry router` command line each pool field renders into."""
+
+from __future__ import annotations
+
+import json
+
+from pool_operator.models import InferencePool
+from pool_operator.naming import HTTP_PORT, KVSTORE_PORT, REDIS_PORT, PoolNames
+from services.common.pod_labels import POOL_LABEL, selector_string
+from services.common.roles import EnginePodRole, serve_role
+
+MODEL_MOUNT = "/models"
+API_KEY_MOUNT = "/etc/kvferry/api-key"
+STRATEGY_FLAG = {"PrefixAware": "prefix-aware", "LeastLoad": "least-load", "RoundRobin": "round-robin"}
+
+
+class CommandLines:
+    """Flags from the pool spec: every field meant for a binary reaches one here (render tests check it)."""
+
+    def __init__(self, pool: InferencePool) -> None:
+        self.spec = pool.spec
+        self.names = PoolNames(pool.metadata.name, pool.metadata.namespace)
+
+    @property
+    def model_path(self) -> str:
+        source = self.spec.model.source
+        if source.pvc is not None:
+            return f"{MODEL_MOUNT}/{source.pvc.path}".rstrip("/") if source.pvc.path else MODEL_MOUNT
+        if source.host_path is not None:
+            return MODEL_MOUNT
+        return str(source.uri)
+
+    @property
+    def tokenizer_path(self) -> str:
+        tokenizer = self.spec.model.tokenizer
+        return self.in_model(tokenizer) if tokenizer else self.model_path
+
+    def redis_url(self) -> str:
+        """The --redis-url value; `$(KVFERRY_REDIS_URL)` when it comes from a Secret."""
+        redis = self.spec.redis
+        if redis.url is not None:
+            return redis.url
+        if redis.secret_ref is not None:
+            return "$(KVFERRY_REDIS_URL)"
+        return f"redis://{self.names.service_host('redis')}:{REDIS_PORT}/0"
+
+    def engine_args(self, role: EnginePodRole) -> list[str]:
+        """The `kvferry serve` command line of one engine role."""
+        engine = self.spec.engine
+        args = [
+            "serve",
+            self.model_path,
+            "--served-model-name",
+            self.spec.model.name,
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(HTTP_PORT),
+            "--role",
+            serve_role(role),
+            "--dtype",
+            engine.dtype,
+            "--quantization",
+            engine.quantization,
+            "--block-size",
+            str(engine.block_size),
+            "--max-model-len",
+            str(engine.max_model_len),
+            "--max-num-seqs",
+            str(engine.max_num_seqs),
+            "--max-num-batched-tokens",
+            str(engine.max_num_batched_tokens),
+            "--tensor-parallel-size",
+            str(engine.tensor_parallel_size),
+        ]
+        if engine.gpu_memory_utilization is not None:
+            args += ["--gpu-memory-utilization", f"{engine.gpu_memory_utilization:g}"]
+        if not engine.prefix_caching:
+            args.append("--no-prefix-caching")
+        if engine.task == "embed":
+            args += ["--task", "embed"]
+        args += self.chat_shaping_args()
+        args += self.lora_args()
+        args += self.speculative_args(role)
+        args += ["--redis-url", self.redis_url()]
+        if self.spec.kvstore.enabled:
+            args += ["--kvstore-url", f"grpc://{self.names.service_host('kvstore')}:{KVSTORE_PORT}"]
+        return args + list(engine.extra_args)
+
+    def speculative_args(self, role: EnginePodRole) -> list[str]:
+        """spec.engine.speculative as --speculative-config JSON (prefill engines emit one token: no drafts)."""
+        spec = self.spec.engine.speculative
+        if spec is None or role == "prefill":
+            return []
+        config: dict[str, object] = {
+            "method": spec.method,
+            "num_speculative_tokens": spec.num_speculative_tokens,
+        }
+        if spec.model is not None:
+            config["model"] = self.in_model(spec.model)
+        if spec.prompt_lookup_min is not None:
+            config["prompt_lookup_min"] = spec.prompt_lookup_min
+        if spec.prompt_lookup_max is not None:
+            config["prompt_lookup_max"] = spec.prompt_lookup_max
+        return ["--speculative-config", json.dumps(config, separators=(",", ":"))]
+
+    def lora_args(self) -> list[str]:
+        """spec.loras: every engine loads every adapter, with a slot for each (ranks up to the largest)."""
+        loras = self.spec.loras
+        if not loras:
+            return []
+        modules = [f"{a.name}={self.in_model(a.source)}" for a in loras]
+        rank = str(max(a.max_rank for a in loras))
+        return [
+            "--enable-lora",
+            "--max-loras",
+            str(len(loras)),
+            "--max-lora-rank",
+            rank,
+            "--lora-modules",
+            *modules,
+        ]
+
+    def in_model(self, path: str) -> str:
+        """A path inside the model source (absolute paths and URIs as they are)."""
+        return path if path.startswith("/") or "://" in path else f"{self.model_path}/{path}"
+
+    def chat_shaping_args(self) -> list[str]:
+        """Tool and reasoning flags: engines and routers both shape chat messages, so both get them."""
+        engine, args = self.spec.engine, []
+        if engine.enable_auto_tool_choice:
+            args.append("--enable-auto-tool-choice")
+        if engine.tool_call_parser:
+            args += ["--tool-call-parser", engine.tool_call_parser]
+        if engine.reasoning_parser:
+            args += ["--reasoning-parser", engine.reasoning_parser]
+        return args
+
+    def router_args(self) -> list[str]:
+        """The `kvferry router` command line."""
+        router = self.spec.router
+        weights = router.weights
+        args = [
+            "router",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(HTTP_PORT),
+            "--redis-url",
+            self.redis_url(),
+            "--discovery",
+            "kubernetes",
+            "--selector",
+            selector_string({POOL_LABEL: self.names.pool}),
+            "--tokenizer",
+            self.tokenizer_path,
+            "--strategy",
+            STRATEGY_FLAG[router.strategy],
+            "--pd-threshold",
+            str(router.pd_threshold),
+            "--weights",
+            f"prefix={weights.prefix:g},queue={weights.queue:g},kv={weights.kv:g}",
+        ]
+        if router.api_key_secret_ref is not None:
+            args += ["--api-key-file", f"{API_KEY_MOUNT}/{router.api_key_secret_ref.key}"]
+        if router.salt_from_api_key:
+            args.append("--salt-from-api-key")
+        return args + self.chat_shaping_args()
