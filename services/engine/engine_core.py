@@ -28,7 +28,7 @@ from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.model_runner import ModelRunner, bytes_per_block, kv_cache_shape
 from services.engine.worker.models import is_encoder_architecture
 from services.engine.worker.models.interface import CausalLM, EmbeddingModel
-from services.engine.worker.models.moe import expert_token_counts
+from services.engine.worker.models.moe import expert_token_counts, moe_layers
 from services.engine.worker.pooling import (
     detect_task,
     pooling_config_for,
@@ -120,6 +120,7 @@ class EngineCore:
                 f"quantization {self.quant.describe()} on {self.device.type} needs --attention-backend triton"
             )
         model, kv_cache = self._load_model()  # the KV cache is sized after the weights are in memory
+        self._moe_layers = moe_layers(cast(torch.nn.Module, model))  # read by /metrics
         self.runner = ModelRunner(
             model, cfg, kv_cache, self.block_size, backend, self.device, cfg.eos_token_ids, seed=config.seed
         )
@@ -297,7 +298,7 @@ class EngineCore:
 
     def moe_expert_tokens(self) -> list[tuple[int, list[int]]]:
         """Tokens routed to each expert of each MoE layer since start (empty for dense models)."""
-        return expert_token_counts(cast(torch.nn.Module, self.runner.model))
+        return expert_token_counts(self._moe_layers)
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)

@@ -122,18 +122,19 @@ def _openai_routes(state: RouterState) -> APIRouter:
             return model
         raise model_not_found(model)
 
-    def salt(body: CompletionRequest | ChatCompletionRequest, request: Request) -> None:
-        """--salt-from-api-key: the tenant's salt leads the request's own, so tenants never share KV.
-        (Also: texts that cannot fit the pool's context are refused before they are tokenized.)"""
-        state.tokenizer.max_text_tokens = state.max_model_len()
+    def admit(body: CompletionRequest | ChatCompletionRequest, request: Request) -> str | None:
+        """Before a generation request is prepared: its adapter (``check_model``); with
+        --salt-from-api-key the tenant's salt leading its own, so tenants never share KV; and the pool's
+        context as the tokenizer's limit, so a text that cannot fit is refused before it is tokenized."""
         if state.settings.salt_from_api_key:
             tenant = f"tenant:{request.state.tenant}"
             body.cache_salt = f"{tenant}:{body.cache_salt}" if body.cache_salt else tenant
+        state.tokenizer.max_text_tokens = state.max_model_len()
+        return check_model(body.model)
 
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        salt(body, request)
-        lora = check_model(body.model)
+        lora = admit(body, request)
         rid = body.request_id or request.state.request_id
         req = state.preparer.completion(body, lora)
         req.arrival = request.state.arrival  # the overhead counts parsing, tokenizing and hashing too
@@ -141,8 +142,7 @@ def _openai_routes(state: RouterState) -> APIRouter:
 
     @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        salt(body, request)
-        lora = check_model(body.model)
+        lora = admit(body, request)
         rid = body.request_id or request.state.request_id
         req = state.preparer.chat(body, lora)
         req.arrival = request.state.arrival

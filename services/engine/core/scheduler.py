@@ -351,7 +351,7 @@ class Scheduler:
             if status is not None:
                 self.finish_requests([req_id], status)
             else:
-                self._next_drafts(request, proposed.get(req_id, ()))
+                self._next_drafts(request, proposed.get(req_id, ()), bool(drafts))
             kv_out = request.remote_kv_out.model_dump(mode="json") if request.remote_kv_out else None
             if new_tokens or status is not None:
                 outputs.append(
@@ -379,14 +379,16 @@ class Scheduler:
                 return tokens[:n], status
         return tokens, None
 
-    def _next_drafts(self, request: Request, proposed: tuple[int, ...]) -> None:
-        """Keep what fits of the runner's proposals for the next step; free the rejected drafts' blocks."""
-        room = draft_room(
-            request.num_tokens,
-            request.num_output_tokens,
-            request.sampling_params.max_tokens,
-            self.config.max_model_len,
-        )
-        request.spec_token_ids = list(proposed[:room])
-        if request.status == RequestStatus.RUNNING:
+    def _next_drafts(self, request: Request, proposed: tuple[int, ...], verified: bool) -> None:
+        """Keep what fits of the runner's proposals for the next step; free the blocks of this step's
+        rejected drafts and of a draft model's lookahead (plain decoding has neither: nothing to do)."""
+        if proposed or request.spec_token_ids:
+            room = draft_room(
+                request.num_tokens,
+                request.num_output_tokens,
+                request.sampling_params.max_tokens,
+                self.config.max_model_len,
+            )
+            request.spec_token_ids = list(proposed[:room])
+        if (verified or self.config.num_lookahead_tokens) and request.status == RequestStatus.RUNNING:
             self.kv.trim(request, request.num_tokens)

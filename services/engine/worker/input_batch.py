@@ -75,8 +75,10 @@ def build_inputs(
     for row, (req_id, n) in enumerate(sched.num_scheduled_tokens):
         st = states[req_id]
         start, end = st.num_computed, st.num_computed + n
-        tokens = st.token_ids + st.spec_ids if st.spec_ids else st.token_ids
-        ids.extend(tokens[start:end])
+        total = len(st.token_ids) + len(st.spec_ids)
+        ids.extend(st.token_ids[start:end])
+        if end > len(st.token_ids):  # the drafts it verifies follow its last token
+            ids.extend(st.spec_ids[: end - len(st.token_ids)])
         positions = range(start, end)
         pos.extend(positions)
         blocks = st.block_ids
@@ -86,9 +88,9 @@ def build_inputs(
         q_lens.append(n)
         seq_lens.append(end)
         tables.append(blocks)
-        if end == len(tokens) and st.pooling is not None:
+        if end == total and st.pooling is not None:
             pool_rows.append(row)
-        elif end == len(tokens):
+        elif end == total:
             sample_rows.append(row)
             spec_lens.append(len(st.spec_ids))
             logits_idx.extend(range(len(ids) - 1 - len(st.spec_ids), len(ids)))

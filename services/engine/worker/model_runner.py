@@ -82,9 +82,8 @@ class ModelRunner:
                 self.inputs.invalidate()
             state.block_ids.extend(cached.new_block_ids)
             state.num_computed = cached.num_computed_tokens
-        drafts = dict(sched.spec_token_ids)
-        for req_id, _ in sched.num_scheduled_tokens:
-            self.states[req_id].spec_ids = list(drafts.get(req_id, ()))
+        for req_id, drafts in sched.spec_token_ids:  # (_sample clears them once verified)
+            self.states[req_id].spec_ids = list(drafts)
 
     @torch.inference_mode()
     def execute(
@@ -111,12 +110,10 @@ class ModelRunner:
             rejected = (
                 self._sample(hidden, inputs, req_ids, constraints, sampled, lps) if inputs.sample_rows else {}
             )
-            starts = [self.states[r].num_computed for r in req_ids]
+            starts = [self.states[r].num_computed for r in req_ids] if self.spec is not None else []
             for req_id, n in sched.num_scheduled_tokens:  # rejected drafts' KV is overwritten later
                 self.states[req_id].num_computed += n - rejected.get(req_id, 0)
-            proposed = (
-                self._propose(req_ids, sampled, hidden, inputs, starts) if self.spec is not None else ()
-            )
+            proposed = self._propose(req_ids, sampled, hidden, inputs, starts) if starts else ()
         except Exception as exc:  # noqa: BLE001 - one bad step must not kill the engine
             log.exception("model step failed; failing its %d requests", len(req_ids))
             for req_id in req_ids:
@@ -157,8 +154,9 @@ class ModelRunner:
         for r, m in zip(inputs.sample_rows, spec_lens, strict=True):
             st = self.states[req_ids[r]]
             for j in range(m + 1):  # row j samples the position after drafts[:j]
-                out = st.output_ids + st.spec_ids[:j] if j else st.output_ids
-                rows.append(SamplingRow(st.params, st.prompt_ids, out, st.stop_ids))
+                rows.append(
+                    SamplingRow(st.params, st.prompt_ids, st.output_ids, st.stop_ids, st.spec_ids[:j])
+                )
                 row_reqs.append(req_ids[r])
         tokens, logprobs = self.sampler(logits, rows, _mask_rows(constraints, row_reqs))
         off, rejected = 0, {}

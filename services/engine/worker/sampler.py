@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -21,6 +21,12 @@ class SamplingRow:
     prompt_ids: list[int]
     output_ids: list[int]
     stop_ids: tuple[int, ...]  # eos + stop_token_ids, masked while min_tokens is not reached
+    drafts: list[int] = field(default_factory=list)  # speculative decoding: drafts before this position
+
+    @property
+    def num_output(self) -> int:
+        """Output tokens before the sampled position (drafts it follows included)."""
+        return len(self.output_ids) + len(self.drafts)
 
 
 @dataclass(frozen=True)
@@ -61,7 +67,7 @@ class Sampler:
             p = row.params
             if p.needs_penalties:
                 logits[i] = _apply_penalties(logits[i], row)
-            if row.stop_ids and len(row.output_ids) < p.min_tokens:
+            if row.stop_ids and row.num_output < p.min_tokens:
                 logits[i, list(row.stop_ids)] = float("-inf")
         return logits
 
@@ -81,18 +87,19 @@ class Sampler:
     def _noise(self, row: SamplingRow, vocab: int) -> torch.Tensor:
         if row.params.seed is None:
             return torch.empty(vocab).exponential_(generator=self.generator)
-        step_seed = (row.params.seed * _SEED_STRIDE + len(row.output_ids)) % (2**63)
+        step_seed = (row.params.seed * _SEED_STRIDE + row.num_output) % (2**63)
         return torch.empty(vocab).exponential_(generator=torch.Generator().manual_seed(step_seed))
 
 
 def _apply_penalties(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
     p = row.params
+    output = row.output_ids + row.drafts if row.drafts else row.output_ids
     if p.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(row.prompt_ids) | set(row.output_ids)), dtype=torch.long)
+        seen = torch.tensor(sorted(set(row.prompt_ids) | set(output)), dtype=torch.long)
         vals = logits[seen]
         logits[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-    if row.output_ids and (p.frequency_penalty or p.presence_penalty):
-        counts = torch.bincount(torch.tensor(row.output_ids), minlength=logits.shape[0])[: logits.shape[0]]
+    if output and (p.frequency_penalty or p.presence_penalty):
+        counts = torch.bincount(torch.tensor(output), minlength=logits.shape[0])[: logits.shape[0]]
         logits = logits - p.frequency_penalty * counts - p.presence_penalty * (counts > 0).float()
     return logits
 

@@ -15,11 +15,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernels.reference import build_cos_sin_cache
 from services.engine.worker.attention import AttentionMetadata
 from services.engine.worker.attention import ComputeBackend as Backend
 from services.engine.worker.model_config import ModelConfig
-from services.engine.worker.models.llama import PACKED_MODULES, LlamaDecoderLayer, load_llama_weights
+from services.engine.worker.models.llama import (
+    PACKED_MODULES,
+    LlamaDecoderLayer,
+    load_llama_weights,
+    rope_cache,
+)
 
 
 class _NoInputNorm(nn.Module):
@@ -48,8 +52,7 @@ class EagleHead(nn.Module):
         self.register_buffer("cos_sin_cache", self.build_rope_cache(dtype), persistent=False)
 
     def build_rope_cache(self, dtype: torch.dtype) -> torch.Tensor:
-        cfg = self.cfg
-        return build_cos_sin_cache(cfg.head_dim, self.max_positions, cfg.rope_theta, cfg.rope_scaling, dtype)
+        return rope_cache(self.cfg, self.max_positions, dtype)
 
     def forward(
         self,

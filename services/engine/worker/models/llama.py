@@ -95,6 +95,11 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(h, backend), residual
 
 
+def rope_cache(cfg: ModelConfig, max_positions: int, dtype: torch.dtype) -> torch.Tensor:
+    """[max_positions, head_dim]: cos half then sin half (HF rotary semantics)."""
+    return build_cos_sin_cache(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling, dtype)
+
+
 # fused linear -> its checkpoint shards in row order (the quantization plan fuses them too)
 PACKED_MODULES: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -118,9 +123,7 @@ class LlamaForCausalLM(nn.Module):
         self.register_buffer("cos_sin_cache", self.build_rope_cache(dtype), persistent=False)
 
     def build_rope_cache(self, dtype: torch.dtype) -> torch.Tensor:
-        """[max_positions, head_dim]: cos half then sin half (HF rotary semantics)."""
-        cfg = self.cfg
-        return build_cos_sin_cache(cfg.head_dim, self.max_positions, cfg.rope_theta, cfg.rope_scaling, dtype)
+        return rope_cache(self.cfg, self.max_positions, dtype)
 
     def forward(
         self,

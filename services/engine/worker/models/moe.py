@@ -9,6 +9,7 @@ expert are counted (``expert_tokens``) so that load skew is observable.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -25,11 +26,17 @@ _PARTS = {"w1": "gate", "gate_proj": "gate", "w3": "up", "up_proj": "up", "w2": 
 
 
 class RouterGate(nn.Module):
-    """The router's [E, H] weight; not an nn.Linear, so no packer or quantizer touches it."""
+    """The router's [E, H] weight, held in fp32 whatever the model's dtype (converted once, not per step);
+    not an nn.Linear, so no packer or quantizer touches it."""
 
     def __init__(self, num_experts: int, hidden: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, hidden), requires_grad=False)
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> RouterGate:
+        super()._apply(fn, recurse)  # .to(dtype) / .to(device) / to_empty, then back to fp32
+        self.weight.data = self.weight.data.float()
+        return self
 
 
 class MoEBlock(nn.Module):
@@ -49,7 +56,7 @@ class MoEBlock(nn.Module):
         self.register_buffer("expert_tokens", torch.zeros(e, dtype=torch.int64), persistent=False)
 
     def forward(self, x: torch.Tensor, backend: Backend) -> torch.Tensor:
-        logits = F.linear(x.float(), self.gate.weight.float())
+        logits = F.linear(x.float(), self.gate.weight)
         weights, ids = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
         if self.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -78,11 +85,15 @@ def moe_name(name: str) -> str:
     return name.replace(".block_sparse_moe.", ".mlp.")
 
 
-def expert_token_counts(model: nn.Module) -> list[tuple[int, list[int]]]:
-    """(MoE layer index, tokens routed to each expert since start) for every MoE layer of ``model``."""
+def moe_layers(model: nn.Module) -> list[tuple[int, MoEBlock]]:
+    """(decoder layer index, its MoE block) for every MoE layer of ``model`` (found once, at load)."""
     out = []
     for name, module in model.named_modules():
         if isinstance(module, MoEBlock):
-            layer = next((int(p) for p in name.split(".") if p.isdigit()), -1)
-            out.append((layer, [int(n) for n in module.expert_tokens.tolist()]))
+            out.append((next((int(p) for p in name.split(".") if p.isdigit()), -1), module))
     return out
+
+
+def expert_token_counts(layers: list[tuple[int, MoEBlock]]) -> list[tuple[int, list[int]]]:
+    """(MoE layer index, tokens routed to each expert since start) for each of ``layers``."""
+    return [(layer, [int(n) for n in block.expert_tokens.tolist()]) for layer, block in layers]

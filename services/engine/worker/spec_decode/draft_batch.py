@@ -1,4 +1,4 @@
-"""DraftBatch: one ragged forward of a draft (model or head) over requests' token runs in the paged cache."""
+"""DraftCache / DraftBatch: a draft's (model or head) paged KV and one ragged forward's inputs over it."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from services.engine.worker.attention import AttentionMetadata, ComputeBackend
+from services.engine.worker.spec_decode.proposal import Proposal
 
 
 @dataclass
@@ -46,3 +47,25 @@ def build_draft_batch(
         backend.build_metadata(q_lens, seq_lens, tables, slots, bs, device),
         torch.tensor(last, dtype=torch.long, device=device),
     )
+
+
+@dataclass(frozen=True)
+class DraftCache:
+    """Where a draft model or head runs: its KV tensor [num_blocks, layers, 2, block, kv heads, dim]
+    (indexed by the target's block ids), the drafts per step ``k``, and the context bound."""
+
+    kv_cache: torch.Tensor
+    k: int
+    block_size: int
+    backend: ComputeBackend
+    device: torch.device
+    max_model_len: int
+
+    def capacity(self, p: Proposal) -> int:
+        """Positions the request's blocks (and the context) have room for."""
+        return min(len(p.state.block_ids) * self.block_size, self.max_model_len)
+
+    def batch(self, runs: list[tuple[Proposal, list[int], int]]) -> DraftBatch:
+        """``runs``: (request, tokens, position of the first token) -> one forward's inputs."""
+        blocks = [(p.state.block_ids, toks, start) for p, toks, start in runs]
+        return build_draft_batch(blocks, self.block_size, self.backend, self.device)

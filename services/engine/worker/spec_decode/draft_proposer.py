@@ -13,30 +13,18 @@ from __future__ import annotations
 
 import torch
 
-from services.engine.worker.attention import ComputeBackend
 from services.engine.worker.models.interface import CausalLM
-from services.engine.worker.spec_decode.draft_batch import build_draft_batch
+from services.engine.worker.spec_decode.draft_batch import DraftCache
 from services.engine.worker.spec_decode.draft_kv import DraftKVTracker
 from services.engine.worker.spec_decode.proposal import Proposal
 
 
 class DraftModelProposer:
-    """Greedy drafts from ``model``; ``kv_cache`` is [num_blocks, draft layers, 2, block, kv heads, dim]."""
+    """Greedy drafts from ``model`` over ``cache``."""
 
-    def __init__(
-        self,
-        model: CausalLM,
-        kv_cache: torch.Tensor,
-        num_tokens: int,
-        block_size: int,
-        backend: ComputeBackend,
-        device: torch.device,
-        max_model_len: int,
-    ) -> None:
-        self.model, self.kv_cache, self.k = model, kv_cache, num_tokens
-        self.block_size, self.backend, self.device = block_size, backend, device
-        self.max_model_len = max_model_len
-        self.kv = DraftKVTracker(kv_cache.shape[0], block_size)
+    def __init__(self, model: CausalLM, cache: DraftCache) -> None:
+        self.model, self.cache, self.k = model, cache, cache.k
+        self.kv = DraftKVTracker(cache.kv_cache.shape[0], cache.block_size)
 
     def forget(self, req_ids: frozenset[str] | set[str]) -> None:
         self.kv.forget(req_ids)
@@ -47,7 +35,7 @@ class DraftModelProposer:
         for p in batch:
             st = p.state
             self.kv.sync(p.req_id, st)
-            end = min(len(st.token_ids), self._capacity(p))
+            end = min(len(st.token_ids), self.cache.capacity(p))
             if p.want and end > st.num_draft_computed:
                 rows.append((p, st.num_draft_computed, end))
         if not rows:
@@ -58,7 +46,7 @@ class DraftModelProposer:
         for i, (p, start, end) in enumerate(rows):
             self.kv.computed(p.state, start, end)
             p.state.num_draft_computed = end
-            room = min(self.k, p.max_drafts, self._capacity(p) - end + 1)
+            room = min(self.k, p.max_drafts, self.cache.capacity(p) - end + 1)
             if end == len(p.state.token_ids) and room > 0:
                 drafting.append((p, end))
                 first.append(i)
@@ -66,10 +54,9 @@ class DraftModelProposer:
             return {}
         tokens = logits[first].argmax(dim=-1).tolist()
         drafts: dict[str, list[int]] = {p.req_id: [t] for (p, _), t in zip(drafting, tokens, strict=True)}
+        live = drafting
         for step in range(1, self.k):
-            live = [
-                (p, pos) for p, pos in drafting if len(drafts[p.req_id]) == step and self._fits(p, pos, step)
-            ]
+            live = [(p, pos) for p, pos in live if self._fits(p, pos, step)]
             if not live:
                 break
             out = self._forward([(p, [drafts[p.req_id][-1]], pos + step - 1) for p, pos in live])
@@ -79,14 +66,10 @@ class DraftModelProposer:
 
     def _fits(self, p: Proposal, pos: int, step: int) -> bool:
         """Draft ``step`` (0-based) is fed at position pos + step - 1; it must stay in the slots and the context."""
-        return step < min(p.max_drafts, self._capacity(p) - pos + 1)
-
-    def _capacity(self, p: Proposal) -> int:
-        return min(len(p.state.block_ids) * self.block_size, self.max_model_len)
+        return step < min(p.max_drafts, self.cache.capacity(p) - pos + 1)
 
     def _forward(self, seqs: list[tuple[Proposal, list[int], int]]) -> torch.Tensor:
         """One draft forward over ragged sequences (tokens fed from a start position); last-row logits."""
-        runs = [(p.state.block_ids, toks, start) for p, toks, start in seqs]
-        b = build_draft_batch(runs, self.block_size, self.backend, self.device)
-        hidden = self.model(b.input_ids, b.positions, self.kv_cache, b.meta, self.backend)
+        b, c = self.cache.batch(seqs), self.cache
+        hidden = self.model(b.input_ids, b.positions, c.kv_cache, b.meta, c.backend)
         return self.model.compute_logits(hidden[b.last])

@@ -13,34 +13,21 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from services.engine.worker.attention import ComputeBackend
 from services.engine.worker.models.eagle import EagleHead
 from services.engine.worker.models.interface import CausalLM
-from services.engine.worker.spec_decode.draft_batch import build_draft_batch
+from services.engine.worker.spec_decode.draft_batch import DraftCache
 from services.engine.worker.spec_decode.proposal import Proposal
 
 
 class EagleProposer:
-    """Greedy drafts from ``head`` over ``kv_cache`` [num_blocks, head layers, 2, block, kv heads, dim]."""
+    """Greedy drafts from ``head`` over ``cache``, scored by the target's LM head."""
 
-    def __init__(
-        self,
-        head: EagleHead,
-        target: CausalLM,
-        kv_cache: torch.Tensor,
-        num_tokens: int,
-        block_size: int,
-        backend: ComputeBackend,
-        device: torch.device,
-        max_model_len: int,
-    ) -> None:
-        self.head, self.target, self.kv_cache, self.k = head, target, kv_cache, num_tokens
+    def __init__(self, head: EagleHead, target: CausalLM, cache: DraftCache) -> None:
+        self.head, self.target, self.cache, self.k = head, target, cache, cache.k
         embed = getattr(target, "embed_tokens", None)
         if not isinstance(embed, nn.Module):
             raise ValueError("speculative_config: EAGLE needs a target with a token embedding (embed_tokens)")
         self.embed = embed
-        self.block_size, self.backend, self.device = block_size, backend, device
-        self.max_model_len = max_model_len
 
     def forget(self, req_ids: frozenset[str] | set[str]) -> None:
         """Nothing per request is kept here."""
@@ -49,7 +36,7 @@ class EagleProposer:
         runs: list[tuple[Proposal, int, int]] = []  # (request, first draft position, end)
         for p in batch:
             first = max(p.state.num_draft_computed, p.step_start)  # features exist from step_start on
-            end = min(p.computed_end, self._capacity(p))
+            end = min(p.computed_end, self.cache.capacity(p))
             if end > first:
                 runs.append((p, first, end))
             p.state.num_draft_computed = max(p.state.num_draft_computed, end)
@@ -72,7 +59,9 @@ class EagleProposer:
         steps = [(p, end, f) for (_, p, end), f in zip(live, feat, strict=True)]
         for s in range(1, self.k):  # draft s + 1 reads (draft s, predicted feature) at position end + s - 1
             steps = [
-                (p, end, f) for p, end, f in steps if s < p.max_drafts and end + s - 1 < self._capacity(p)
+                (p, end, f)
+                for p, end, f in steps
+                if s < p.max_drafts and end + s - 1 < self.cache.capacity(p)
             ]
             if not steps:
                 break
@@ -86,15 +75,10 @@ class EagleProposer:
             steps = [(p, end, f) for (p, end, _), f in zip(steps, feat, strict=True)]
         return {rid: tuple(d) for rid, d in drafts.items()}
 
-    def _capacity(self, p: Proposal) -> int:
-        return min(len(p.state.block_ids) * self.block_size, self.max_model_len)
-
     def _forward(
         self, seqs: list[tuple[Proposal, list[int], int]], features: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The head over ragged runs (token ids with their features); all output rows and each run's last row."""
-        b = build_draft_batch(
-            [(p.state.block_ids, t, s) for p, t, s in seqs], self.block_size, self.backend, self.device
-        )
-        out = self.head(self.embed(b.input_ids), features, b.positions, self.kv_cache, b.meta, self.backend)
+        b, c = self.cache.batch(seqs), self.cache
+        out = self.head(self.embed(b.input_ids), features, b.positions, c.kv_cache, b.meta, c.backend)
         return out, b.last

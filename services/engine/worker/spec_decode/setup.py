@@ -10,6 +10,7 @@ from services.engine.worker.loader.model_loader import load_eagle_head, load_mod
 from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models.interface import CausalLM
 from services.engine.worker.quantization.quant_config import resolve_quant_config
+from services.engine.worker.spec_decode.draft_batch import DraftCache
 from services.engine.worker.spec_decode.draft_proposer import DraftModelProposer
 from services.engine.worker.spec_decode.eagle_proposer import EagleProposer
 from services.engine.worker.spec_decode.ngram_proposer import NgramProposer
@@ -52,17 +53,19 @@ def build_spec_decoder(
     k = spec.num_speculative_tokens
     if spec.method == "ngram":
         assert spec.prompt_lookup_min is not None and spec.prompt_lookup_max is not None
-        proposer = NgramProposer(k, spec.prompt_lookup_min, spec.prompt_lookup_max)
-    elif spec.method == "eagle":
-        assert spec.model is not None and draft_cfg is not None
-        head = load_eagle_head(spec.model, draft_cfg, dtype, device, max_model_len)
-        kv = torch.zeros(kv_shape, dtype=dtype, device=device)
-        proposer = EagleProposer(head, target, kv, k, kv_shape[3], backend, device, max_model_len)
+        return SpecDecoder(
+            spec, NgramProposer(k, spec.prompt_lookup_min, spec.prompt_lookup_max), max_model_len
+        )
+    assert spec.model is not None and draft_cfg is not None
+    kv = torch.zeros(kv_shape, dtype=dtype, device=device)
+    cache = DraftCache(kv, k, kv_shape[3], backend, device, max_model_len)
+    if spec.method == "eagle":
+        proposer = EagleProposer(
+            load_eagle_head(spec.model, draft_cfg, dtype, device, max_model_len), target, cache
+        )
     else:
-        assert spec.model is not None and draft_cfg is not None
         quant = resolve_quant_config(spec.quantization, spec.model)
         kernels = "triton" if backend.name == "triton" else "cpu"
         model = load_model(spec.model, draft_cfg, dtype, device, max_model_len, quant, kernels)
-        kv = torch.zeros(kv_shape, dtype=dtype, device=device)
-        proposer = DraftModelProposer(model, kv, k, kv_shape[3], backend, device, max_model_len)
+        proposer = DraftModelProposer(model, cache)
     return SpecDecoder(spec, proposer, max_model_len)
