@@ -2,8 +2,9 @@
 and end to end a tiny Mixtral on kvferry vs HF generate.
 
 Layer: Mixtral-shaped at a quarter width (H 1024, I 3584, 8 experts, top-2), bf16 on CPU, the same
-weights and tokens in all three; 1 / 16 / 256 tokens; median of interleaved repeats. End to end: a
-random 4-layer h512 Mixtral (8 experts, top-2), 16 prompts x 64 tokens -> 64 tokens, greedy. With a
+weights and tokens in all three (and kvferry's with int8 experts, as --quantization int8 holds them);
+1 / 16 / 256 tokens; median of interleaved repeats. End to end: a random 4-layer h512 Mixtral (8
+experts, top-2), 16 prompts x 64 tokens -> 64 tokens, greedy, float and int8. With a
 CUDA device the layer rows also time the Triton fused kernel. Prints tables, writes
 benchmarks/results/moe.json.
 
@@ -13,6 +14,7 @@ benchmarks/results/moe.json.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -84,11 +86,15 @@ def layer_rows(dtype: torch.dtype) -> list[dict]:
     }
     if device.type == "cuda":
         backends["kvferry (Triton fused)"] = select_backend(device, "triton")
+    int8 = copy.deepcopy(ours)
+    int8.quantize_int8()  # what --quantization int8 does to the experts
     rows = []
     with torch.no_grad():
         for tokens in (1, 16, 256):
             x = torch.randn(tokens, H, dtype=dtype, device=device)
             fns = {name: (lambda b=b, x=x: ours(x, b)) for name, b in backends.items()}
+            for name, b in backends.items():
+                fns[name.replace("kvferry", "kvferry int8 experts")] = lambda b=b, x=x: int8(x, b)
             fns["HF MixtralSparseMoeBlock"] = lambda x=x: hf(x[None])
             if tokens <= 16:
                 fns["naive per-(token, expert) loop"] = lambda x=x: naive(ours, x)
@@ -106,12 +112,16 @@ def e2e(dtype: str) -> list[dict]:
     if not (path / "config.json").is_file():
         build_checkpoint(path, "mixtral", hidden=512, layers=4, heads=8, vocab_size=32000)
     prompts = [[3 + (i * 7919 + j * 31) % 31000 for j in range(64)] for i in range(16)]
-    llm = LLM(model=str(path), dtype=dtype, num_kv_blocks=512)
     params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
-    llm.generate(prompts[:2], params)
-    start = time.perf_counter()
-    llm.generate(prompts, params)
-    ours = 16 * 64 / (time.perf_counter() - start)
+    tok_s = {}
+    for quant in ("none", "int8"):
+        llm = LLM(model=str(path), dtype=dtype, num_kv_blocks=512, quantization=quant)
+        llm.generate(prompts[:2], params)
+        start = time.perf_counter()
+        llm.generate(prompts, params)
+        tok_s[quant] = 16 * 64 / (time.perf_counter() - start)
+        del llm
+    ours = tok_s["none"]
     hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).eval()
     ids = torch.tensor(prompts)
     with torch.no_grad():
@@ -119,8 +129,12 @@ def e2e(dtype: str) -> list[dict]:
         start = time.perf_counter()
         hf.generate(ids, max_new_tokens=64, min_new_tokens=64, do_sample=False, pad_token_id=0)
     theirs = 16 * 64 / (time.perf_counter() - start)
-    print(f"e2e: kvferry {ours:.0f} tok/s, HF generate {theirs:.0f} tok/s ({ours / theirs:.2f}x)")
-    return [{"engine": "kvferry", "tok_s": ours}, {"engine": "HF generate", "tok_s": theirs}]
+    print(f"e2e: kvferry {ours:.0f} tok/s (int8 {tok_s['int8']:.0f}), HF generate {theirs:.0f} tok/s")
+    return [
+        {"engine": "kvferry", "tok_s": ours},
+        {"engine": "kvferry --quantization int8 (experts too)", "tok_s": tok_s["int8"]},
+        {"engine": "HF generate", "tok_s": theirs},
+    ]
 
 
 def main() -> int:

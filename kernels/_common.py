@@ -47,8 +47,9 @@ def online_softmax_step(q, k, v, keep, m, denom, acc, qk_scale, PRECISION: tl.co
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
     s = tl.where(keep, s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, 1))
-    alpha = tl.exp2(m - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet: p = 0
+    alpha = tl.exp2(m - m_use)
+    p = tl.exp2(s - m_use[:, None])
     denom = denom * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return m_new, denom, acc

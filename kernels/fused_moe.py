@@ -102,6 +102,7 @@ def _round_bf16_rne(v):
 def _moe_gate_up_kernel(
     x_ptr,
     w_ptr,
+    scale_ptr,
     h_ptr,
     sorted_ids_ptr,
     expert_ids_ptr,
@@ -115,6 +116,7 @@ def _moe_gate_up_kernel(
     s_ht,
     EVEN_K: tl.constexpr,
     ROUND_BF16: tl.constexpr,
+    SCALED: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -147,6 +149,8 @@ def _moe_gate_up_kernel(
             x = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             wg = tl.load(g_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
             wu = tl.load(u_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if SCALED and not UPCAST:  # int8 codes: exact in x's dtype; the row scales come after the sums
+            wg, wu = wg.to(x.dtype), wu.to(x.dtype)
         if UPCAST:
             x, wg, wu = x.to(tl.float32), wg.to(tl.float32), wu.to(tl.float32)
         acc_g = tl.dot(x, wg, acc_g, input_precision=PRECISION)
@@ -154,6 +158,10 @@ def _moe_gate_up_kernel(
         x_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
+    if SCALED:
+        scales = scale_ptr + expert * 2 * inter + rn
+        acc_g *= tl.load(scales, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        acc_u *= tl.load(scales + inter, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
     if ROUND_BF16:
         h = _round_bf16_rne(h)
@@ -168,6 +176,7 @@ def _moe_gate_up_kernel(
 def _moe_down_kernel(
     h_ptr,
     w_ptr,
+    scale_ptr,
     y_ptr,
     topk_weights_ptr,
     sorted_ids_ptr,
@@ -180,6 +189,7 @@ def _moe_down_kernel(
     s_wn,
     s_yr,
     EVEN_K: tl.constexpr,
+    SCALED: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -207,11 +217,15 @@ def _moe_down_kernel(
             k_ok = rk < inter - k0
             h = tl.load(h_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if SCALED and not UPCAST:
+            w = w.to(h.dtype)
         if UPCAST:
             h, w = h.to(tl.float32), w.to(tl.float32)
         acc = tl.dot(h, w, acc, input_precision=PRECISION)
         h_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    if SCALED:
+        acc *= tl.load(scale_ptr + expert * hidden + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     weight = tl.load(topk_weights_ptr + rows, mask=row_ok, other=0.0)
     acc = acc * weight[:, None]
     tl.store(y_ptr + rows[:, None] * s_yr + rn[None, :], acc, mask=row_ok[:, None] & n_ok[None, :])
@@ -223,9 +237,13 @@ def fused_moe(
     w2: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Routed MoE MLP (see the module docstring): x [T, H], w13 [E, 2I, H] (gate rows then up rows),
     w2 [E, H, I], topk_weights [T, K] (used as given), topk_ids [T, K] in [0, E) -> [T, H] in x's dtype.
+    With w13_scale [E, 2I] and w2_scale [E, H], w13 / w2 are int8 codes and each GEMM's sums are scaled
+    per (expert, output row) before the epilogue.
     """
     num_tokens, hidden = x.shape
     num_experts, two_inter, _ = w13.shape
@@ -236,13 +254,17 @@ def fused_moe(
         or w2.shape != (num_experts, hidden, inter)
         or topk_weights.shape != topk_ids.shape
         or topk_ids.shape[0] != num_tokens
-        or w13.dtype != x.dtype
-        or w2.dtype != x.dtype
+        or (w13_scale is None) != (w2_scale is None)
+        or w13.dtype != (x.dtype if w13_scale is None else torch.int8)
+        or w2.dtype != (x.dtype if w2_scale is None else torch.int8)
+        or (w13_scale is not None and w13_scale.shape != (num_experts, 2 * inter))
+        or (w2_scale is not None and w2_scale.shape != (num_experts, hidden))
     ):
         raise ValueError(
             f"fused_moe: x {tuple(x.shape)} {x.dtype}, w13 {tuple(w13.shape)} {w13.dtype}, "
             f"w2 {tuple(w2.shape)} {w2.dtype}, topk {tuple(topk_weights.shape)}/{tuple(topk_ids.shape)} "
-            "do not match x [T, H], w13 [E, 2I, H], w2 [E, H, I], topk [T, K] of one dtype"
+            "do not match x [T, H], w13 [E, 2I, H], w2 [E, H, I], topk [T, K] of one dtype (or int8 "
+            "w13 / w2 with scales [E, 2I] / [E, H])"
         )
     if num_tokens == 0 or topk == 0:
         return torch.zeros_like(x)
@@ -264,9 +286,13 @@ def fused_moe(
         "num_stages": cfg.num_stages,
     }
     num_blocks = expert_ids.numel()
+    scaled = w13_scale is not None
+    s13 = w13_scale.contiguous() if w13_scale is not None else weights  # unused when not scaled
+    s2 = w2_scale.contiguous() if w2_scale is not None else weights
     _moe_gate_up_kernel[(num_blocks, triton.cdiv(inter, cfg.block_n))](
         x,
         w13,
+        s13,
         h,
         sorted_ids,
         expert_ids,
@@ -280,11 +306,13 @@ def fused_moe(
         h.stride(0),
         EVEN_K=hidden % cfg.block_k == 0,
         ROUND_BF16=interpreting() and x.dtype == torch.bfloat16,
+        SCALED=scaled,
         **common,
     )
     _moe_down_kernel[(num_blocks, triton.cdiv(hidden, cfg.block_n))](
         h,
         w2,
+        s2,
         y,
         weights,
         sorted_ids,
@@ -297,6 +325,7 @@ def fused_moe(
         w2.stride(1),
         y.stride(1),
         EVEN_K=inter % cfg.block_k == 0,
+        SCALED=scaled,
         **common,
     )
     return y.sum(dim=1).to(x.dtype)

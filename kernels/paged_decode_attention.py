@@ -35,6 +35,7 @@ def _decode_split_kernel(
     group,
     num_heads,
     num_splits,
+    window,
     s_qb,
     s_qh,
     s_qd,
@@ -61,8 +62,9 @@ def _decode_split_kernel(
     """Program (b, kv_head, split): all query heads of the group over one slice of the context."""
     b, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + b)
-    per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    start = split * per_split
+    first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)  # sliding window: the last `window`
+    per_split = tl.cdiv(tl.cdiv(seq_len - first, num_splits), BLOCK_N) * BLOCK_N
+    start = first + split * per_split
     end = tl.minimum(start + per_split, seq_len)
     g, dim = tl.arange(0, BLOCK_G), tl.arange(0, BLOCK_D)
     heads = kv_head * group + g
@@ -151,8 +153,10 @@ def paged_decode_attention(
     num_splits: int | None = None,
     *,
     max_seq_len: int | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
-    """out [B, Hq, D]: query [B, Hq, D] attends to its first seq_lens[b] cached positions (GQA, split-K).
+    """out [B, Hq, D]: query [B, Hq, D] attends to its first seq_lens[b] cached positions (GQA, split-K);
+    window > 0: to the last ``window`` of them only (sliding-window attention).
 
     With num_splits=None it is chosen from the longest context; pass max_seq_len to avoid a host sync.
     """
@@ -163,7 +167,8 @@ def paged_decode_attention(
     block_n = 64 if block_d <= 128 or interpreting() else 32
     if num_splits is None:
         longest = max_seq_len if max_seq_len is not None else int(seq_lens.max().item()) if batch else 0
-        num_splits = choose_num_splits(batch, num_kv_heads, longest, _num_sms(query.device), block_n)
+        span = min(longest, window) if window > 0 else longest
+        num_splits = choose_num_splits(batch, num_kv_heads, span, _num_sms(query.device), block_n)
     out = torch.empty_like(query)
     if batch == 0:
         return out
@@ -183,6 +188,7 @@ def paged_decode_attention(
         group,
         num_heads,
         num_splits,
+        window,
         *query.stride(),
         *key_cache.stride(),
         *value_cache.stride(),

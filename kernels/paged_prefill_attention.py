@@ -33,6 +33,7 @@ def _prefill_kernel(
     head_dim,
     group,
     q_per_tile,
+    window,
     s_qt,
     s_qh,
     s_qd,
@@ -80,14 +81,16 @@ def _prefill_kernel(
     denom = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     kv_end = context + tl.minimum((tile + 1) * q_per_tile, q_len)  # one past the tile's last position
-    for start_n in range(0, kv_end, BLOCK_N):
+    kv_start = tl.where(window > 0, tl.maximum(context + tile * q_per_tile - window + 1, 0), 0)
+    for start_n in range(kv_start, kv_end, BLOCK_N):
         n = start_n + tl.arange(0, BLOCK_N)
         n_mask = n < kv_end
         block = tl.load(block_tables_ptr + b * s_bt + n // PAGE, mask=n_mask, other=0).to(tl.int64)
         kv_mask = n_mask[:, None] & (dim < head_dim)[None, :]
         k = load_kv_tile(k_cache_ptr, block, n % PAGE, kv_head, dim, kv_mask, s_kb, s_ko, s_kh, s_kd, UPCAST)
         v = load_kv_tile(v_cache_ptr, block, n % PAGE, kv_head, dim, kv_mask, s_vb, s_vo, s_vh, s_vd, UPCAST)
-        keep = n_mask[None, :] & (n[None, :] <= q_pos[:, None])
+        in_window = (n[None, :] > q_pos[:, None] - window) | (window <= 0)
+        keep = n_mask[None, :] & (n[None, :] <= q_pos[:, None]) & in_window
         m, denom, acc = online_softmax_step(q, k, v, keep, m, denom, acc, qk_scale, PRECISION)
 
     o = acc / denom[:, None]
@@ -116,8 +119,10 @@ def paged_prefill_attention(
     scale: float,
     *,
     max_query_len: int | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
-    """out [T, Hq, D]: each sequence's packed queries are its last q_len of seq_lens[b] positions; causal.
+    """out [T, Hq, D]: each sequence's packed queries are its last q_len of seq_lens[b] positions; causal,
+    and with window > 0 each query sees only its last ``window`` positions (sliding window).
 
     Pass max_query_len to avoid a host sync (it sizes the grid).
     """
@@ -147,6 +152,7 @@ def paged_prefill_attention(
         head_dim,
         group,
         q_per_tile,
+        window,
         *query.stride(),
         *key_cache.stride(),
         *value_cache.stride(),

@@ -32,15 +32,22 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> t
     return cache[blocks].flatten(0, 1)[:seq_len]
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, first_pos: int) -> torch.Tensor:
-    """Causal GQA attention in fp32: q [Q, Hq, D] at positions first_pos.., k/v [L, Hkv, D] -> [Q, Hq, D]."""
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, first_pos: int, window: int = 0
+) -> torch.Tensor:
+    """Causal GQA attention in fp32: q [Q, Hq, D] at positions first_pos.., k/v [L, Hkv, D] -> [Q, Hq, D].
+
+    window > 0: a query at position p sees only positions (p - window, p] (sliding-window attention)."""
     group = q.shape[1] // k.shape[1]
     k = k.float().repeat_interleave(group, dim=1)
     v = v.float().repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
     q_pos = torch.arange(first_pos, first_pos + q.shape[0], device=q.device)
     k_pos = torch.arange(k.shape[0], device=q.device)
-    scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
+    hidden = k_pos[None, :] > q_pos[:, None]
+    if window > 0:
+        hidden |= k_pos[None, :] <= q_pos[:, None] - window
+    scores = scores.masked_fill(hidden, float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v)
 
 
@@ -52,8 +59,10 @@ def ref_paged_decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
     num_splits: int | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
-    """One query token per sequence over its first seq_lens[b] cached positions; a row with seq_len 0 is 0."""
+    """One query token per sequence over its first seq_lens[b] cached positions (the last ``window`` of
+    them when window > 0); a row with seq_len 0 is 0."""
     del num_splits  # a scheduling choice of the kernel; the math is the same
     out = torch.zeros_like(query)
     for b, seq_len in enumerate(seq_lens.tolist()):
@@ -61,7 +70,7 @@ def ref_paged_decode_attention(
             continue
         k = gather_kv(key_cache, block_tables[b], seq_len)
         v = gather_kv(value_cache, block_tables[b], seq_len)
-        out[b] = _attend(query[b : b + 1], k, v, scale, seq_len - 1)[0].to(query.dtype)
+        out[b] = _attend(query[b : b + 1], k, v, scale, seq_len - 1, window)[0].to(query.dtype)
     return out
 
 
@@ -73,8 +82,10 @@ def ref_paged_prefill_attention(
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
-    """Causal attention of each sequence's packed queries (its LAST q_len positions) over its paged K/V."""
+    """Causal attention of each sequence's packed queries (its LAST q_len positions) over its paged K/V
+    (window > 0: each query over its last ``window`` positions only)."""
     out = torch.zeros_like(query)
     starts = query_start_loc.tolist()
     for b, seq_len in enumerate(seq_lens.tolist()):
@@ -84,7 +95,7 @@ def ref_paged_prefill_attention(
         k = gather_kv(key_cache, block_tables[b], seq_len)
         v = gather_kv(value_cache, block_tables[b], seq_len)
         first_pos = seq_len - (q_end - q_start)
-        out[q_start:q_end] = _attend(query[q_start:q_end], k, v, scale, first_pos).to(query.dtype)
+        out[q_start:q_end] = _attend(query[q_start:q_end], k, v, scale, first_pos, window).to(query.dtype)
     return out
 
 
@@ -205,13 +216,19 @@ def ref_fused_moe(
     w2: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Twin of kernels.fused_moe, one expert at a time: gather its (token, slot) rows, fp32 math.
+    With scales, w13 / w2 are int8 codes: weight = code * scale of its (expert, output row).
 
     out[t] = sum_k topk_weights[t, k] * w2[e] @ (silu(w13[e, :I] @ x[t]) * (w13[e, I:] @ x[t])) with
     e = topk_ids[t, k]; the silu * up activation is rounded to x.dtype like the kernel's, the sum over
     k stays in fp32 and the result is rounded to x.dtype once.
     """
+    if w13_scale is not None and w2_scale is not None:
+        w13 = w13.float() * w13_scale.float()[:, :, None]
+        w2 = w2.float() * w2_scale.float()[:, :, None]
     num_tokens, topk = topk_ids.shape
     inter = w2.shape[2]
     flat_ids = topk_ids.reshape(-1)

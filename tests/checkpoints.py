@@ -167,7 +167,7 @@ def build_checkpoint(
     return out
 
 
-FAMILY_KINDS = ("qwen3", "phi3", "mixtral", "qwen2_moe", "qwen3_moe")
+FAMILY_KINDS = ("qwen3", "phi3", "qwen2_sw", "mixtral", "qwen2_moe", "qwen3_moe")
 
 
 def _family_config(kind: str, common: dict) -> tuple[object, type]:
@@ -178,8 +178,13 @@ def _family_config(kind: str, common: dict) -> tuple[object, type]:
     moe = dict(num_experts_per_tok=2, moe_intermediate_size=hidden)
     if kind == "qwen3":
         return tf.Qwen3Config(num_key_value_heads=2, head_dim=32, **common), tf.Qwen3ForCausalLM
-    if kind == "phi3":  # its window (512) is below max_position_embeddings: the engine caps the context
-        return tf.Phi3Config(num_key_value_heads=2, sliding_window=512, **common), tf.Phi3ForCausalLM
+    if kind == "phi3":  # every layer windowed (40 tokens, not a block multiple): blocks before it are freed
+        return tf.Phi3Config(num_key_value_heads=2, sliding_window=40, **common), tf.Phi3ForCausalLM
+    if kind == "qwen2_sw":  # layer 0 full, layer 1 windowed (max_window_layers): no block is freed
+        cfg = tf.Qwen2Config(
+            num_key_value_heads=2, use_sliding_window=True, sliding_window=24, max_window_layers=1, **common
+        )
+        return cfg, tf.Qwen2ForCausalLM
     if kind == "mixtral":
         cfg = tf.MixtralConfig(num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2, **common)
         return cfg, tf.MixtralForCausalLM

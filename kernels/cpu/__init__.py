@@ -69,11 +69,13 @@ def paged_attention(
     seq_lens: torch.Tensor,
     scale: float,
     split_tokens: int = 0,
+    window: int = 0,
 ) -> torch.Tensor:
     """Causal attention of a mixed batch into out [T, Hq, D]; sequence b owns query rows
     query_start_loc[b]:query_start_loc[b+1], its last positions of seq_lens[b]. Caches are
     [num_blocks, block_size, Hkv, D] (strided layer views are fine). split_tokens > 0 forces decode
-    rows into kv splits of that many positions (else chosen from the thread count)."""
+    rows into kv splits of that many positions (else chosen from the thread count). window > 0: a
+    query at position p attends only to positions (p - window, p] (sliding-window attention)."""
     _ops().paged_attention(
         out,
         query,
@@ -84,6 +86,7 @@ def paged_attention(
         seq_lens,
         float(scale),
         int(split_tokens),
+        int(window),
     )
     return out
 

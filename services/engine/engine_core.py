@@ -56,20 +56,6 @@ def resolve_task(task: str, model: str, architecture: str) -> str:
     return task
 
 
-def _within_window(max_model_len: int, window: int | None, asked: int | None) -> int:
-    """A sliding-window model attends over the whole context only up to its window, where full and
-    windowed attention agree: the context is capped there (windowed attention is not built yet)."""
-    if window is None or max_model_len <= window:
-        return max_model_len
-    if asked is not None:
-        raise ValueError(
-            f"max_model_len={asked} exceeds the model's sliding_window={window}; kvferry does not run "
-            f"windowed attention yet: use max_model_len <= {window}"
-        )
-    log.warning("sliding_window=%d: max_model_len capped from %d to %d", window, max_model_len, window)
-    return window
-
-
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -98,7 +84,6 @@ class EngineCore:
                 f"max_model_len={config.max_model_len} exceeds the model's "
                 f"max_position_embeddings={cfg.max_position_embeddings}"
             )
-        self.max_model_len = _within_window(self.max_model_len, cfg.sliding_window, config.max_model_len)
         self.task = resolve_task(config.task, config.model, cfg.architecture)
         self.encoder = is_encoder_architecture(cfg.architecture)
         if self.encoder and not config.max_model_len:
@@ -145,7 +130,9 @@ class EngineCore:
                 backend,
                 self.max_model_len,
             )
-        self.kv_manager = KVCacheManager(self.num_blocks, self.block_size, config.enable_prefix_caching)
+        self.kv_manager = KVCacheManager(
+            self.num_blocks, self.block_size, config.enable_prefix_caching, sliding_window=cfg.kv_window
+        )
         self.kv_transfer = KVTransferContext(config, kv_cache, self.kv_compat())
         self.connector: KVConnector = compose(list(connectors(self.kv_transfer)))
         batched = config.max_num_batched_tokens or _DEFAULT_BATCHED_TOKENS

@@ -1,5 +1,5 @@
 """Model families beyond the parity matrix: plugins through the kvferry.models entry points, MoE expert
-counters on /metrics, the sliding-window context cap."""
+counters on /metrics, sliding-window attention past the window."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 from services.engine import LLM, SamplingParams
 from services.engine.worker.models import get_model_class
@@ -74,6 +75,7 @@ def test_moe_expert_tokens_are_counted_on_metrics(family_dir) -> None:
     try:
         before = _expert_counts(engine.url)
         assert len(before) == 2 * 8  # (layer, expert) for two layers of eight experts
+        assert all(0 <= v < 1000 for v in before.values())  # from zero (the warm-up's tokens only)
         body = {"model": MODEL, "prompt": list(range(3, 40)), "max_tokens": 4, "temperature": 0}
         assert httpx.post(f"{engine.url}/v1/completions", json=body, timeout=30).status_code == 200
         after = _expert_counts(engine.url)
@@ -85,8 +87,46 @@ def test_moe_expert_tokens_are_counted_on_metrics(family_dir) -> None:
         assert engine.stop() == 0
 
 
-def test_a_context_beyond_the_sliding_window_is_refused(family_dir) -> None:
-    phi3 = family_dir("phi3")  # sliding_window 512, max_position_embeddings 1024
-    assert LLM(model=str(phi3), num_kv_blocks=64).engine.max_model_len == 512
-    with pytest.raises(ValueError, match="exceeds the model's sliding_window=512"):
-        LLM(model=str(phi3), num_kv_blocks=64, max_model_len=1024)
+def test_sliding_window_frees_blocks_and_matches_hf_past_the_window(
+    family_dir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Phi-3 with a 40-token window, served to its full 1024-token context: a 60-token prompt and 120
+    new tokens equal HF's greedy output, and while it decodes the request holds only the blocks its
+    window touches (the others go back to the pool)."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.checkpoints import hf_greedy
+
+    phi3 = family_dir("phi3")
+    llm = LLM(model=str(phi3), dtype="float32", num_kv_blocks=64)
+    assert llm.engine.core.max_model_len == 1024
+    kv = llm.engine.core.kv_manager
+    most: list[int] = []
+    allocate = kv.allocate_slots
+
+    def counting(request, *args, **kwargs):  # noqa: ANN001, ANN202 - wraps the real method
+        out = allocate(request, *args, **kwargs)
+        if request.num_computed_tokens >= 60:  # decoding: the prompt's blocks were held for its queries
+            most.append(sum(1 for i in kv.block_ids(request.request_id) if i >= 0))
+        return out
+
+    monkeypatch.setattr(kv, "allocate_slots", counting)
+    prompt = [3 + (i * 7) % 90 for i in range(60)]
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=120, ignore_eos=True))[0]
+    hf = AutoModelForCausalLM.from_pretrained(str(phi3), dtype=torch.float32).eval()
+    assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 120)
+    assert most and max(most) <= -(-40 // 16) + 1  # blocks of positions (p-40, p] plus p's own
+    assert kv.pool.num_free_blocks == 64
+
+
+def test_a_draft_model_on_a_window_freeing_target_is_refused(family_dir, llama_dir: Path) -> None:
+    with pytest.raises(ValueError, match="frees KV blocks before its sliding window \\(40\\).*'ngram'"):
+        LLM(
+            model=str(family_dir("phi3")),
+            num_kv_blocks=64,
+            speculative_config={
+                "method": "draft_model",
+                "model": str(llama_dir),
+                "num_speculative_tokens": 2,
+            },
+        )

@@ -44,8 +44,12 @@ def check_attention(
     seed: int,
     split_tokens: int = 0,
     extra_rows: int = 0,
+    window: int = 0,
 ) -> None:
-    """batch: (q_len, seq_len) per sequence, packed in order; extra_rows trailing rows belong to none."""
+    """batch: (q_len, seq_len) per sequence, packed in order; extra_rows trailing rows belong to none.
+
+    window > 0: sliding-window attention; the blocks no query of the batch may see are NaN-poisoned
+    (a freed block can hold anything), so reading one fails the comparison."""
     torch.manual_seed(seed)
     kv = make_paged_kv([n for _, n in batch], bs, hkv, d, dtype, "cpu")
     starts = [0]
@@ -55,13 +59,42 @@ def check_attention(
     query = torch.randn(starts[-1] + extra_rows, hq, d, dtype=dtype)
     out = torch.empty_like(query)  # NaN-poisoned by conftest: every element must be written
     scale = d**-0.5
-    kc.paged_attention(
-        out, query, kv.key_cache, kv.value_cache, kv.block_tables, qsl, kv.seq_lens, scale, split_tokens
-    )
     expected = ref_paged_prefill_attention(
-        query, kv.key_cache, kv.value_cache, kv.block_tables, qsl, kv.seq_lens, scale
+        query, kv.key_cache, kv.value_cache, kv.block_tables, qsl, kv.seq_lens, scale, window
+    )
+    if window > 0:
+        poison_outside_window(kv.key_cache, kv.value_cache, kv.block_tables, batch, bs, window)
+    kc.paged_attention(
+        out,
+        query,
+        kv.key_cache,
+        kv.value_cache,
+        kv.block_tables,
+        qsl,
+        kv.seq_lens,
+        scale,
+        split_tokens,
+        window,
     )
     assert_close(out, expected, dtype, scale=ATTN_TOL[dtype] / TOLERANCE[dtype])
+
+
+def poison_outside_window(
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    table: torch.Tensor,
+    batch: list[tuple[int, int]],
+    bs: int,
+    window: int,
+) -> None:
+    """NaN into every block of a sequence that lies wholly before the window of its first query."""
+    for b, (q_len, seq_len) in enumerate(batch):
+        if q_len == 0:
+            continue
+        first_seen = max(0, seq_len - q_len - window + 1)
+        dead = table[b, : first_seen // bs].long()
+        key_cache[dead] = float("nan")
+        value_cache[dead] = float("nan")
 
 
 def mixed_batch(rng: random.Random, n: int, max_len: int) -> list[tuple[int, int]]:
@@ -260,6 +293,18 @@ def test_paged_attention_shared_prefix(dtype: torch.dtype, decode_kernel: str) -
         check_shared_prefix([5, 100, 64], 4, 16, 2, 128, 32, dtype, 73, split_tokens=48)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [1, 7, 16, 33, 200])
+def test_paged_attention_sliding_window(dtype: torch.dtype, window: int, decode_kernel: str) -> None:
+    """Sliding windows (1 token, inside one block, a block, across blocks, wider than most rows) over
+    mixed batches: decode rows, prefill chunks longer than the window, forced decode splits; blocks
+    before the window are NaN and must never be read."""
+    rng = random.Random(window)
+    batch = mixed_batch(rng, 9, 300) + [(1, 517), (120, 400), (64, 64)]
+    check_attention(batch, 8, 2, 64, 16, dtype, 90 + window, window=window)
+    check_attention(batch, 12, 3, 80, 16, dtype, 91 + window, split_tokens=48, window=window)
 
 
 def test_paged_attention_empty_sequences_write_zeros() -> None:

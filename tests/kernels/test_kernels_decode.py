@@ -74,3 +74,20 @@ def test_decode_gpu_full_shapes(
 ) -> None:
     lens = torch.randint(1, 4096, (16,)).tolist() + [1, 16, 17, 4096]
     check_decode(lens, 16, 8, group, head_dim, dtype, num_splits, "cuda")
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 50])
+@pytest.mark.parametrize("num_splits", [None, 1, 3])
+def test_decode_sliding_window(window: int, num_splits: int | None) -> None:
+    """Each row attends only to its last `window` positions; blocks wholly before it are NaN (a freed
+    block holds anything) and must not be read."""
+    seq_lens = [1, 17, 40, 64, 130]
+    kv = make_paged_kv(seq_lens, 8, 2, 16, torch.float32, device())
+    query = torch.randn(len(seq_lens), 8, 16, device=device())
+    args = (query, kv.key_cache, kv.value_cache, kv.block_tables, kv.seq_lens, 0.25)
+    expected = ref_paged_decode_attention(*args, window=window)
+    for b, n in enumerate(seq_lens):
+        dead = kv.block_tables[b, : max(0, n - window) // 8].long()
+        kv.key_cache[dead] = float("nan")
+        kv.value_cache[dead] = float("nan")
+    assert_close(paged_decode_attention(*args, num_splits, window=window), expected, torch.float32)

@@ -154,3 +154,24 @@ def test_fused_moe_full_shapes(num_tokens: int, hidden: int, inter: int, num_exp
     x = torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16)
     w13, w2 = make_weights(num_experts, hidden, inter, torch.bfloat16, "cuda")
     check(x, w13, w2, *route(num_tokens, num_experts, topk, "cuda"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_tokens", [1, 33])
+def test_fused_moe_int8_experts_match_reference_interpreted(num_tokens: int, dtype: torch.dtype) -> None:
+    """int8 codes with a scale per (expert, output row), applied to each GEMM's sums: equal to the
+    reference on the dequantized weights; partial K and N tiles (H 64, I 48)."""
+    from services.engine.worker.quantization.quantized_linear import quantize_rows_int8
+
+    dev = device()
+    w13, w2 = make_weights(8, 64, 48, torch.float32, dev)
+    (q13, s13), (q2, s2) = quantize_rows_int8(w13), quantize_rows_int8(w2)
+    s13, s2 = s13.to(dtype), s2.to(dtype)
+    x = torch.randn(num_tokens, 64, device=dev).to(dtype)
+    weights, ids = route(num_tokens, 8, 2, dev)
+    out = fused_moe(x, q13, q2, weights, ids, s13, s2)
+    expected = ref_fused_moe(x, q13, q2, weights, ids, s13, s2)
+    atol, rtol = ATOL_RTOL[dtype]
+    torch.testing.assert_close(out.float(), expected.float(), atol=atol, rtol=rtol)
+    with pytest.raises(ValueError, match="int8"):
+        fused_moe(x, q13, q2, weights, ids)  # codes without their scales

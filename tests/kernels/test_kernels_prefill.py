@@ -65,3 +65,21 @@ def test_prefill_max_query_len_hint() -> None:
 def test_prefill_gpu_full_shapes(dtype: torch.dtype, head_dim: int, group: int) -> None:
     seqs = [(1, 1), (2048, 2048), (3000, 512), (700, 1), (1500, 1499), (129, 128)]
     check_prefill(seqs, 16, 8, group, head_dim, dtype, "cuda")
+
+
+@pytest.mark.parametrize("window", [1, 6, 16, 45])
+def test_prefill_sliding_window(window: int) -> None:
+    """Each query sees only its last `window` positions, including rows whose whole first key tile is
+    outside the window; blocks before the first query's window are NaN and must not be read."""
+    seqs = [(1, 1), (23, 23), (40, 11), (9, 1), (150, 137)]
+    kv = make_paged_kv([s for s, _ in seqs], 4, 2, 16, torch.float32, device())
+    q_lens = torch.tensor([0] + [q for _, q in seqs])
+    qsl = q_lens.cumsum(0).to(torch.int32).to(device())
+    query = torch.randn(int(q_lens.sum()), 4, 16, device=device())
+    args = (query, kv.key_cache, kv.value_cache, kv.block_tables, qsl, kv.seq_lens, 0.25)
+    expected = ref_paged_prefill_attention(*args, window=window)
+    for b, (n, q) in enumerate(seqs):
+        dead = kv.block_tables[b, : max(0, n - q - window + 1) // 4].long()
+        kv.key_cache[dead] = float("nan")
+        kv.value_cache[dead] = float("nan")
+    assert_close(paged_prefill_attention(*args, window=window), expected, torch.float32)

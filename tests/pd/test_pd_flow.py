@@ -162,3 +162,31 @@ def test_speculating_decode_computes_its_draft_kv_for_ferried_prompts(llama_dir:
         assert drafted > 0 and m["kvferry_spec_decode_num_accepted_tokens_total"] == drafted
     finally:
         assert decode.stop() == 0
+
+
+def test_sliding_window_model_disaggregated_equals_aggregated(family_dir) -> None:
+    """Phi-3 with a 40-token window: prefill keeps (and leases) every block, decode reads them all and
+    frees those before the window as it decodes. Then decode alone, its prefix cache holding the
+    received blocks, decodes far past the window: the same text as the aggregated engine."""
+    phi3 = family_dir("phi3")
+    common = ("--block-size", "16", "--num-kv-blocks", "256")
+    servers = [
+        start_in_process(phi3, "--role", "prefill", "--kv-lease", "20", *common),
+        start_in_process(phi3, "--role", "decode", *common),
+        start_in_process(phi3, *common),
+    ]
+    prefill, decode, aggregated = servers
+    try:
+        for i, prompt in enumerate(prompts(10, seed=5)):
+            _, out = disaggregated(prefill, decode, prompt)
+            assert out["choices"][0]["text"] == complete(aggregated, prompt)["choices"][0]["text"], i
+        for i, prompt in enumerate(prompts(10, seed=5)):
+            long_ref = complete(aggregated, prompt, max_tokens=80)["choices"][0]["text"]
+            assert complete(decode, prompt, max_tokens=80)["choices"][0]["text"] == long_ref, i
+        failures = [
+            k for k, v in decode.metrics().items() if k.startswith("kvferry_kv_transfer_failures") and v
+        ]
+        assert not failures
+    finally:
+        for s in servers:
+            s.stop()

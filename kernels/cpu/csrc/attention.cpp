@@ -69,11 +69,11 @@ void run(const Attn<T>& a, const Plan& plan) {
 
 template <typename T>
 Attn<T> make_attn(const at::Tensor& out, const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc,
-                  const at::Tensor& bt, double scale) {
+                  const at::Tensor& bt, double scale, int window) {
   return Attn<T>{q.data_ptr<T>(), q.stride(0), q.stride(1), out.data_ptr<T>(), out.stride(0), out.stride(1),
                  kc.data_ptr<T>(), kc.stride(0), kc.stride(1), kc.stride(2), vc.data_ptr<T>(), vc.stride(0),
                  vc.stride(1), vc.stride(2), bt.data_ptr<int32_t>(), bt.stride(0), int(q.size(1) / kc.size(2)),
-                 int(q.size(2)), int(kc.size(1)), static_cast<float>(scale)};
+                 int(q.size(2)), int(kc.size(1)), static_cast<float>(scale), window};
 }
 
 }  // namespace
@@ -81,7 +81,8 @@ Attn<T> make_attn(const at::Tensor& out, const at::Tensor& q, const at::Tensor& 
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                      const at::Tensor& value_cache, const at::Tensor& block_tables,
                      const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale,
-                     int64_t split_tokens) {
+                     int64_t split_tokens, int64_t window) {
+  TORCH_CHECK(window >= 0 && window < (int64_t(1) << 30), "window must be in [0, 2^30)");
   TORCH_CHECK(query.dim() == 3 && out.sizes() == query.sizes(), "query and out must be [T, Hq, D]");
   TORCH_CHECK(key_cache.dim() == 4 && value_cache.sizes() == key_cache.sizes(),
               "key/value cache must be [num_blocks, block_size, Hkv, D]");
@@ -103,14 +104,15 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   const Plan plan = make_plan(qsl.data_ptr<int32_t>(), lens.data_ptr<int32_t>(), bt.data_ptr<int32_t>(),
                               bt.stride(0), batch, query.size(0), int(key_cache.size(2)), group,
                               int(query.size(2)), int(key_cache.size(1)), key_cache.element_size(),
-                              split_tokens);
+                              split_tokens, window);
+  const int win = static_cast<int>(window);
   for (const auto& [r0, r1] : plan.zero_rows) out.narrow(0, r0, r1 - r0).zero_();
   switch (dtype) {
-    case at::kFloat: run(make_attn<float>(out, query, key_cache, value_cache, bt, scale), plan); break;
+    case at::kFloat: run(make_attn<float>(out, query, key_cache, value_cache, bt, scale, win), plan); break;
     case at::kBFloat16:
-      run(make_attn<c10::BFloat16>(out, query, key_cache, value_cache, bt, scale), plan);
+      run(make_attn<c10::BFloat16>(out, query, key_cache, value_cache, bt, scale, win), plan);
       break;
-    case at::kHalf: run(make_attn<c10::Half>(out, query, key_cache, value_cache, bt, scale), plan); break;
+    case at::kHalf: run(make_attn<c10::Half>(out, query, key_cache, value_cache, bt, scale, win), plan); break;
     default: TORCH_CHECK(false, "paged_attention: unsupported dtype ", dtype);
   }
 }

@@ -32,6 +32,7 @@ struct Attn {
   int64_t bt_stride;
   int group, head_dim, block_size;
   float scale;
+  int window;  // > 0: a query at position p sees only positions (p - window, p]
 
   int dp() const { return static_cast<int>(round_up(head_dim, W)); }
   const int32_t* table(int seq) const { return block_tables + seq * bt_stride; }
@@ -51,7 +52,7 @@ struct WorkItem {
   int32_t head, nh;   // kv heads [head, head + nh) (prefill items: nh == 1)
   int32_t row0, nq;   // first query row (in query/out) and number of query rows
   int32_t pos0;       // position of row0 in its sequence (rows are the sequence's last positions)
-  int32_t kv0, kv1;   // kv positions to attend to (decode split), or [0, pos0 + nq) for a tile
+  int32_t kv0, kv1;   // kv positions to attend to (decode split), or [window start of pos0, pos0 + nq)
   int32_t split;      // -1: write out directly; else which of nsplit kv ranges of a decode row this is
   int32_t nsplit, slot0;  // partial slot of (head + h, split s) = slot0 + h * nsplit + s
   int32_t hot = 0;        // decode: positions below this are expected in cache (a shared prefix)
@@ -134,9 +135,10 @@ struct Plan {
 };
 
 // qsl [B+1], lens [B], block tables bt (row stride bt_stride); elem_size: bytes of a cache element.
+// window > 0: sliding-window attention (decode ranges and prefill tiles start at the window).
 Plan make_plan(const int32_t* qsl, const int32_t* lens, const int32_t* bt, int64_t bt_stride, int64_t batch,
                int64_t num_tokens, int hkv, int group, int head_dim, int block_size, int64_t elem_size,
-               int64_t split_tokens);
+               int64_t split_tokens, int64_t window);
 
 template <typename T>
 void decode_item(const Attn<T>& a, const WorkItem& it, DecodeScratch<T>& s, const Partials& parts);

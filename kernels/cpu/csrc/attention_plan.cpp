@@ -64,7 +64,7 @@ std::vector<int32_t> shared_prefix_blocks(const int32_t* qsl, const int32_t* len
 
 Plan make_plan(const int32_t* qsl, const int32_t* lens, const int32_t* bt, int64_t bt_stride, int64_t batch,
                int64_t num_tokens, int hkv, int group, int head_dim, int block_size, int64_t elem_size,
-               int64_t split_tokens) {
+               int64_t split_tokens, int64_t window) {
   Plan p;
   p.tile_rows = std::max(1, kTileRows / group);
   int64_t covered = 0, prefill_items = 0, decode_rows = 0;
@@ -123,20 +123,23 @@ Plan make_plan(const int32_t* qsl, const int32_t* lens, const int32_t* bt, int64
   };
   std::vector<Range> ranges;
   int32_t hot = 0;
+  // A windowed row attends [w0, len): the shared prefix counts only from w0 on.
   auto ranges_of = [&](int64_t b) {
     ranges.clear();
     const int32_t len = lens[b];
+    const int32_t w0 = window > 0 ? int32_t(std::max<int64_t>(0, len - window)) : 0;
     hot = std::min(len, shared_blocks[b] * block_size);
+    if (hot <= w0) hot = 0;
     auto add = [&](int32_t k0, int32_t k1, bool sh) {
       const auto [splits, span] = splits_of(k1 - k0);
       for (int64_t sp = 0; sp < splits; ++sp)
         ranges.push_back({int32_t(k0 + sp * span), int32_t(std::min<int64_t>(k1, k0 + (sp + 1) * span)), sh});
     };
-    if (hot > 0 && 4 * int64_t(len - hot) <= hot) {
-      add(0, len, true);
+    if (hot > 0 && 4 * int64_t(len - hot) <= hot - w0) {
+      add(w0, len, true);
     } else {
-      if (hot > 0) add(0, hot, true);
-      if (hot < len) add(hot, len, false);
+      if (hot > 0) add(w0, hot, true);
+      if (hot < len) add(std::max(hot, w0), len, false);
     }
   };
   int64_t total = prefill_items;
@@ -162,8 +165,9 @@ Plan make_plan(const int32_t* qsl, const int32_t* lens, const int32_t* bt, int64
         const int32_t rows = std::min(p.tile_rows, nq - r);
         for (int32_t h0 = 0; h0 < hkv; h0 += p.prefill_heads) {
           const int32_t nh = std::min(p.prefill_heads, hkv - h0);
-          const int64_t cost = int64_t(rows) * group * nh * (pos0 + r + rows / 2 + 1) + 64;
-          p.items.push_back({cost, int32_t(b), h0, nh, q0 + r, rows, pos0 + r, 0, pos0 + r + rows, -1, 1, 0});
+          const int32_t kv0 = window > 0 ? int32_t(std::max<int64_t>(0, pos0 + r - window + 1)) : 0;
+          const int64_t cost = int64_t(rows) * group * nh * (pos0 + r - kv0 + rows / 2 + 1) + 64;
+          p.items.push_back({cost, int32_t(b), h0, nh, q0 + r, rows, pos0 + r, kv0, pos0 + r + rows, -1, 1, 0});
         }
       }
       continue;

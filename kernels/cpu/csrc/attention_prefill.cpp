@@ -115,11 +115,13 @@ void pack_q(const Attn<T>& a, const WorkItem& it, const PrefillScratch<T>& s, in
   }
 }
 
-// One kv tile [n0, n0 + nv) for one head: S^T = K Q^T, causal mask, online softmax, O += P V. Rows
-// before r_begin see none of the tile (their positions are all smaller) and are left as they are.
+// One kv tile [n0, n0 + nv) for one head: S^T = K Q^T, causal (and window) mask, online softmax,
+// O += P V. Rows before r_begin see none of the tile (their positions are all smaller) and are left as
+// they are. window > 0: position n is hidden from rows at n + window or later (last_pos: the item's last
+// row position); such a row may see nothing of a tile, so the softmax max is guarded against -inf.
 void tile_step(const float* const* krow, const float* const* vrow, int nv, int n0, int pos0, int group,
                const float* qt, float* o, float* m, float* l, float* sc, float* alpha, const float* qpos, int mgp,
-               int d, int dp) {
+               int d, int dp, int window, int last_pos) {
   const int npad = static_cast<int>(round_up(nv, kTokenPad)), rvn = mgp / W, cvn = dp / W;
   const int r_begin = std::max(0, n0 - pos0) * group / W * W;
   for (int rv0 = r_begin / W; rv0 < rvn; rv0 += kQkMaxRV)
@@ -132,17 +134,27 @@ void tile_step(const float* const* krow, const float* const* vrow, int nv, int n
       Vec::blendv(Vec::loadu(sj), ninf, kp > Vec::loadu(qpos + r)).store(sj);
     }
   }
+  // Window mask: position n0 + j is hidden from rows whose position is n0 + j + window or more.
+  for (int j = 0; window > 0 && j < nv && n0 + j + window <= last_pos; ++j) {
+    const Vec edge(static_cast<float>(n0 + j + window)), ninf(kNegInf);
+    for (int r = r_begin; r < mgp; r += W) {
+      float* sj = sc + j * mgp + r;
+      Vec::blendv(Vec::loadu(sj), ninf, Vec::loadu(qpos + r) >= edge).store(sj);
+    }
+  }
+  const Vec ninf(kNegInf), zero(0.f);
   for (int r = r_begin; r < mgp; r += W) {
     Vec mx = Vec::loadu(sc + r);
     for (int j = 1; j < nv; ++j) mx = vmax(mx, Vec::loadu(sc + j * mgp + r));
     const Vec m_old = Vec::loadu(m + r), m_new = vmax(m_old, mx);
+    const Vec m_use = window > 0 ? Vec::blendv(m_new, zero, m_new == ninf) : m_new;  // all hidden: e = 0
     Vec sum(0.f);
     for (int j = 0; j < nv; ++j) {
-      const Vec e = (Vec::loadu(sc + j * mgp + r) - m_new).exp_u20();
+      const Vec e = (Vec::loadu(sc + j * mgp + r) - m_use).exp_u20();
       e.store(sc + j * mgp + r);
       sum = sum + e;
     }
-    const Vec al = (m_old - m_new).exp_u20();  // m_old == -inf: 0
+    const Vec al = (m_old - m_use).exp_u20();  // m_old == -inf: 0
     al.store(alpha + r);
     at::vec::fmadd(Vec::loadu(l + r), al, sum).store(l + r);
     m_new.store(m + r);
@@ -189,7 +201,7 @@ void prefill_item(const Attn<T>& a, const WorkItem& it, PrefillScratch<T>& s) {
   // The item's heads of one position are one contiguous span of the token row.
   const int64_t k_span = ((it.nh - 1) * a.k_sh + D) * int64_t(sizeof(T));
   const int64_t v_span = ((it.nh - 1) * a.v_sh + D) * int64_t(sizeof(T));
-  for (int n0 = 0; n0 < kv_end; n0 += kKvTile) {
+  for (int n0 = it.kv0; n0 < kv_end; n0 += kKvTile) {
     const int nv = std::min(kKvTile, kv_end - n0);
     // Fetch the next tile (all heads) while this one computes: the rows of one head alone sit Hkv*D
     // apart, a pattern the hardware prefetchers do not follow.
@@ -216,7 +228,8 @@ void prefill_item(const Attn<T>& a, const WorkItem& it, PrefillScratch<T>& s) {
       }
       for (int j = nv; j < kKvTile; ++j) krow[j] = zero;
       const auto st = s.head(h);
-      tile_step(krow, vrow, nv, n0, it.pos0, G, st.qt, st.o, st.m, st.l, sc, alpha, qpos, mgp, D, dp);
+      tile_step(krow, vrow, nv, n0, it.pos0, G, st.qt, st.o, st.m, st.l, sc, alpha, qpos, mgp, D, dp,
+                a.window, kv_end - 1);
     }
   }
   for (int i = 0; i < it.nq; ++i) {  // in out's memory order: position, head, g

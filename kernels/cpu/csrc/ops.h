@@ -8,10 +8,11 @@
 namespace kvf {
 
 // Mixed decode + prefill attention of packed queries over a paged K/V cache (in place into out).
+// window > 0: sliding-window attention, a query at position p sees positions (p - window, p].
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                      const at::Tensor& value_cache, const at::Tensor& block_tables,
                      const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale,
-                     int64_t split_tokens);
+                     int64_t split_tokens, int64_t window);
 
 // Which tile kernels decode attention uses for bf16 caches: "auto" (AMX tile products for the scores
 // where built in and granted, else "avx512_bf16"), "avx512_bf16" (AVX512-BF16 dot products where built

@@ -141,7 +141,7 @@ class BlockPool:
         stored: list[bytes] = []
         for i in range(start, end):
             block, block_hash = blocks[i], block_hashes[i]
-            if block.block_hash is not None:
+            if block.block_hash is not None or block.block_id < 0:  # cached, or the null block
                 continue
             if block_hash not in self.cached:
                 self.cached[block_hash] = block

@@ -11,11 +11,21 @@ def cdiv(a: int, b: int) -> int:
 
 
 class KVCacheManager:
-    """Per-request block lists on top of one BlockPool (vLLM V1's manager, single attention group)."""
+    """Per-request block lists on top of one BlockPool (vLLM V1's manager, single attention group).
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+    ``sliding_window``: every layer attends to its last ``sliding_window`` positions only, so a
+    request's blocks wholly before the window of its next token are freed as it advances (they stay
+    in the prefix cache until evicted) and its list holds the null block there (id -1, never read).
+    A request whose KV goes to a decode engine keeps all of its blocks: they are all transferred.
+    """
+
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_caching: bool = True, sliding_window: int | None = None
+    ) -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching
+        self.sliding_window = sliding_window
+        self.null_block = KVCacheBlock(-1)
         self.pool = BlockPool(num_blocks, enable_caching)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}
@@ -61,20 +71,39 @@ class KVCacheManager:
         computed = list(new_computed_blocks or ())
         blocks = self.req_to_blocks.setdefault(request.request_id, [])
         total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        skip = self._blocks_before_window(request, request.num_computed_tokens + num_new_computed_tokens)
+        self._free_before(blocks, skip)  # whatever follows: no later query of it reads them
+        if skip > len(blocks):  # prefix hits no query will see: not taken at all
+            n = min(skip - len(blocks), len(computed))
+            computed[:n] = [self.null_block] * n
         num_new = cdiv(total, self.block_size) - len(blocks) - len(computed)
         # Touching a free cached block removes it from the free queue: it is no longer available.
-        evictable_touched = sum(1 for b in computed if b.ref_cnt == 0)
+        evictable_touched = sum(1 for b in computed if b.ref_cnt == 0 and b is not self.null_block)
         if num_new > self.pool.num_free_blocks - evictable_touched:
             if not blocks:
                 del self.req_to_blocks[request.request_id]
             return None
-        self.pool.touch(computed)
+        self.pool.touch(b for b in computed if b is not self.null_block)
         blocks.extend(computed)
         new_blocks = self.pool.get_new_blocks(num_new) if num_new > 0 else []
         blocks.extend(new_blocks)
         if cache:
             self.cache_full_blocks(request, total)
         return new_blocks
+
+    def _blocks_before_window(self, request: Request, first_new: int) -> int:
+        """How many leading blocks no query from position ``first_new`` on can see (0 without a window)."""
+        if self.sliding_window is None or request.keeps_kv_for_decode:
+            return 0
+        return max(0, first_new - self.sliding_window + 1) // self.block_size
+
+    def _free_before(self, blocks: list[KVCacheBlock], n: int) -> None:
+        """Free blocks[:n] (those still held) and put the null block in their place."""
+        n = min(n, len(blocks))
+        dead = [b for b in blocks[:n] if b is not self.null_block]
+        if dead:
+            blocks[:n] = [self.null_block] * n
+            self.pool.free_blocks(dead)
 
     def cache_full_blocks(self, request: Request, num_tokens: int) -> None:
         """Register the request's blocks that are full within its first ``num_tokens`` tokens."""
@@ -92,6 +121,7 @@ class KVCacheManager:
             self.num_cached_blocks[request.request_id] = end
 
     def block_ids(self, request_id: str) -> list[int]:
+        """The request's block ids by position; -1 where a block before the sliding window was freed."""
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
 
     def blocks_of(self, request_id: str) -> list[KVCacheBlock]:
@@ -129,7 +159,7 @@ class KVCacheManager:
         """Release every block of the request, tail first so tail blocks are evicted first."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_blocks.pop(request.request_id, None)
-        self.pool.free_blocks(reversed(blocks))
+        self.pool.free_blocks(b for b in reversed(blocks) if b is not self.null_block)
 
     def reset_prefix_cache(self) -> bool:
         return self.pool.reset_prefix_cache()

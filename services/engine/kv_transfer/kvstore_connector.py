@@ -83,13 +83,18 @@ class KVStoreConnector:
         return self.tier.is_reading(rid), None  # a NIXL read still writes into its blocks
 
     def _offload(self, request: Request, block_ids: Sequence[int]) -> None:
-        """The prompt's full blocks this request computed itself (not those it found cached)."""
+        """The prompt's full blocks this request computed itself (not those it found cached, nor those
+        a sliding window already freed: id -1)."""
         bs = self.block_size
         first = max(request.num_cached_tokens, 0) // bs
         last = min(request.num_prompt_tokens // bs, len(request.block_hashes), len(block_ids))
         toks = request.all_token_ids
         self.tier.offload(
-            [(request.block_hashes[i], toks[i * bs : (i + 1) * bs], block_ids[i]) for i in range(first, last)]
+            [
+                (request.block_hashes[i], toks[i * bs : (i + 1) * bs], block_ids[i])
+                for i in range(first, last)
+                if block_ids[i] >= 0
+            ]
         )
 
     def get_finished(self) -> FinishedTransfers:

@@ -35,6 +35,7 @@ class ModelConfig(BaseModel):
     torch_dtype: str | None = None
     qk_norm: bool = False  # Qwen3: RMSNorm over each head's q and k before rotary
     sliding_window: int | None = None  # attention span of a windowed family (Mistral, Phi-3)
+    windowed_layers: tuple[int, ...] = ()  # the layers that use it (the others attend to everything)
     # Mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE): 0 experts = a dense model
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -89,6 +90,7 @@ class ModelConfig(BaseModel):
             position_embedding_type=cfg.get("position_embedding_type") or "absolute",
             qk_norm=arch in _QK_NORM,
             sliding_window=_window(cfg),
+            windowed_layers=_windowed_layers(cfg),
             **_moe_fields(cfg, arch),
         )
 
@@ -99,6 +101,17 @@ class ModelConfig(BaseModel):
             and layer_idx not in self.mlp_only_layers
             and (layer_idx + 1) % self.decoder_sparse_step == 0
         )
+
+    def window_of(self, layer_idx: int) -> int:
+        """The attention span of decoder layer ``layer_idx`` (0: the whole context)."""
+        return self.sliding_window or 0 if layer_idx in self.windowed_layers else 0
+
+    @property
+    def kv_window(self) -> int | None:
+        """The window when every layer is windowed: then KV blocks before it can be freed."""
+        if self.sliding_window and len(self.windowed_layers) == self.num_hidden_layers:
+            return self.sliding_window
+        return None
 
     @classmethod
     def from_folder(cls, path: Path) -> ModelConfig:
@@ -125,6 +138,19 @@ def _window(cfg: dict[str, Any]) -> int | None:
     if not window or cfg.get("use_sliding_window") is False:
         return None
     return int(window)
+
+
+def _windowed_layers(cfg: dict[str, Any]) -> tuple[int, ...]:
+    """Which layers use the window: HF's ``layer_types`` when given (Qwen2/3: the layers from
+    ``max_window_layers`` on), else all of them (Mistral, Phi-3, Mixtral)."""
+    if _window(cfg) is None:
+        return ()
+    types = cfg.get("layer_types")
+    if types:
+        return tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    if "max_window_layers" in cfg and cfg.get("use_sliding_window"):
+        return tuple(range(int(cfg["max_window_layers"]), cfg["num_hidden_layers"]))
+    return tuple(range(cfg["num_hidden_layers"]))
 
 
 def _moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:

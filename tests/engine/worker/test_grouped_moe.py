@@ -50,3 +50,29 @@ def test_grouped_moe_equals_reference_and_definition(kind: str, tokens: int) -> 
     ours = grouped_moe(x, w13, w2, weights, ids, _silu_and_mul)
     torch.testing.assert_close(ours, ref_fused_moe(x, w13, w2, weights, ids), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ours.double(), _per_token(x, w13, w2, weights, ids), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("with_kernels", [True, False])
+@pytest.mark.parametrize("tokens", [1, 7, 40])
+def test_grouped_moe_int8_experts_equal_the_dequantized_reference(
+    tokens: int, with_kernels: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """int8 experts (a scale per expert and output row) through kvferry's int8 GEMV / GEMM (few and
+    many rows per expert), and through torch alone when the C++ kernels are missing."""
+    import services.engine.worker.grouped_moe as gm
+    from services.engine.worker.quantization.quantized_linear import quantize_rows_int8
+
+    if not with_kernels:
+        monkeypatch.setattr(gm, "cpu_ops", lambda: None)
+    gen = torch.Generator().manual_seed(tokens)
+    e, h, i, k = 8, 32, 24, 2
+    x = torch.randn(tokens, h, generator=gen)
+    (q13, s13), (q2, s2) = (
+        quantize_rows_int8(torch.randn(e, 2 * i, h, generator=gen) * 0.2),
+        quantize_rows_int8(torch.randn(e, h, i, generator=gen) * 0.2),
+    )
+    ids = _routing("random", tokens, e, k, gen)
+    weights = torch.rand(tokens, k, generator=gen)
+    ours = grouped_moe(x, q13, q2, weights, ids, _silu_and_mul, s13, s2)
+    ref = ref_fused_moe(x, q13, q2, weights, ids, s13, s2)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)

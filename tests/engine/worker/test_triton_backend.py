@@ -16,9 +16,11 @@ from services.engine import LLM, SamplingParams
 PROMPTS = [[5, 9, 13, 200, 7], list(range(3, 40)), [42], list(range(100, 120))]
 
 
-def _run(model: Path, backend: str, device: str, dtype: str, **kw) -> list[list[int]]:
+def _run(
+    model: Path, backend: str, device: str, dtype: str, prompts: list[list[int]] = PROMPTS, **kw
+) -> list[list[int]]:
     llm = LLM(model=str(model), num_kv_blocks=64, attention_backend=backend, device=device, dtype=dtype, **kw)
-    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
     return [o.outputs[0].token_ids for o in outs]
 
 
@@ -48,8 +50,19 @@ def test_moe_models_on_the_triton_backend_interpreted(family_dir, kind: str) -> 
     assert _run(model, "triton", "cpu", "float32") == _run(model, "torch", "cpu", "float32")
 
 
+@pytest.mark.parametrize("kind", ["phi3", "qwen2_sw"])
+def test_sliding_window_models_on_the_triton_backend_interpreted(family_dir, kind: str) -> None:
+    """Windowed layers (every layer, freeing blocks / one of two) with prompts longer than the window,
+    chunked so that prefill chunks start past it."""
+    prompts = [*PROMPTS, [3 + i % 50 for i in range(70)]]
+    model, kw = family_dir(kind), {"max_num_batched_tokens": 29}
+    assert _run(model, "triton", "cpu", "float32", prompts, **kw) == _run(
+        model, "torch", "cpu", "float32", prompts, **kw
+    )
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe", "phi3", "qwen2_sw"])
 def test_moe_models_on_the_triton_backend_on_gpu(family_dir, kind: str) -> None:
     model = family_dir(kind)
     assert _run(model, "triton", "cuda", "float32") == _run(model, "torch", "cuda", "float32")

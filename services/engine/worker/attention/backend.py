@@ -53,10 +53,13 @@ class ComputeBackend(Protocol):
         w2: torch.Tensor,
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
+        w13_scale: torch.Tensor | None = None,
+        w2_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The experts of a MoE layer: sum_k w[t, k] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = ids[t, k].
 
-        x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; topk_* [T, K] -> [T, H]."""
+        x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; topk_* [T, K] -> [T, H].
+        With scales ([E, 2I] / [E, H], x's dtype) w13 / w2 are int8 codes scaled per (expert, row)."""
         ...
 
     def attention(
@@ -68,6 +71,10 @@ class ComputeBackend(Protocol):
         layer: int,
         meta: AttentionMetadata,
         scale: float,
+        window: int = 0,
     ) -> torch.Tensor:
-        """Write this step's k/v [T, Hkv, D] into the paged cache, then attend: q [T, Hq, D] -> [T, Hq, D]."""
+        """Write this step's k/v [T, Hkv, D] into the paged cache, then attend: q [T, Hq, D] -> [T, Hq, D].
+
+        window > 0: sliding-window attention, a query at position p sees positions (p - window, p] and
+        nothing before them is read (those blocks may already be freed and reused)."""
         ...

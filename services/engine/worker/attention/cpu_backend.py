@@ -60,8 +60,10 @@ class CpuBackend:
         w2: torch.Tensor,
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
+        w13_scale: torch.Tensor | None = None,
+        w2_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return grouped_moe(x, w13, w2, topk_weights, topk_ids, self.silu_and_mul)
+        return grouped_moe(x, w13, w2, topk_weights, topk_ids, self.silu_and_mul, w13_scale, w2_scale)
 
     def attention(
         self,
@@ -72,11 +74,20 @@ class CpuBackend:
         layer: int,
         meta: AttentionMetadata,
         scale: float,
+        window: int = 0,
     ) -> torch.Tensor:
         """Write this step's K/V into the layer's blocks, then attend every query row of the batch."""
         key_cache, value_cache = kv_cache[:, layer, 0], kv_cache[:, layer, 1]
         self._ops.reshape_and_cache(k, v, key_cache, value_cache, meta.slot_mapping)
         out = torch.empty(q.shape, dtype=q.dtype)
         return self._ops.paged_attention(
-            out, q, key_cache, value_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, scale
+            out,
+            q,
+            key_cache,
+            value_cache,
+            meta.block_tables,
+            meta.query_start_loc,
+            meta.seq_lens,
+            scale,
+            window=window,
         )

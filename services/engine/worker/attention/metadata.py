@@ -40,6 +40,7 @@ def build_metadata(
     table = torch.zeros((len(block_tables), max_blocks), dtype=torch.int32)
     for i, ids in enumerate(block_tables):
         table[i, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
+    table.clamp_(min=0)  # -1: a block freed before the sliding window (never read; any valid id will do)
     starts = [0]
     for n in q_lens:
         starts.append(starts[-1] + n)

@@ -23,23 +23,49 @@ class PrefillSeq:
 
     token_start: int
     token_end: int
+    first_pos: int  # position of the first key gathered (block-aligned)
     seq_len: int
-    block_ids: torch.Tensor  # [num_blocks] int64
-    mask: torch.Tensor  # [q_len, seq_len] bool, True = attend
+    block_ids: torch.Tensor  # [num_blocks] int64, from the block holding first_pos
+    mask: torch.Tensor  # [q_len, seq_len - first_pos] bool, True = attend
+
+
+@dataclass
+class WindowPlan:
+    """What the layers of one attention span (0 = the whole context, else a sliding window) gather."""
+
+    decode_block_tables: torch.Tensor  # [Bd, cols] int64: each decode row's blocks from its window on
+    decode_bias: torch.Tensor  # [Bd, 1, 1, cols*block_size]: 0 attend, -inf outside the row's span
+    prefills: list[PrefillSeq]
 
 
 @dataclass
 class TorchAttentionMetadata(AttentionMetadata):
-    """The generic metadata plus this backend's per-step plan (built once, used by every layer)."""
+    """The generic metadata plus this backend's per-step plans (built once, used by every layer)."""
 
     decode_token_idx: torch.Tensor  # [Bd] token rows of single-token queries
-    decode_block_tables: torch.Tensor  # [Bd, max_blocks] int64
-    decode_bias: torch.Tensor  # [Bd, 1, 1, max_blocks*block_size]: 0 attend, -inf padding
-    prefills: list[PrefillSeq]
+    plans: dict[int, WindowPlan]  # by window (0 = full attention), built on first use
+
+    def plan(self, window: int) -> WindowPlan:
+        if window not in self.plans:
+            self.plans[window] = _window_plan(self, window)
+        return self.plans[window]
 
 
 def _torch_plan(meta: AttentionMetadata) -> TorchAttentionMetadata:
-    """Decode rows batched under one additive mask; each multi-token query with its causal mask."""
+    """Decode rows batched under one additive mask; each multi-token query with its own mask."""
+    starts = [0]
+    for n in meta.q_lens_host:
+        starts.append(starts[-1] + n)
+    decode_rows = [starts[i] for i, n in enumerate(meta.q_lens_host) if n == 1]
+    return TorchAttentionMetadata(
+        **{f: getattr(meta, f) for f in AttentionMetadata.__dataclass_fields__},
+        decode_token_idx=torch.tensor(decode_rows, dtype=torch.int64, device=meta.slot_mapping.device),
+        plans={},
+    )
+
+
+def _window_plan(meta: AttentionMetadata, window: int) -> WindowPlan:
+    """Per decode row its blocks from the first one its span touches; per prefill its keys and mask."""
     q_lens, seq_lens, table, bs = (
         meta.q_lens_host,
         meta.seq_lens_host,
@@ -47,27 +73,30 @@ def _torch_plan(meta: AttentionMetadata) -> TorchAttentionMetadata:
         meta.block_size,
     )
     device = meta.slot_mapping.device
-    starts = [0]
-    for n in q_lens:
-        starts.append(starts[-1] + n)
-    decode_rows = [i for i, n in enumerate(q_lens) if n == 1]
-    lens = torch.tensor(seq_lens, dtype=torch.int64)[decode_rows]
-    pad = torch.arange(table.shape[1] * bs)[None, :] >= lens[:, None]
-    bias = torch.zeros(pad.shape).masked_fill_(pad, float("-inf"))[:, None, None, :]
-    prefills = []
+    rows = [i for i, n in enumerate(q_lens) if n == 1]
+    lens = torch.tensor(seq_lens, dtype=torch.int64)[rows]
+    lo = (lens - window).clamp_(min=0) if window > 0 else torch.zeros_like(lens)
+    first_block = lo // bs
+    cols = int((-(-lens // bs) - first_block).max()) if rows else 1
+    col = first_block[:, None] + torch.arange(cols)[None, :]
+    ids = table[rows].long().gather(1, col.clamp(max=table.shape[1] - 1)) if rows else table[:0].long()
+    pos = (col * bs)[:, :, None] + torch.arange(bs)[None, None, :]
+    outside = ((pos < lo[:, None, None]) | (pos >= lens[:, None, None])).flatten(1)
+    bias = torch.zeros(outside.shape).masked_fill_(outside, float("-inf"))[:, None, None, :]
+    prefills, start = [], 0
     for i, n in enumerate(q_lens):
         if n > 1:
             L = seq_lens[i]
-            mask = torch.arange(L)[None, :] <= torch.arange(L - n, L)[:, None]
-            block_ids = table[i, : -(-L // bs)].long().to(device)
-            prefills.append(PrefillSeq(starts[i], starts[i + 1], L, block_ids, mask.to(device)))
-    return TorchAttentionMetadata(
-        **{f: getattr(meta, f) for f in AttentionMetadata.__dataclass_fields__},
-        decode_token_idx=torch.tensor([starts[i] for i in decode_rows], dtype=torch.int64, device=device),
-        decode_block_tables=table[decode_rows].long().to(device),
-        decode_bias=bias.to(device),
-        prefills=prefills,
-    )
+            q_pos = torch.arange(L - n, L)[:, None]
+            first = max(0, L - n - window + 1) // bs * bs if window > 0 else 0
+            k_pos = torch.arange(first, L)[None, :]
+            mask = k_pos <= q_pos
+            if window > 0:
+                mask &= k_pos > q_pos - window
+            block_ids = table[i, first // bs : -(-L // bs)].long().to(device)
+            prefills.append(PrefillSeq(start, start + n, first, L, block_ids, mask.to(device)))
+        start += n
+    return WindowPlan(ids.to(device), bias.to(device), prefills)
 
 
 class TorchBackend:
@@ -141,8 +170,10 @@ class TorchBackend:
         w2: torch.Tensor,
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
+        w13_scale: torch.Tensor | None = None,
+        w2_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return grouped_moe(x, w13, w2, topk_weights, topk_ids, self.silu_and_mul)
+        return grouped_moe(x, w13, w2, topk_weights, topk_ids, self.silu_and_mul, w13_scale, w2_scale)
 
     def attention(
         self,
@@ -153,17 +184,20 @@ class TorchBackend:
         layer: int,
         meta: AttentionMetadata,
         scale: float,
+        window: int = 0,
     ) -> torch.Tensor:
-        """q [T,Hq,D], k/v [T,Hkv,D] of this step. Returns [T,Hq,D]."""
+        """q [T,Hq,D], k/v [T,Hkv,D] of this step (window > 0: each query sees its last ``window``
+        positions). Returns [T,Hq,D]."""
         if not isinstance(meta, TorchAttentionMetadata):
             raise TypeError("TorchBackend.attention needs the metadata its own build_metadata made")
         n_blocks, n_layers, _, bs, hkv, d = kv_cache.shape
         self._write(k, v, kv_cache, layer, meta)
         block_rows = kv_cache.view(n_blocks * n_layers * 2, bs * hkv * d)
         out = torch.empty_like(q)
+        plan = meta.plan(window)
         if meta.decode_token_idx.numel():
-            base = (meta.decode_block_tables.flatten() * n_layers + layer) * 2
-            bd, nb = meta.decode_block_tables.shape
+            base = (plan.decode_block_tables.flatten() * n_layers + layer) * 2
+            bd, nb = plan.decode_block_tables.shape
             keys = self._gather(block_rows, base, "k").view(bd, nb * bs, hkv, d)
             values = self._gather(block_rows, base + 1, "v").view(bd, nb * bs, hkv, d)
             qd = q.index_select(0, meta.decode_token_idx)[:, :, None, :]  # [Bd, Hq, 1, D]
@@ -171,15 +205,16 @@ class TorchBackend:
                 qd,
                 keys.transpose(1, 2),
                 values.transpose(1, 2),
-                attn_mask=meta.decode_bias,
+                attn_mask=plan.decode_bias,
                 scale=scale,
                 enable_gqa=True,
             )
             out.index_copy_(0, meta.decode_token_idx, o[:, :, 0, :])
-        for seq in meta.prefills:
+        for seq in plan.prefills:
             base = (seq.block_ids * n_layers + layer) * 2
-            keys = self._gather(block_rows, base, "k").view(-1, hkv, d)[: seq.seq_len]
-            values = self._gather(block_rows, base + 1, "v").view(-1, hkv, d)[: seq.seq_len]
+            span = seq.seq_len - seq.first_pos
+            keys = self._gather(block_rows, base, "k").view(-1, hkv, d)[:span]
+            values = self._gather(block_rows, base + 1, "v").view(-1, hkv, d)[:span]
             qs = q[seq.token_start : seq.token_end].transpose(0, 1)
             o = F.scaled_dot_product_attention(
                 qs,

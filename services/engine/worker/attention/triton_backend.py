@@ -61,10 +61,12 @@ class TritonBackend:
         w2: torch.Tensor,
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
+        w13_scale: torch.Tensor | None = None,
+        w2_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         from kernels.fused_moe import fused_moe
 
-        return fused_moe(x, w13, w2, topk_weights, topk_ids)
+        return fused_moe(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale)
 
     def attention(
         self,
@@ -75,6 +77,7 @@ class TritonBackend:
         layer: int,
         meta: AttentionMetadata,
         scale: float,
+        window: int = 0,
     ) -> torch.Tensor:
         """Write this step's K/V, then decode attention (all queries 1 token) or prefill attention."""
         key_cache, value_cache = kv_cache[:, layer, 0], kv_cache[:, layer, 1]
@@ -88,6 +91,7 @@ class TritonBackend:
                 meta.seq_lens,
                 scale,
                 max_seq_len=meta.max_seq_len,
+                window=window,
             )
         return self._prefill(
             q,
@@ -98,4 +102,5 @@ class TritonBackend:
             meta.seq_lens,
             scale,
             max_query_len=meta.max_query_len,
+            window=window,
         )

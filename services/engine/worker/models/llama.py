@@ -40,6 +40,7 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.scale = self.d**-0.5
+        self.window = cfg.window_of(layer_idx)
         self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
 
@@ -53,7 +54,7 @@ class LlamaAttention(nn.Module):
             k = self.k_norm(k.reshape(t * self.hkv, self.d), backend)[0]
         q, k = backend.rotary(q.reshape(t, self.hq, self.d), k.reshape(t, self.hkv, self.d), rope)
         v = v.view(t, self.hkv, self.d)
-        out = backend.attention(q, k, v, kv_cache, self.layer_idx, meta, self.scale)
+        out = backend.attention(q, k, v, kv_cache, self.layer_idx, meta, self.scale, self.window)
         return self.o_proj(out.reshape(t, self.q_size))
 
 

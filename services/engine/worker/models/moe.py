@@ -17,6 +17,7 @@ from torch import nn
 
 from services.engine.worker.attention import ComputeBackend as Backend
 from services.engine.worker.model_config import ModelConfig
+from services.engine.worker.quantization.quantized_linear import quantize_rows_int8
 
 # HF expert tensor names -> (w13 | w2, which rows): Mixtral's w1/w3/w2, Qwen's gate/up/down_proj
 _EXPERT = re.compile(
@@ -43,6 +44,8 @@ class MoEBlock(nn.Module):
     """``forward(x)`` -> routed experts (+ the gated shared expert where there is one)."""
 
     expert_tokens: torch.Tensor
+    w13_scale: torch.Tensor | None
+    w2_scale: torch.Tensor | None
 
     def __init__(self, cfg: ModelConfig, shared_mlp: nn.Module | None) -> None:
         super().__init__()
@@ -54,6 +57,17 @@ class MoEBlock(nn.Module):
         self.shared_expert = shared_mlp
         self.shared_expert_gate = nn.Linear(h, 1, bias=False) if shared_mlp is not None else None
         self.register_buffer("expert_tokens", torch.zeros(e, dtype=torch.int64), persistent=False)
+        self.register_buffer("w13_scale", None, persistent=False)  # int8 experts: a scale per (expert, row)
+        self.register_buffer("w2_scale", None, persistent=False)
+
+    def quantize_int8(self) -> None:
+        """Hold the experts as int8 codes with a scale per (expert, output row), in place of the floats."""
+        for name in ("w13", "w2"):
+            weight = getattr(self, name)
+            codes, scale = quantize_rows_int8(weight.data)
+            delattr(self, name)
+            self.register_buffer(name, codes, persistent=False)
+            setattr(self, f"{name}_scale", scale.to(weight.dtype))
 
     def forward(self, x: torch.Tensor, backend: Backend) -> torch.Tensor:
         logits = F.linear(x.float(), self.gate.weight)
@@ -61,7 +75,7 @@ class MoEBlock(nn.Module):
         if self.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         self.expert_tokens += torch.bincount(ids.reshape(-1), minlength=self.expert_tokens.shape[0])
-        out = backend.fused_moe(x, self.w13, self.w2, weights, ids)
+        out = backend.fused_moe(x, self.w13, self.w2, weights, ids, self.w13_scale, self.w2_scale)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             shared = self.shared_expert(x, backend)
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * shared
@@ -86,10 +100,13 @@ def moe_name(name: str) -> str:
 
 
 def moe_layers(model: nn.Module) -> list[tuple[int, MoEBlock]]:
-    """(decoder layer index, its MoE block) for every MoE layer of ``model`` (found once, at load)."""
+    """(decoder layer index, its MoE block) for every MoE layer of ``model`` (found once, after load).
+
+    Their counters start at zero here: the loader materialises buffers without their initial values."""
     out = []
     for name, module in model.named_modules():
         if isinstance(module, MoEBlock):
+            module.expert_tokens.zero_()
             out.append((next((int(p) for p in name.split(".") if p.isdigit()), -1), module))
     return out
 

@@ -91,6 +91,12 @@ class QuantPlan:
             kinds[type(layer).__name__] += 1
             if path == "lm_head" and self.tied and isinstance(layer, Int8Linear):
                 model.embed_tokens = Int8Embedding(layer)
+        if self.qcfg.at_load and self.qcfg.method in ("int8", "int4"):
+            for mod in model.modules():  # MoE experts: int8 (per expert and row), also under int4
+                quantize = getattr(mod, "quantize_int8", None)
+                if quantize is not None:
+                    quantize()
+                    kinds["int8 experts"] += 1
         return ", ".join(f"{n} x{c}" for n, c in sorted(kinds.items()))
 
     def _build(self, path: str, pending: _Pending) -> nn.Module:

@@ -43,7 +43,7 @@ class Int4Linear(nn.Module):
         gw = gw.regroup(group)
         self.out_features, self.in_features = gw.shape
         self.group, self.dtype, self.min_dense_rows = group, dtype, min_dense_rows
-        self.ops = _cpu_ops()
+        self.ops = cpu_ops()
         pad = -self.out_features % _BLOCK_N
         codes = F.pad(gw.codes.to(torch.int32), (0, 0, 0, pad))
         self.packed = torch._convert_weight_to_int4pack_for_cpu(codes, 1)
@@ -104,25 +104,16 @@ class Int8Linear(nn.Module):
         min_dense_rows: int = INT8_DENSE_ROWS,
     ) -> None:
         super().__init__()
-        w = weight.float()
-        self.out_features, self.in_features = w.shape
-        scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)
-        self.qweight = (w / scale[:, None]).round_().clamp_(-127, 127).to(torch.int8)
+        self.out_features, self.in_features = weight.shape
+        self.qweight, scale = quantize_rows_int8(weight)
         self.scales = scale.to(dtype)
         self.dtype, self.min_dense_rows = dtype, min_dense_rows
         self.bias = None if bias is None else bias.to(dtype)
-        self.ops = _cpu_ops()
+        self.ops = cpu_ops()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        few = rows.shape[0] < self.min_dense_rows
-        if self.ops is not None:
-            gemm = self.ops.woq_int8_gemv if few else self.ops.woq_int8_linear
-            out = gemm(rows, self.qweight, self.scales)
-        elif few and self.in_features % 16 == 0:  # torch's kernel crashes (bf16) on other K
-            out = torch._weight_int8pack_mm(rows.contiguous(), self.qweight, self.scales)
-        else:
-            out = F.linear(rows, self.qweight.to(self.dtype)) * self.scales
+        out = int8_matmul(rows, self.qweight, self.scales, self.ops, self.min_dense_rows)
         if self.bias is not None:
             out = out + self.bias
         return out.view(*x.shape[:-1], self.out_features)
@@ -149,7 +140,32 @@ class Int8Embedding(nn.Module):
         return 0
 
 
-def _cpu_ops() -> ModuleType | None:
+def quantize_rows_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 codes of ``weight [..., N, K]`` with one fp32 scale per row [..., N] (absmax / 127)."""
+    w = weight.float()
+    scale = (w.abs().amax(dim=-1) / 127).clamp_min(1e-12)
+    return (w / scale[..., None]).round_().clamp_(-127, 127).to(torch.int8), scale
+
+
+def int8_matmul(
+    rows: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    ops: ModuleType | None,
+    min_dense_rows: int = INT8_DENSE_ROWS,
+) -> torch.Tensor:
+    """rows [M, K] @ (qweight [N, K] * scales [N, 1])^T; scales in rows' dtype. kvferry's C++ GEMV for
+    few rows, its tiled-dequant GEMM for more, torch's int8pack kernel or a dequantized copy without them."""
+    few = rows.shape[0] < min_dense_rows
+    if ops is not None:
+        gemm = ops.woq_int8_gemv if few else ops.woq_int8_linear
+        return gemm(rows, qweight, scales)
+    if few and rows.shape[1] % 16 == 0:  # torch's kernel crashes (bf16) on other K
+        return torch._weight_int8pack_mm(rows.contiguous(), qweight, scales)
+    return F.linear(rows, qweight.to(rows.dtype)) * scales
+
+
+def cpu_ops() -> ModuleType | None:
     """kvferry's C++ CPU kernels (``kernels.cpu``) where they built, looked up once per layer at load."""
     from kernels import cpu
 

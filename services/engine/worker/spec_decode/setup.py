@@ -34,6 +34,11 @@ def draft_model_config(spec: SpeculativeConfig | None, target: ModelConfig) -> M
             f"speculative_config.model: the EAGLE head's hidden_size {cfg.hidden_size} differs from the "
             f"target's {target.hidden_size}"
         )
+    if target.kv_window is not None:  # the draft's lazy catch-up would read and write freed blocks
+        raise ValueError(
+            f"speculative_config.method={spec.method!r}: the target frees KV blocks before its sliding "
+            f"window ({target.kv_window}), which a draft's KV cannot follow yet; use method 'ngram'"
+        )
     return cfg
 
 

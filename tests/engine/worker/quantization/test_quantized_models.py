@@ -83,6 +83,13 @@ def _int8(w: torch.Tensor) -> torch.Tensor:
     return (w / scale).round().clamp(-127, 127) * scale
 
 
+def _uint8_minmax(w: torch.Tensor) -> torch.Tensor:
+    """The Triton kernels' int8 at load: asymmetric 8-bit codes, one (scale, min) per row."""
+    lo, hi = w.amin(1, keepdim=True), w.amax(1, keepdim=True)
+    scale = ((hi - lo) / 255).clamp_min(1e-12)
+    return ((w - lo) / scale).round().clamp(0, 255) * scale + lo
+
+
 def _int4_minmax(w: torch.Tensor, group: int = 32) -> torch.Tensor:
     g = w.reshape(w.shape[0], -1, group)
     lo, hi = g.amin(2, keepdim=True), g.amax(2, keepdim=True)
@@ -247,4 +254,34 @@ def test_fp8_at_load_is_for_gpus(llama_dir: Path) -> None:
             if name.endswith(".weight") and name.rsplit(".", 2)[-2] in (*LINEARS, "lm_head"):
                 scale = p.abs().amax(1, keepdim=True) / 448
                 p.copy_((p / scale).to(torch.float8_e4m3fn).float() * scale)
+    _assert_same_greedy(llm, hf)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_int8_at_load_quantizes_moe_experts_and_matches_hf(family_dir, backend: str) -> None:
+    """A tiny Mixtral with --quantization int8: attention linears, head and the stacked experts int8
+    (a scale per expert and output row); greedy tokens equal HF's on the same dequantized weights, on
+    the CPU kernels and on the Triton ones (interpreted here: the fused MoE kernel reads the codes)."""
+    model_dir = family_dir("mixtral")
+    float_llm = LLM(model=str(model_dir), dtype="float32", num_kv_blocks=64)
+    llm = LLM(
+        model=str(model_dir),
+        dtype="float32",
+        quantization="int8",
+        num_kv_blocks=64,
+        attention_backend=backend,
+    )
+    block = llm.engine.core.runner.model.layers[0].mlp
+    assert block.w13.dtype == torch.int8 and block.w2_scale.shape == block.w2.shape[:2]
+    assert weight_bytes(llm.engine.core.runner.model) < 0.4 * weight_bytes(float_llm.engine.core.runner.model)
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            leaf = name.rsplit(".", 2)[-2] if name.endswith(".weight") else name.rsplit(".", 1)[-1]
+            if leaf in (*LINEARS, "lm_head") and name.endswith(".weight"):  # Triton's are min/max per row
+                p.copy_(_int8(p) if backend == "cpu" else _uint8_minmax(p))
+            elif leaf in ("gate_up_proj", "down_proj"):  # stacked experts [E, N, K]: per (expert, row)
+                p.copy_(torch.stack([_int8(w) for w in p]))
     _assert_same_greedy(llm, hf)
