@@ -10,9 +10,9 @@ KVFERRY_HOME ?= $(HOME)/.cache/kvferry
 export KVFERRY_HOME
 STAMP := $(VENV)/.setup-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
-.PHONY: setup cpu-kernels test test-all test-gpu test-reliability lint run bench bench-kernels bench-vllm crds proto images helm clean
+.PHONY: setup prometheus dashboards cpu-kernels test test-all test-gpu test-reliability lint run bench bench-kernels bench-vllm crds proto images helm clean
 
-setup: $(STAMP) redis model helm cpu-kernels
+setup: $(STAMP) redis prometheus model helm cpu-kernels
 
 $(STAMP):
 	test -x $(PY) || $(PY_BOOT) -m venv $(VENV)
@@ -25,6 +25,11 @@ redis:
 	@command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server; }
 	@test -e /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 || test "$$(uname -m)" != x86_64 || \
 		{ apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4; } || true
+
+# Prometheus and promtool (Debian's prometheus package): the rule unit tests and the live dashboard test.
+prometheus:
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null || \
+		{ apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus; }
 
 # The C++ CPU kernels for this machine's ISA, built once into $(KVFERRY_HOME)/torch_extensions (a cache
 # hit takes ~2 s); when they cannot build (no g++), the engine runs the plain torch backend and says so.
@@ -72,6 +77,10 @@ bench-vllm: setup
 # The CRD (and the chart's copy) is generated from operator/pool_operator/models.py.
 crds: $(STAMP)
 	$(PY) -m pool_operator.crdgen
+
+# The Grafana dashboards (charts/kvferry/dashboards/*.json) are generated from operator/pool_operator/dashboards.py.
+dashboards: $(STAMP)
+	$(PY) -m pool_operator.dashboards
 
 # gRPC stubs of services/common/proto (committed; tests/kvstore checks they do not drift).
 proto: $(STAMP)

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.common.errors import config_problem
 from services.common.roles import RoleName
+from services.scrape_targets import ScrapeTargets
 
 HOST = "127.0.0.1"
 _PR_SET_PDEATHSIG = 1
@@ -46,6 +47,7 @@ class UpSettings(BaseModel):
     strategy: str = "prefix-aware"
     serve_args: list[str] = Field(default_factory=list)
     log_dir: Path | None = None
+    prometheus_targets: Path | None = None  # a file_sd file of every /metrics endpoint, written once up
     startup_timeout_s: float = Field(600.0, gt=0)
 
     @model_validator(mode="after")
@@ -98,6 +100,7 @@ class LocalStack:
     log_dir: Path
     children: list[Child] = field(default_factory=list)
     stopping: bool = False
+    scrape: ScrapeTargets = field(default_factory=ScrapeTargets)
 
     def spawn(self, name: str, cmd: list[str], health_url: str | None = None) -> Child:
         log = self.log_dir / f"{name}.log"
@@ -221,6 +224,7 @@ def start_kvstore(stack: LocalStack, redis_url: str) -> str:
         ),
     )
     url = f"grpc://{HOST}:{port}"
+    stack.scrape.add(f"{HOST}:{metrics_port}", "kvstore", "kvstore")
     with KVStoreClient(url) as client:
         try:
             client.wait_ready(timeout_s=60)
@@ -269,6 +273,7 @@ def start_pool(stack: LocalStack, redis_url: str, kvstore_url: str | None) -> st
         )
         children.append(stack.spawn(name, cmd, f"{url}/health"))
         engines.append((url, role))
+        stack.scrape.add(f"{HOST}:{port}", role if role != "both" else "engine", name)
     print(f"  loading {s.name} in {len(children)} engine(s) ...", flush=True)
     stack.wait_ready(children)
     flag: dict[RoleName, str] = {"both": "--engine", "prefill": "--prefill", "decode": "--decode"}
@@ -297,6 +302,7 @@ def start_pool(stack: LocalStack, redis_url: str, kvstore_url: str | None) -> st
         ),
         f"{url}/health",
     )
+    stack.scrape.add(f"{HOST}:{port}", "router", "router")
     stack.wait_ready([router])
     return url
 
@@ -326,9 +332,12 @@ def run_stack(s: UpSettings) -> int:
     code = 0
     try:
         print(f"kvferry up: {s.name} - logs in {log_dir}", flush=True)
+        stack.scrape.write(s.prometheus_targets)  # empty yet: a bad path fails before any engine loads
         redis_url = s.redis_url or start_redis(stack)
         kvstore_url = start_kvstore(stack, redis_url) if s.kvstore else None
-        print(_banner(s, start_pool(stack, redis_url, kvstore_url)), flush=True)
+        url = start_pool(stack, redis_url, kvstore_url)
+        stack.scrape.write(s.prometheus_targets)
+        print(_banner(s, url), flush=True)
         while not stack.stopping:
             dead = stack.first_exited()
             if dead is not None:
@@ -370,6 +379,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add("--strategy", default="prefix-aware", choices=["prefix-aware", "least-load", "round-robin"])
     add("--serve-args", default="", help="extra flags for every `kvferry serve`, e.g. '--num-kv-blocks 512'")
     add("--log-dir", type=Path, default=None, help="where the children's logs go (default: a temp dir)")
+    add(
+        "--prometheus-targets",
+        type=Path,
+        default=None,
+        help="write every /metrics endpoint to this Prometheus file_sd JSON file (labels as in a cluster)",
+    )
     p.set_defaults(func=run)
     return p
 
@@ -407,6 +422,7 @@ def run(args: argparse.Namespace) -> int:
             strategy=args.strategy,
             serve_args=shlex.split(args.serve_args),
             log_dir=args.log_dir,
+            prometheus_targets=args.prometheus_targets,
         )
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
         print(f"kvferry up: error: {config_problem(exc)}", file=sys.stderr)

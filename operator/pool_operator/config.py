@@ -24,6 +24,9 @@ class OperatorConfig(BaseModel):
     autoscale_interval: float = Field(15.0, gt=0, description="seconds between autoscaling decisions")
     drain_seconds: float = Field(30.0, ge=0, description="how long a draining pod is kept before removal")
     scrape_timeout: float = Field(2.0, gt=0)
+    retry_delay: float = Field(
+        15.0, gt=0, description="seconds before a failed apply is retried (e.g. a CRD not installed yet)"
+    )
     metrics_port: int = Field(8080, ge=0, le=65535, description="0 disables the /metrics listener")
     liveness_port: int = Field(0, ge=0, le=65535, description="0 disables the /healthz listener")
     standalone: bool = True

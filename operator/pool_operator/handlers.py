@@ -16,12 +16,11 @@ from pool_operator.kubeclient import KubeApiError, KubeClient
 from pool_operator.models import GROUP, PLURAL, VERSION, InferencePool
 from pool_operator.naming import PoolNames
 from pool_operator.poolfile import PoolFileError, parse_pool
-from pool_operator.reconciler import Reconciler, SpecConflictError
+from pool_operator.reconciler import MissingKindError, Reconciler, SpecConflictError
 from pool_operator.status import StatusBuilder, set_condition, utc_now
 
 RESOURCE = (GROUP, VERSION, PLURAL)
 ANNOTATION_PREFIX = "kvferry.dev"
-RETRY_DELAY = 15.0
 TRANSIENT = (aiohttp.ClientError, KubeApiError, TimeoutError)
 
 
@@ -62,9 +61,12 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger:
     except SpecConflictError as error:
         _degrade(body, patch, "SpecConflict", str(error), logger)
         return
+    except MissingKindError as error:  # retried: the CRDs may be installed later
+        _degrade(body, patch, "MonitoringUnavailable", str(error), logger)
+        raise kopf.TemporaryError(str(error), delay=memo.reconciler.config.retry_delay) from error
     except TRANSIENT as error:
         _degrade(body, patch, "ApplyFailed", str(error), logger)
-        raise kopf.TemporaryError(str(error), delay=RETRY_DELAY) from error
+        raise kopf.TemporaryError(str(error), delay=memo.reconciler.config.retry_delay) from error
     now, generation = utc_now(), pool.metadata.generation
     conditions = list((body.get("status") or {}).get("conditions", []))
     conditions = set_condition(conditions, "Degraded", False, "Reconciled", result.summary(), generation, now)

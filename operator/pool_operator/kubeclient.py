@@ -24,7 +24,12 @@ KINDS: dict[str, tuple[str, str]] = {
     "Deployment": ("apps/v1", "deployments"),
     "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
     "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies"),
+    "PodMonitor": ("monitoring.coreos.com/v1", "podmonitors"),
+    "ServiceMonitor": ("monitoring.coreos.com/v1", "servicemonitors"),
+    "PrometheusRule": ("monitoring.coreos.com/v1", "prometheusrules"),
 }
+# Kinds whose CRDs a cluster may lack (the Prometheus Operator's): a 404 on listing them means "none".
+OPTIONAL_KINDS = ("PodMonitor", "ServiceMonitor", "PrometheusRule")
 CHILD_KINDS = (
     "ServiceAccount",
     "Role",
@@ -34,6 +39,7 @@ CHILD_KINDS = (
     "Deployment",
     "PodDisruptionBudget",
     "NetworkPolicy",
+    *OPTIONAL_KINDS,
 )
 
 

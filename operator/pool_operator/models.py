@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pool_operator.autoscaling_spec import AutoscalingSpec
 from pool_operator.crd_model import CelRule, CrdModel, FreeForm, Quantity
+from pool_operator.monitoring_spec import MonitoringSpec
 
 GROUP = "kvferry.dev"
 VERSION = "v1alpha1"
@@ -332,6 +333,9 @@ class InferencePoolSpec(CrdModel):
     autoscaling: AutoscalingSpec | None = None
     loras: list[LoraSpec] = Field(
         default_factory=list, max_length=64, description="LoRA adapters every engine loads at start"
+    )
+    monitoring: MonitoringSpec | None = Field(
+        None, description="Prometheus Operator objects: a PodMonitor or ServiceMonitor and a PrometheusRule"
     )
 
 

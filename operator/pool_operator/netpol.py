@@ -1,10 +1,11 @@
-"""NetworkPolicyBuilder: only the router (plus peer engines and the autoscaler) may reach engines."""
+"""NetworkPolicyBuilder: only the router (plus peer engines, the autoscaler, Prometheus) may reach engines."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from pool_operator.naming import HTTP_PORT, REDIS_PORT, PoolNames
+from pool_operator.monitoring_spec import ScraperSpec
+from pool_operator.naming import HTTP_PORT, KVSTORE_METRICS_PORT, REDIS_PORT, PoolNames
 from services.common.pod_labels import APP_NAME_LABEL, OPERATOR_APP_NAME, POOL_LABEL, ROLE_LABEL
 from services.common.roles import ENGINE_POD_ROLES
 
@@ -12,8 +13,19 @@ from services.common.roles import ENGINE_POD_ROLES
 class NetworkPolicyBuilder:
     """Ingress policies of one pool's engines, kvstore and managed Redis."""
 
-    def __init__(self, names: PoolNames) -> None:
+    def __init__(self, names: PoolNames, scrapers: ScraperSpec | None = None) -> None:
         self.names = names
+        self.scrapers = scrapers  # spec.monitoring: Prometheus may reach the /metrics ports
+
+    def _scrape_rules(self, port: int) -> list[dict[str, Any]]:
+        """The ingress rule letting the monitoring's scrapers reach ``port`` (none without monitoring)."""
+        if self.scrapers is None:
+            return []
+        peer = {
+            "namespaceSelector": {"matchLabels": dict(self.scrapers.namespace_labels)},
+            "podSelector": {"matchLabels": dict(self.scrapers.pod_labels)},
+        }
+        return [{"from": [peer], "ports": [{"protocol": "TCP", "port": port}]}]
 
     def _pods(self, *roles: str) -> dict[str, Any]:
         return {
@@ -46,6 +58,7 @@ class NetworkPolicyBuilder:
             [
                 {"from": [{"podSelector": self._pods("router")}, operator], "ports": http},
                 {"from": [{"podSelector": self._pods(*ENGINE_POD_ROLES)}]},
+                *self._scrape_rules(HTTP_PORT),
             ],
         )
 
@@ -56,6 +69,7 @@ class NetworkPolicyBuilder:
             self._pods("kvstore"),
             [
                 {"from": [{"podSelector": self._pods(*ENGINE_POD_ROLES)}]},
+                *self._scrape_rules(KVSTORE_METRICS_PORT),
             ],
         )
 

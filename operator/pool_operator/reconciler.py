@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pool_operator.config import FIELD_MANAGER, OperatorConfig
-from pool_operator.kubeclient import CHILD_KINDS, KubeClient
+from pool_operator.kubeclient import CHILD_KINDS, OPTIONAL_KINDS, KubeApiError, KubeClient
 from pool_operator.models import InferencePool
 from pool_operator.naming import PoolNames
 from pool_operator.render import PoolRenderer, manifest_key
@@ -16,6 +16,11 @@ from services.common.pod_labels import APPLIED_HASH_ANNOTATION
 
 class SpecConflictError(Exception):
     """The spec asks for something the live pool cannot become (e.g. a new block size)."""
+
+
+class MissingKindError(Exception):
+    """The spec asks for a kind the cluster does not serve (spec.monitoring without the Prometheus Operator);
+    it is applied last, so the rest of the pool is in place."""
 
 
 @dataclass
@@ -48,7 +53,13 @@ class Reconciler:
         """Every object of a managed kind that carries this pool's labels, keyed by (kind, name)."""
         live: dict[tuple[str, str], dict[str, Any]] = {}
         for kind in CHILD_KINDS:
-            for item in await self.client.list(kind, names.namespace, names.pool_selector_string()):
+            try:
+                items = await self.client.list(kind, names.namespace, names.pool_selector_string())
+            except KubeApiError as error:
+                if error.status == 404 and kind in OPTIONAL_KINDS:
+                    continue  # the CRD is not installed: nothing of that kind can exist
+                raise
+            for item in items:
                 live[(kind, item["metadata"]["name"])] = item
         return live
 
@@ -83,7 +94,7 @@ class Reconciler:
             if key in live and _hash_of(live[key]) == _hash_of(manifest):
                 result.unchanged.append(label)
                 continue
-            await self.client.apply(manifest, FIELD_MANAGER)
+            await self._apply(manifest)
             result.applied.append(label)
         rendered = {manifest_key(m) for m in manifests}
         for kind, name in sorted(set(live) - rendered):
@@ -91,6 +102,18 @@ class Reconciler:
             result.pruned.append(f"{kind}/{name}")
         logger.info(f"reconciled pool {names.namespace}/{names.pool}: {result.summary()}")
         return result
+
+    async def _apply(self, manifest: dict[str, Any]) -> None:
+        try:
+            await self.client.apply(manifest, FIELD_MANAGER)
+        except KubeApiError as error:
+            if error.status == 404 and manifest["kind"] in OPTIONAL_KINDS:
+                raise MissingKindError(
+                    f"spec.monitoring needs {manifest['kind']} ({manifest['apiVersion']}), which this cluster "
+                    "does not serve: install the Prometheus Operator (kube-prometheus-stack) or drop "
+                    "spec.monitoring"
+                ) from error
+            raise
 
     async def teardown(self, names: PoolNames) -> list[str]:
         """Delete every child (owner references would too; this does not wait for the garbage collector)."""

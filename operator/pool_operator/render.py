@@ -8,7 +8,8 @@ from typing import Any
 
 from pool_operator.images import ImageSet
 from pool_operator.models import API_VERSION, KIND, InferencePool
-from pool_operator.naming import HTTP_PORT, KVSTORE_PORT, REDIS_PORT, PoolNames
+from pool_operator.monitors import MONITORING_KINDS, MonitorBuilder
+from pool_operator.naming import HTTP_PORT, KVSTORE_METRICS_PORT, KVSTORE_PORT, REDIS_PORT, PoolNames
 from pool_operator.netpol import NetworkPolicyBuilder
 from pool_operator.workloads import Manifest, WorkloadBuilder
 from services.common.hashing import HASH_VERSION
@@ -25,6 +26,7 @@ KIND_ORDER = (
     "Deployment",
     "PodDisruptionBudget",
     "NetworkPolicy",
+    *MONITORING_KINDS,
 )
 
 
@@ -68,7 +70,7 @@ class PoolRenderer:
     def render(self) -> list[Manifest]:
         """All children, sorted by apply order then name, each stamped with owner refs and a content hash."""
         items = self._identities() + [self._config_map()] + self._services() + self._deployments()
-        items += self._disruption_budgets() + self._network_policies()
+        items += self._disruption_budgets() + self._network_policies() + self._monitoring()
         for item in items:
             self._stamp(item)
         return sorted(items, key=lambda m: (KIND_ORDER.index(m["kind"]), m["metadata"]["name"]))
@@ -167,7 +169,12 @@ class PoolRenderer:
         services = [self._service("router", "http", HTTP_PORT, False, router.port, router.type)]
         services += [self._service(role, "http", HTTP_PORT, True) for role in self.engine_roles]
         if self.pool.spec.kvstore.enabled:
-            services.append(self._service("kvstore", "grpc", KVSTORE_PORT, False))
+            kvstore = self._service("kvstore", "grpc", KVSTORE_PORT, False)
+            monitoring = self.pool.spec.monitoring
+            if monitoring is not None and monitoring.monitor == "ServiceMonitor":
+                port = {"name": "metrics", "port": KVSTORE_METRICS_PORT, "targetPort": "metrics"}
+                kvstore["spec"]["ports"].append({**port, "protocol": "TCP"})
+            services.append(kvstore)
         if self.pool.spec.redis.managed:
             services.append(self._service("redis", "redis", REDIS_PORT, False))
         return services
@@ -205,10 +212,18 @@ class PoolRenderer:
         ]
 
     def _network_policies(self) -> list[Manifest]:
-        builder = NetworkPolicyBuilder(self.names)
+        monitoring = self.pool.spec.monitoring
+        builder = NetworkPolicyBuilder(self.names, monitoring.scrapers if monitoring else None)
         items = [builder.engines()]
         if self.pool.spec.kvstore.enabled:
             items.append(builder.kvstore())
         if self.pool.spec.redis.managed:
             items.append(builder.redis())
         return items
+
+    def _monitoring(self) -> list[Manifest]:
+        monitoring = self.pool.spec.monitoring
+        if monitoring is None:
+            return []
+        roles = (*self.engine_roles, "router")
+        return MonitorBuilder(self.names, monitoring, roles, self.pool.spec.kvstore.enabled).render()

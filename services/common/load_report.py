@@ -27,6 +27,25 @@ NUM_PREEMPTIONS: Final = "kvferry_num_preemptions"
 REQUEST_SUCCESS: Final = "kvferry_request_success"  # {finish_reason}
 KV_TRANSFER_BLOCKS: Final = "kvferry_kv_transfer_blocks"  # {direction, path}
 KV_TRANSFER_FAILURES: Final = "kvferry_kv_transfer_failures"  # {reason}
+# Every (direction, path) and reason engines count: exported from the start at 0 (dashboards, alerts).
+KV_TRANSFER_ROUTES: Final = (
+    ("received", "nixl"),
+    ("sent", "nixl"),
+    ("received", "kvstore"),
+    ("sent", "kvstore"),
+)
+KV_TRANSFER_FAILURE_REASONS: Final = (
+    "handshake_failed",
+    "unknown_peer",
+    "peer_restarted",
+    "lease_expired",
+    "lease_unread",
+    "transfer_error",
+    "hash_mismatch",
+    "no_transfer_path",
+    "kvstore_unavailable",
+    "adapter_mismatch",
+)
 # Histograms.
 TIME_TO_FIRST_TOKEN_SECONDS: Final = "kvferry_time_to_first_token_seconds"
 INTER_TOKEN_LATENCY_SECONDS: Final = "kvferry_inter_token_latency_seconds"

@@ -219,6 +219,16 @@ class AsyncPrefixIndex:
         self.outage.ok()
         return True
 
+    async def ping(self, timeout_s: float = 0.5) -> bool:
+        """Whether Redis answers a PING within ``timeout_s`` (never raises; outages are logged once)."""
+        try:
+            await asyncio.wait_for(self.client.ping(), timeout_s)
+        except (redis.RedisError, OSError, TimeoutError) as exc:
+            self.outage.failed(exc)
+            return False
+        self.outage.ok()
+        return True
+
     async def lookup(self, block_hashes: Sequence[bytes]) -> dict[str, PrefixMatch] | None:
         """Per live engine, its leading run of ``block_hashes``; ``None`` when Redis is down or too slow."""
         call = self._lookup(keys=[self.keys.registry], args=[self.keys.prefix, *block_hashes])

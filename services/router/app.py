@@ -192,6 +192,8 @@ def _ops_routes(state: RouterState) -> APIRouter:
     @router.get("/metrics")
     async def metrics() -> Response:
         state.metrics.healthy_endpoints.set(sum(e.healthy for e in state.poller.endpoints()))
+        if state.index is not None and state.metrics.redis_up is not None:
+            state.metrics.redis_up.set(1 if await state.index.ping() else 0)
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
     return router

@@ -13,7 +13,7 @@ _OVERHEAD_BUCKETS = (0.0002, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075,
 class RouterMetrics:
     """Counters by route decision, prefix hits, index latency, fallbacks, retries and the self-check."""
 
-    def __init__(self) -> None:
+    def __init__(self, with_index: bool = False) -> None:
         self.registry = reg = CollectorRegistry()
         self.requests = Counter(
             "kvferry_router_requests", "Requests routed, by route decision.", ["decision"], registry=reg
@@ -59,6 +59,16 @@ class RouterMetrics:
         )
         self.healthy_endpoints = Gauge(
             "kvferry_router_healthy_endpoints", "Endpoints currently in rotation.", registry=reg
+        )
+        # Only a router with a prefix index (--redis-url) has a Redis to reach; set at each scrape.
+        self.redis_up = (
+            Gauge(
+                "kvferry_router_redis_up",
+                "1 when the prefix index (Redis) answered a PING at this scrape, else 0.",
+                registry=reg,
+            )
+            if with_index
+            else None
         )
 
         for kind in ("index", "prefill"):

@@ -54,7 +54,7 @@ class RouterState:
         )
         check_tool_settings(tools)
         hasher = BlockHasher(settings.model_name, settings.block_size, HASH_VERSION)
-        metrics = RouterMetrics()
+        metrics = RouterMetrics(with_index=bool(settings.redis_url))
         auth = {"Authorization": f"Bearer {settings.engine_api_key}"} if settings.engine_api_key else {}
         poller = EndpointPoller(settings.endpoints, settings.poller, headers=auth)
         client = EngineClient(settings.connect_timeout_s, settings.request_timeout_s, headers=auth)

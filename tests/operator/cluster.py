@@ -47,6 +47,15 @@ RESOURCES: dict[str, dict[str, Any]] = {
     },
 }
 VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
+# The Prometheus Operator's kinds: served only once a test installs them (add_resources).
+MONITORING_RESOURCES: dict[str, dict[str, Any]] = {
+    f"monitoring.coreos.com/v1/{plural}": {"kind": kind, "namespaced": True}
+    for kind, plural in (
+        ("PodMonitor", "podmonitors"),
+        ("ServiceMonitor", "servicemonitors"),
+        ("PrometheusRule", "prometheusrules"),
+    )
+}
 
 
 class ApiFailure(Exception):
@@ -76,6 +85,15 @@ class Cluster:
             self.emulator.resources[key] = kmock.ResourceInfo(verbs=VERBS, **info)
         self.server = kmock.Server(self.emulator)
         await self.server.__aenter__()
+
+    def add_resources(self, resources: dict[str, dict[str, Any]]) -> None:
+        """Serve more kinds from now on (as when their CRDs are installed)."""
+
+        async def _add() -> None:
+            for key, info in resources.items():
+                self.emulator.resources[key] = kmock.ResourceInfo(verbs=VERBS, **info)
+
+        asyncio.run_coroutine_threadsafe(_add(), self.loop).result(timeout=10)
 
     def stop(self) -> None:
         async def _stop() -> None:

@@ -44,6 +44,7 @@ class OperatorProcess:
             PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "operator")]),
             KVFERRY_OPERATOR_DRAIN_SECONDS="0",
             KVFERRY_OPERATOR_SCRAPE_TIMEOUT="1",
+            KVFERRY_OPERATOR_RETRY_DELAY="1",
         )
         self._log = self.log_path.open("w")
         self.process = subprocess.Popen(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -137,3 +138,45 @@ def test_image_names_agree_between_render_chart_dockerfile_and_makefile():
     assert all(
         image == f"{REGISTRY}/kvferry-{c}:{version}" for c in COMPONENTS for image in [ImageSet().image(c)]
     )
+
+
+def _dashboard_maps(*extra: str) -> list[dict]:
+    documents = yaml.safe_load_all(helm("template", "r", str(CHART), "--namespace", "ops", *extra))
+    return [d for d in documents if d and d["kind"] == "ConfigMap" and "-dashboard-" in d["metadata"]["name"]]
+
+
+def test_dashboards_are_configmaps_for_the_grafana_sidecar():
+    from pool_operator.dashboards import all_dashboards
+
+    maps = _dashboard_maps()
+    wanted = all_dashboards()
+    assert len(maps) == len(wanted)
+    for cm in maps:
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1" and cm["metadata"]["namespace"] == "ops"
+        ((name, text),) = cm["data"].items()
+        assert json.loads(text) == wanted[name]
+    custom = _dashboard_maps(
+        "--set",
+        "dashboards.label=kvferry_dash",
+        "--set-string",
+        "dashboards.labelValue=yes",
+        "--set",
+        "dashboards.namespace=monitoring",
+        "--set",
+        "dashboards.annotations.grafana_folder=kvferry",
+    )
+    for cm in custom:
+        assert (
+            cm["metadata"]["labels"]["kvferry_dash"] == "yes"
+            and "grafana_dashboard" not in cm["metadata"]["labels"]
+        )
+        assert cm["metadata"]["namespace"] == "monitoring"
+        assert cm["metadata"]["annotations"] == {"grafana_folder": "kvferry"}
+    assert _dashboard_maps("--set", "dashboards.enabled=false") == []
+    bad = subprocess.run(
+        [helm_binary(), "template", "r", str(CHART), "--set", "dashboards.label=not a label"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode != 0 and "label" in bad.stderr

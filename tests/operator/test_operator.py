@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.operator.cluster import POOLS, Cluster, wait_for
+from tests.operator.cluster import MONITORING_RESOURCES, POOLS, Cluster, wait_for
 from tests.operator.conftest import OperatorProcess, load_example
 from tests.operator.crd_validator import CrdValidator
 
@@ -213,3 +213,40 @@ def test_engine_metrics_drive_scale_up_then_drained_scale_down(cluster, operator
         assert operator_process.count("[delta/auto] autoscaler scaled prefill: 4 -> 1") == 1
     finally:
         engines.close()
+
+
+def degraded_condition(cluster: Cluster, namespace: str, name: str) -> dict[str, Any] | None:
+    conditions = ((cluster.get(pool_path(namespace, name)) or {}).get("status") or {}).get("conditions", [])
+    return next((c for c in conditions if c["type"] == "Degraded"), None)
+
+
+def test_monitoring_waits_for_the_prometheus_operator_then_renders_and_prunes(
+    cluster, operator_process: OperatorProcess
+):
+    monitors = "/apis/monitoring.coreos.com/v1/namespaces/delta"
+    body = pool_body("mon", "delta", monitoring={"labels": {"release": "kps"}})
+    cluster.call("POST", pool_path("delta"), body)
+    wait_for(
+        lambda: (degraded_condition(cluster, "delta", "mon") or {}).get("reason") == "MonitoringUnavailable",
+        what="Degraded: MonitoringUnavailable",
+    )
+    message = degraded_condition(cluster, "delta", "mon")["message"]
+    assert "install the Prometheus Operator" in message and "PodMonitor" in message
+    assert deployment(cluster, "delta", "mon-engine") is not None  # the pool itself is served meanwhile
+    cluster.add_resources(MONITORING_RESOURCES)
+    cluster.merge(pool_path("delta", "mon"), {"spec": {"monitoring": {"interval": "15s"}}})
+    monitor = wait_for(lambda: cluster.get(f"{monitors}/podmonitors/mon-metrics"), what="PodMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert {e["interval"] for e in monitor["spec"]["podMetricsEndpoints"]} == {"15s"}
+    rule = wait_for(lambda: cluster.get(f"{monitors}/prometheusrules/mon-rules"), what="PrometheusRule")
+    assert [g["name"] for g in rule["spec"]["groups"]] == ["kvferry-mon.recording", "kvferry-mon.alerts"]
+    wait_for(
+        lambda: (degraded_condition(cluster, "delta", "mon") or {}).get("status") == "False",
+        what="Degraded False",
+    )
+    cluster.merge(pool_path("delta", "mon"), {"spec": {"monitoring": {"monitor": "ServiceMonitor"}}})
+    wait_for(lambda: cluster.get(f"{monitors}/servicemonitors/mon-metrics"), what="ServiceMonitor")
+    assert cluster.get(f"{monitors}/podmonitors/mon-metrics") is None
+    cluster.merge(pool_path("delta", "mon"), {"spec": {"monitoring": None}})
+    wait_for(lambda: cluster.get(f"{monitors}/servicemonitors/mon-metrics") is None, what="monitor pruned")
+    wait_for(lambda: cluster.get(f"{monitors}/prometheusrules/mon-rules") is None, what="rule pruned")

@@ -177,6 +177,7 @@ def test_models_tokenize_health_metrics(routers: list[RouterProcess]) -> None:
         assert http.get("/health").json() == {"status": "ok"}
     m = routers[0].metrics()
     assert m["kvferry_router_self_check_ok"] == 1
+    assert m["kvferry_router_redis_up"] == 1
     assert m['kvferry_router_requests_total{decision="aggregated"}'] >= 1
 
 
@@ -220,6 +221,7 @@ def test_context_length_before_any_engine_answered(llama_dir: Path, log_dir: Pat
             assert http.get("/v1/models").json()["data"][0]["max_model_len"] is None
             unchecked = http.post("/v1/completions", json={"prompt": [5] * 5000, "max_tokens": 1})
         assert unchecked.status_code == 503  # not judged by length: no engine to serve it
+        assert "kvferry_router_redis_up" not in router.metrics()  # no --redis-url: no Redis to reach
     finally:
         router.stop()
 
@@ -268,9 +270,11 @@ def test_redis_stopped_mid_test_routes_by_load(routers: list[RouterProcess], poo
             complete(routers[0], prefix)
         m = routers[0].metrics()
         assert m['kvferry_router_fallbacks_total{kind="index"}'] - before == 3
+        assert m["kvferry_router_redis_up"] == 0  # the alert KvferryRedisUnreachable reads this
         assert "prefix index unavailable" in routers[0].log_text()
     finally:
         pool_redis.start()
+    assert routers[0].metrics()["kvferry_router_redis_up"] == 1  # each scrape PINGs afresh
 
 
 def test_killed_engine_mid_stream_then_retried_and_taken_out(

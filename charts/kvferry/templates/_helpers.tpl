@@ -57,4 +57,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# spec.monitoring (the Prometheus Operator's kinds; harmless where its CRDs are not installed).
+- apiGroups: ["monitoring.coreos.com"]
+  resources: ["podmonitors", "servicemonitors", "prometheusrules"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 {{- end -}}

@@ -117,7 +117,8 @@ class _EngineCollector(Collector):
         blocks = CounterMetricFamily(
             lr.KV_TRANSFER_BLOCKS, "KV blocks moved between engines.", labels=["direction", "path"]
         )
-        for (direction, path), n in sorted(s.kv_transfer_blocks.items()):
+        moved = {**dict.fromkeys(lr.KV_TRANSFER_ROUTES, 0), **s.kv_transfer_blocks}
+        for (direction, path), n in sorted(moved.items()):
             blocks.add_metric([direction, path], n)
         yield blocks
         failures = CounterMetricFamily(
@@ -125,7 +126,8 @@ class _EngineCollector(Collector):
             "KV transfers that failed (the prompt was recomputed), by reason.",
             labels=["reason"],
         )
-        for reason, n in sorted(s.kv_transfer_failures.items()):
+        failed = {**dict.fromkeys(lr.KV_TRANSFER_FAILURE_REASONS, 0), **s.kv_transfer_failures}
+        for reason, n in sorted(failed.items()):
             failures.add_metric([reason], n)
         yield failures
         yield CounterMetricFamily(
