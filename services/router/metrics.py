@@ -61,6 +61,13 @@ class RouterMetrics:
             "kvferry_router_healthy_endpoints", "Endpoints currently in rotation.", registry=reg
         )
 
+        self.epp_requests = Counter(
+            "kvferry_router_epp_requests",
+            "Gateway requests the endpoint picker answered, by HTTP status (200: an endpoint was picked).",
+            ["code"],
+            registry=reg,
+        )
+
         for kind in ("index", "prefill"):
             self.fallbacks.labels(kind=kind)
         for decision in ("aggregated", "disaggregated", "decode_only", "no_endpoint"):
