@@ -13,8 +13,8 @@ from string import Template
 
 import httpx
 
-from tests.engine.entrypoints.helpers import REPO, free_port
 from services.router.epp.addresses import endpoint_address
+from tests.engine.entrypoints.helpers import REPO, free_port
 
 CONFIG_TEMPLATE = REPO / "examples" / "gateway" / "envoy.yaml"
 
