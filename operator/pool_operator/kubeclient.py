@@ -24,6 +24,8 @@ KINDS: dict[str, tuple[str, str]] = {
     "Deployment": ("apps/v1", "deployments"),
     "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
     "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies"),
+    # GIE's InferencePool (spec.gateway), not kvferry's own kind of the same name (kopf watches that one)
+    "InferencePool": ("inference.networking.k8s.io/v1", "inferencepools"),
 }
 CHILD_KINDS = (
     "ServiceAccount",
@@ -34,7 +36,10 @@ CHILD_KINDS = (
     "Deployment",
     "PodDisruptionBudget",
     "NetworkPolicy",
+    "InferencePool",
 )
+# Kinds whose CRD a cluster may lack: listing them answers 404 there, which means "none of them".
+OPTIONAL_KINDS = frozenset({"InferencePool"})
 
 
 class KubeApiError(Exception):

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pool_operator.autoscaling_spec import AutoscalingSpec
 from pool_operator.crd_model import CelRule, CrdModel, FreeForm, Quantity
+from pool_operator.gateway_spec import GatewaySpec
 
 GROUP = "kvferry.dev"
 VERSION = "v1alpha1"
@@ -317,6 +318,17 @@ class InferencePoolSpec(CrdModel):
             "loras: adapter names must be unique",
             lambda s: len({a.name for a in s.loras}) == len(s.loras),
         ),
+        CelRule(
+            "!has(self.gateway) || !self.gateway.enabled || self.mode == 'Aggregated'",
+            "gateway needs mode Aggregated: a gateway sends each request to one engine (P/D stays the router's)",
+            lambda s: s.gateway is None or not s.gateway.enabled or s.mode == "Aggregated",
+        ),
+        CelRule(
+            "!has(self.gateway) || !self.gateway.enabled || !has(self.router.saltFromApiKey) "
+            "|| !self.router.saltFromApiKey",
+            "gateway cannot be used with router.saltFromApiKey: gateway requests reach the engines unsalted",
+            lambda s: s.gateway is None or not s.gateway.enabled or not s.router.salt_from_api_key,
+        ),
     )
 
     model: ModelSpec
@@ -333,6 +345,7 @@ class InferencePoolSpec(CrdModel):
     loras: list[LoraSpec] = Field(
         default_factory=list, max_length=64, description="LoRA adapters every engine loads at start"
     )
+    gateway: GatewaySpec | None = Field(None, description="serve the engines through a GIE gateway too")
 
 
 class Condition(CrdModel):

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pool_operator.config import FIELD_MANAGER, OperatorConfig
-from pool_operator.kubeclient import CHILD_KINDS, KubeClient
+from pool_operator.kubeclient import CHILD_KINDS, OPTIONAL_KINDS, KubeApiError, KubeClient
 from pool_operator.models import InferencePool
 from pool_operator.naming import PoolNames
 from pool_operator.render import PoolRenderer, manifest_key
@@ -48,7 +48,13 @@ class Reconciler:
         """Every object of a managed kind that carries this pool's labels, keyed by (kind, name)."""
         live: dict[tuple[str, str], dict[str, Any]] = {}
         for kind in CHILD_KINDS:
-            for item in await self.client.list(kind, names.namespace, names.pool_selector_string()):
+            try:
+                items = await self.client.list(kind, names.namespace, names.pool_selector_string())
+            except KubeApiError as error:
+                if error.status != 404 or kind not in OPTIONAL_KINDS:
+                    raise
+                items = []  # e.g. GIE's CRD is not installed: a pool with a gateway fails to apply, loudly
+            for item in items:
                 live[(kind, item["metadata"]["name"])] = item
         return live
 

@@ -6,6 +6,7 @@ import hashlib
 import json
 from typing import Any
 
+from pool_operator.gie_pool import GiePoolBuilder
 from pool_operator.images import ImageSet
 from pool_operator.models import API_VERSION, KIND, InferencePool
 from pool_operator.naming import HTTP_PORT, KVSTORE_PORT, REDIS_PORT, PoolNames
@@ -25,6 +26,7 @@ KIND_ORDER = (
     "Deployment",
     "PodDisruptionBudget",
     "NetworkPolicy",
+    "InferencePool",  # GIE's (inference.networking.k8s.io), with spec.gateway
 )
 
 
@@ -68,7 +70,7 @@ class PoolRenderer:
     def render(self) -> list[Manifest]:
         """All children, sorted by apply order then name, each stamped with owner refs and a content hash."""
         items = self._identities() + [self._config_map()] + self._services() + self._deployments()
-        items += self._disruption_budgets() + self._network_policies()
+        items += self._disruption_budgets() + self._network_policies() + self._gateway()
         for item in items:
             self._stamp(item)
         return sorted(items, key=lambda m: (KIND_ORDER.index(m["kind"]), m["metadata"]["name"]))
@@ -170,7 +172,18 @@ class PoolRenderer:
             services.append(self._service("kvstore", "grpc", KVSTORE_PORT, False))
         if self.pool.spec.redis.managed:
             services.append(self._service("redis", "redis", REDIS_PORT, False))
+        gie = self._gie()
+        if gie is not None:
+            services.append(gie.service())
         return services
+
+    def _gie(self) -> GiePoolBuilder | None:
+        gateway = self.pool.spec.gateway
+        return GiePoolBuilder(self.names, gateway) if gateway is not None and gateway.enabled else None
+
+    def _gateway(self) -> list[Manifest]:
+        gie = self._gie()
+        return [] if gie is None else [gie.inference_pool()]
 
     def _deployments(self) -> list[Manifest]:
         spec = self.pool.spec
@@ -206,7 +219,7 @@ class PoolRenderer:
 
     def _network_policies(self) -> list[Manifest]:
         builder = NetworkPolicyBuilder(self.names)
-        items = [builder.engines()]
+        items = [builder.engines(gateway=self._gie() is not None)]
         if self.pool.spec.kvstore.enabled:
             items.append(builder.kvstore())
         if self.pool.spec.redis.managed:

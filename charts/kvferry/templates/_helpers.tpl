@@ -57,4 +57,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 {{- end -}}
