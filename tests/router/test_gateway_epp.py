@@ -168,6 +168,8 @@ def test_the_subset_hint_limits_the_pick_and_an_unfit_subset_is_a_503(epp, gw_en
         (json.dumps({"model": "no-such-model", "prompt": "x"}).encode(), FULL_DUPLEX, 404, "no-such-model"),
         (completion_body("x"), ProcessingMode.STREAMED, 500, "request_body_mode is STREAMED"),
         (completion_body("x"), ProcessingMode.NONE, 500, "request_body_mode is NONE"),
+        (completion_body("x"), ProcessingMode.GRPC, 500, "request_body_mode is GRPC"),
+        (completion_body([5] * 1100), FULL_DUPLEX, 400, "maximum context length is 1024"),
     ],
 )
 def test_refusals_are_immediate_openai_errors(epp, body: bytes, mode: int, status: int, says: str) -> None:
@@ -202,17 +204,23 @@ def test_health_services_of_the_protocol(epp) -> None:
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_fallbacks_follow_the_primary_by_score(llama_dir, log_dir, gw_engines, pool_redis) -> None:
+def test_fallbacks_follow_the_primary_and_api_keys_are_checked(
+    llama_dir, log_dir, gw_engines, pool_redis
+) -> None:
     port = free_port()
     urls = [e.url for e in gw_engines]
-    router = start_router(
-        llama_dir, log_dir, urls, "--epp-port", str(port), "--epp-fallbacks", "1", redis_url=pool_redis.url
-    )
+    flags = ("--epp-port", str(port), "--epp-fallbacks", "1", "--api-key", "sk-gw")
+    router = start_router(llama_dir, log_dir, urls, *flags, redis_url=pool_redis.url)
+    body = body_chunks(completion_body([4] * 30), 1)
+    keyed = request_headers()
+    keyed.request_headers.headers.headers.add(key="authorization", raw_value=b"Bearer sk-gw")
     try:
-        value = picked(process(port, [request_headers(), *body_chunks(completion_body([4] * 30), 1)])[0])
+        value = picked(process(port, [keyed, *body])[0])
+        status, error = immediate(process(port, [request_headers(), *body]))
     finally:
         router.stop()
     assert sorted(value.split(",")) == sorted(addresses(gw_engines))
+    assert status == 401 and error["error"]["type"] == "invalid_request_error"
 
 
 def engine_counts(engines: list[ServerProcess]) -> list[tuple[float, float]]:
