@@ -165,4 +165,12 @@ class CommandLines:
             args += ["--api-key-file", f"{API_KEY_MOUNT}/{router.api_key_secret_ref.key}"]
         if router.salt_from_api_key:
             args.append("--salt-from-api-key")
-        return args + self.chat_shaping_args()
+        return args + self.chat_shaping_args() + self.gateway_args()
+
+    def gateway_args(self) -> list[str]:
+        """spec.gateway: the routers also serve the endpoint picker the GIE InferencePool names."""
+        gateway = self.spec.gateway
+        if gateway is None or not gateway.enabled:
+            return []
+        args = ["--epp-port", str(gateway.epp_port)]
+        return args + (["--epp-fallbacks", str(gateway.fallbacks)] if gateway.fallbacks else [])

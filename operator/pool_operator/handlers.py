@@ -62,7 +62,7 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger:
         _degrade(body, patch, "SpecConflict", str(error), logger)
         return
     except MissingKindError as error:  # retried: the CRDs may be installed later
-        _degrade(body, patch, "MonitoringUnavailable", str(error), logger)
+        _degrade(body, patch, error.reason, str(error), logger)
         raise kopf.TemporaryError(str(error), delay=memo.reconciler.config.retry_delay) from error
     except TRANSIENT as error:
         _degrade(body, patch, "ApplyFailed", str(error), logger)

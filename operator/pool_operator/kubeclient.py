@@ -27,9 +27,12 @@ KINDS: dict[str, tuple[str, str]] = {
     "PodMonitor": ("monitoring.coreos.com/v1", "podmonitors"),
     "ServiceMonitor": ("monitoring.coreos.com/v1", "servicemonitors"),
     "PrometheusRule": ("monitoring.coreos.com/v1", "prometheusrules"),
+    # GIE's InferencePool (spec.gateway), not kvferry's own kind of the same name (kopf watches that one)
+    "InferencePool": ("inference.networking.k8s.io/v1", "inferencepools"),
 }
-# Kinds whose CRDs a cluster may lack (the Prometheus Operator's): a 404 on listing them means "none".
-OPTIONAL_KINDS = ("PodMonitor", "ServiceMonitor", "PrometheusRule")
+# Kinds whose CRDs a cluster may lack (the Prometheus Operator's, GIE's InferencePool): a 404 on listing
+# them means "none".
+OPTIONAL_KINDS = ("PodMonitor", "ServiceMonitor", "PrometheusRule", "InferencePool")
 CHILD_KINDS = (
     "ServiceAccount",
     "Role",

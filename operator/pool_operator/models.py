@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pool_operator.autoscaling_spec import AutoscalingSpec
 from pool_operator.crd_model import CelRule, CrdModel, FreeForm, Quantity
+from pool_operator.gateway_spec import GatewaySpec
 from pool_operator.monitoring_spec import MonitoringSpec
 
 GROUP = "kvferry.dev"
@@ -318,6 +319,17 @@ class InferencePoolSpec(CrdModel):
             "loras: adapter names must be unique",
             lambda s: len({a.name for a in s.loras}) == len(s.loras),
         ),
+        CelRule(
+            "!has(self.gateway) || !self.gateway.enabled || self.mode == 'Aggregated'",
+            "gateway needs mode Aggregated: a gateway sends each request to one engine (P/D stays the router's)",
+            lambda s: s.gateway is None or not s.gateway.enabled or s.mode == "Aggregated",
+        ),
+        CelRule(
+            "!has(self.gateway) || !self.gateway.enabled || !has(self.router.saltFromApiKey) "
+            "|| !self.router.saltFromApiKey",
+            "gateway cannot be used with router.saltFromApiKey: gateway requests reach the engines unsalted",
+            lambda s: s.gateway is None or not s.gateway.enabled or not s.router.salt_from_api_key,
+        ),
     )
 
     model: ModelSpec
@@ -337,6 +349,7 @@ class InferencePoolSpec(CrdModel):
     monitoring: MonitoringSpec | None = Field(
         None, description="Prometheus Operator objects: a PodMonitor or ServiceMonitor and a PrometheusRule"
     )
+    gateway: GatewaySpec | None = Field(None, description="serve the engines through a GIE gateway too")
 
 
 class Condition(CrdModel):

@@ -45,18 +45,23 @@ class NetworkPolicyBuilder:
             "spec": {"podSelector": target, "policyTypes": ["Ingress"], "ingress": rules},
         }
 
-    def engines(self) -> dict[str, Any]:
-        """Router -> engines on HTTP; engine <-> engine on any port (KV transfer); operator scrapes /metrics."""
+    def engines(self, gateway: bool = False) -> dict[str, Any]:
+        """Router -> engines on HTTP; engine <-> engine on any port (KV transfer); operator scrapes /metrics.
+        With a gateway, its proxies connect to the engines' HTTP port themselves: any pod may (which pods
+        run the gateway is the cluster's business, not the pool's)."""
         operator = {
             "namespaceSelector": {},
             "podSelector": {"matchLabels": {APP_NAME_LABEL: OPERATOR_APP_NAME}},
         }
         http = [{"protocol": "TCP", "port": HTTP_PORT}]
+        callers: list[dict[str, Any]] = [{"podSelector": self._pods("router")}, operator]
+        if gateway:
+            callers = [{"namespaceSelector": {}, "podSelector": {}}]
         return self._policy(
             "engines",
             self._pods(*ENGINE_POD_ROLES),
             [
-                {"from": [{"podSelector": self._pods("router")}, operator], "ports": http},
+                {"from": callers, "ports": http},
                 {"from": [{"podSelector": self._pods(*ENGINE_POD_ROLES)}]},
                 *self._scrape_rules(HTTP_PORT),
             ],

@@ -19,8 +19,12 @@ class SpecConflictError(Exception):
 
 
 class MissingKindError(Exception):
-    """The spec asks for a kind the cluster does not serve (spec.monitoring without the Prometheus Operator);
-    it is applied last, so the rest of the pool is in place."""
+    """The spec asks for a kind the cluster does not serve (spec.monitoring without the Prometheus Operator,
+    spec.gateway without GIE's CRDs); it is applied last, so the rest of the pool is in place."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason  # the Degraded condition's reason
 
 
 @dataclass
@@ -108,11 +112,7 @@ class Reconciler:
             await self.client.apply(manifest, FIELD_MANAGER)
         except KubeApiError as error:
             if error.status == 404 and manifest["kind"] in OPTIONAL_KINDS:
-                raise MissingKindError(
-                    f"spec.monitoring needs {manifest['kind']} ({manifest['apiVersion']}), which this cluster "
-                    "does not serve: install the Prometheus Operator (kube-prometheus-stack) or drop "
-                    "spec.monitoring"
-                ) from error
+                raise _missing(manifest) from error
             raise
 
     async def teardown(self, names: PoolNames) -> list[str]:
@@ -123,3 +123,19 @@ class Reconciler:
             await self.client.delete(kind, names.namespace, name)
             deleted.append(f"{kind}/{name}")
         return deleted
+
+
+def _missing(manifest: dict[str, Any]) -> MissingKindError:
+    """What to install (or drop) when the cluster does not serve an optional kind the pool renders."""
+    kind, api = manifest["kind"], manifest["apiVersion"]
+    if kind == "InferencePool":
+        return MissingKindError(
+            f"spec.gateway needs GIE's InferencePool ({api}), which this cluster does not serve: install the "
+            "Gateway API Inference Extension CRDs or drop spec.gateway",
+            "GatewayUnavailable",
+        )
+    return MissingKindError(
+        f"spec.monitoring needs {kind} ({api}), which this cluster does not serve: install the Prometheus "
+        "Operator (kube-prometheus-stack) or drop spec.monitoring",
+        "MonitoringUnavailable",
+    )

@@ -6,6 +6,7 @@ import hashlib
 import json
 from typing import Any
 
+from pool_operator.gie_pool import GiePoolBuilder
 from pool_operator.images import ImageSet
 from pool_operator.models import API_VERSION, KIND, InferencePool
 from pool_operator.monitors import MONITORING_KINDS, MonitorBuilder
@@ -27,6 +28,7 @@ KIND_ORDER = (
     "PodDisruptionBudget",
     "NetworkPolicy",
     *MONITORING_KINDS,
+    "InferencePool",  # GIE's (inference.networking.k8s.io), with spec.gateway
 )
 
 
@@ -70,7 +72,7 @@ class PoolRenderer:
     def render(self) -> list[Manifest]:
         """All children, sorted by apply order then name, each stamped with owner refs and a content hash."""
         items = self._identities() + [self._config_map()] + self._services() + self._deployments()
-        items += self._disruption_budgets() + self._network_policies() + self._monitoring()
+        items += self._disruption_budgets() + self._network_policies() + self._monitoring() + self._gateway()
         for item in items:
             self._stamp(item)
         return sorted(items, key=lambda m: (KIND_ORDER.index(m["kind"]), m["metadata"]["name"]))
@@ -177,7 +179,18 @@ class PoolRenderer:
             services.append(kvstore)
         if self.pool.spec.redis.managed:
             services.append(self._service("redis", "redis", REDIS_PORT, False))
+        gie = self._gie()
+        if gie is not None:
+            services.append(gie.service())
         return services
+
+    def _gie(self) -> GiePoolBuilder | None:
+        gateway = self.pool.spec.gateway
+        return GiePoolBuilder(self.names, gateway) if gateway is not None and gateway.enabled else None
+
+    def _gateway(self) -> list[Manifest]:
+        gie = self._gie()
+        return [] if gie is None else [gie.inference_pool()]
 
     def _deployments(self) -> list[Manifest]:
         spec = self.pool.spec
@@ -214,7 +227,7 @@ class PoolRenderer:
     def _network_policies(self) -> list[Manifest]:
         monitoring = self.pool.spec.monitoring
         builder = NetworkPolicyBuilder(self.names, monitoring.scrapers if monitoring else None)
-        items = [builder.engines()]
+        items = [builder.engines(gateway=self._gie() is not None)]
         if self.pool.spec.kvstore.enabled:
             items.append(builder.kvstore())
         if self.pool.spec.redis.managed:

@@ -236,7 +236,7 @@ class WorkloadBuilder:
             "command": ["kvferry"],
             "args": self.cmd.router_args(),
             "env": self._pool_env("router"),
-            "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
+            "ports": self._router_ports(),
             "readinessProbe": _http_probe(5, 3),
             "livenessProbe": _http_probe(10, 6),
             "volumeMounts": mounts,
@@ -246,6 +246,13 @@ class WorkloadBuilder:
         return self._deployment(
             "router", self._pod(container, volumes, "router"), router.replicas, self._annotations()
         )
+
+    def _router_ports(self) -> list[dict[str, Any]]:
+        ports = [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}]
+        gateway = self.spec.gateway
+        if gateway is not None and gateway.enabled:
+            ports.append({"name": "epp", "containerPort": gateway.epp_port, "protocol": "TCP"})
+        return ports
 
     # -- kvstore and redis --------------------------------------------------------------------
     def kvstore(self) -> Manifest:

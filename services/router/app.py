@@ -200,15 +200,26 @@ def _ops_routes(state: RouterState) -> APIRouter:
 
 
 def build_app(settings: RouterSettings, state: RouterState | None = None) -> FastAPI:
-    """The router app; its lifespan starts the poller and the self-check and closes every client."""
+    """The router app; its lifespan starts the poller, the self-check and (``settings.epp``) the endpoint
+    picker, and closes every client."""
     state = state or RouterState.build(settings)
+
+    epp = None
+    if settings.epp is not None:  # imported only when asked for: the Envoy protos are the EPP's alone
+        from services.router.epp.epp_server import EppServer
+
+        epp = EppServer(state, settings.epp)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await state.start()
         try:
+            if epp is not None:
+                await epp.start()
             yield
         finally:
+            if epp is not None:
+                await epp.stop()
             await state.stop()
 
     app = FastAPI(title="kvferry router", lifespan=lifespan)

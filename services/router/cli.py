@@ -12,6 +12,7 @@ from services.common.chat_tools import read_chat_template
 from services.common.errors import config_problem
 from services.router.discovery import DiscoverySettings, in_cluster_url
 from services.router.endpoints import EndpointSpec, PollerSettings
+from services.router.epp.epp_settings import EppSettings
 from services.router.scheduling import SchedulingConfig, ScorerWeights
 from services.router.settings import RouterSettings
 
@@ -119,6 +120,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add("--poll-interval", type=float, default=2.0, help="seconds between polls of each engine")
     add("--index-budget-ms", type=float, default=20.0, help="longest a prefix-index lookup may take")
     add("--self-check-interval", type=float, default=60.0, help="seconds between self-checks")
+    add(
+        "--epp-port",
+        type=int,
+        default=None,
+        help="also serve the Gateway API Inference Extension endpoint picker (Envoy ext_proc gRPC) on "
+        "this port (aggregated pools)",
+    )
+    add(
+        "--epp-fallbacks",
+        type=int,
+        default=0,
+        help="with --epp-port: endpoints named after the chosen one, for data planes that retry down the list",
+    )
     add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
     return p
@@ -166,7 +180,18 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
+        epp=_epp_settings(args),
     )
+
+
+def _epp_settings(args: argparse.Namespace) -> EppSettings | None:
+    if args.epp_port is None:
+        if args.epp_fallbacks:
+            raise ValueError("--epp-fallbacks needs --epp-port")
+        return None
+    if args.epp_port == args.port:
+        raise ValueError(f"--epp-port {args.epp_port} is the HTTP --port too: give the picker its own port")
+    return EppSettings(host=args.host, port=args.epp_port, fallbacks=args.epp_fallbacks)
 
 
 def _api_keys(args: argparse.Namespace) -> list[str]:

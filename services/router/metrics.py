@@ -71,6 +71,13 @@ class RouterMetrics:
             else None
         )
 
+        self.epp_requests = Counter(
+            "kvferry_router_epp_requests",
+            "Gateway requests the endpoint picker answered, by HTTP status (200: an endpoint was picked).",
+            ["code"],
+            registry=reg,
+        )
+
         for kind in ("index", "prefill"):
             self.fallbacks.labels(kind=kind)
         for decision in ("aggregated", "disaggregated", "decode_only", "no_endpoint"):

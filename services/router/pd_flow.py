@@ -92,7 +92,7 @@ class PDFlow:
             if decision is None:
                 break
             if attempt == 0:
-                overhead = self._record(decision, req, ctx)
+                overhead = self.record(decision, req, ctx)
             else:
                 self.metrics.retries.inc()
                 log.warning("request %s: retrying on %s after %s", request_id, decision.decode.url, failure)
@@ -110,7 +110,8 @@ class PDFlow:
             raise no_endpoint("no healthy engine")
         raise no_endpoint(f"the engines failed ({failure.reason})")
 
-    def _record(self, decision: RouteDecision, req: PreparedRequest, ctx: RequestContext) -> float:
+    def record(self, decision: RouteDecision, req: PreparedRequest, ctx: RequestContext) -> float:
+        """Count one routing decision (the router's own and the EPP's); the overhead so far, in seconds."""
         m = self.metrics
         if decision.disaggregated:
             label = "disaggregated"

@@ -8,6 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.router.discovery import DiscoverySettings
 from services.router.endpoints import EndpointSpec, PollerSettings
+from services.router.epp.addresses import endpoint_address
+from services.router.epp.epp_settings import EppSettings
 from services.router.scheduling import SchedulingConfig
 
 
@@ -40,6 +42,7 @@ class RouterSettings(BaseModel):
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    epp: EppSettings | None = None  # --epp-port: also serve the Gateway API Inference Extension picker
 
     @model_validator(mode="after")
     def _check_keys(self) -> RouterSettings:
@@ -59,6 +62,29 @@ class RouterSettings(BaseModel):
             raise ValueError("use either --engine or --prefill/--decode, not both")
         if "prefill" in roles and "decode" not in roles:
             raise ValueError("--prefill needs at least one --decode")
+        return self
+
+    @model_validator(mode="after")
+    def _check_epp(self) -> RouterSettings:
+        """What a gateway can route: one engine per request, named by ip:port, the body unchanged."""
+        if self.epp is None:
+            return self
+        if any(spec.role != "both" for spec in self.endpoints):
+            raise ValueError(
+                "--epp-port serves aggregated pools only (a gateway sends a request to one engine, so the "
+                "router's prefill->decode hand-off cannot happen): use --engine, or route the gateway to "
+                "the router's HTTP port for P/D"
+            )
+        bad = [spec.url for spec in self.endpoints if endpoint_address(spec.url) is None]
+        if bad:
+            raise ValueError(
+                f"--epp-port: the gateway connects to engines by ip:port; give them as http://IP:PORT, not {bad[0]}"
+            )
+        if self.salt_from_api_key:
+            raise ValueError(
+                "--salt-from-api-key cannot work through --epp-port: the gateway passes request bodies to the "
+                "engines unchanged, so the router cannot add a tenant's salt"
+            )
         return self
 
     @property

@@ -40,6 +40,11 @@ RESOURCES: dict[str, dict[str, Any]] = {
         "subresources": {"status"},
     },
     "networking.k8s.io/v1/networkpolicies": {"kind": "NetworkPolicy", "namespaced": True},
+    "inference.networking.k8s.io/v1/inferencepools": {  # GIE's CRD, installed in this emulated cluster
+        "kind": "InferencePool",
+        "namespaced": True,
+        "subresources": {"status"},
+    },
     "apiextensions.k8s.io/v1/customresourcedefinitions": {
         "kind": "CustomResourceDefinition",
         "namespaced": False,

@@ -124,6 +124,21 @@ def test_invalid_spec_is_reported_as_degraded_not_retried(cluster, operator_proc
     assert operator_process.count("[gamma/broken] Handler 'reconcile-create' failed") == 0
 
 
+def test_a_gateway_pool_gets_gies_inference_pool_and_loses_it_when_disabled(
+    cluster, operator_process: OperatorProcess
+):
+    gie = "/apis/inference.networking.k8s.io/v1/namespaces/eps/inferencepools/gw"
+    cluster.call("POST", pool_path("eps"), pool_body("gw", "eps", "gateway-pool.yaml"))
+    applied = wait_for(lambda: cluster.get(gie), what="GIE InferencePool")
+    assert applied["spec"]["endpointPickerRef"]["name"] == "gw-epp"
+    assert cluster.get("/api/v1/namespaces/eps/services/gw-epp") is not None
+    cluster.merge(pool_path("eps", "gw"), {"spec": {"gateway": {"enabled": False}}})
+    wait_for(lambda: cluster.get(gie) is None, what="GIE InferencePool pruned")
+    assert cluster.get("/api/v1/namespaces/eps/services/gw-epp") is None
+    args = deployment(cluster, "eps", "gw-router")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--epp-port" not in args
+
+
 def test_delete_runs_teardown_and_releases_the_finalizer(cluster, operator_process: OperatorProcess):
     cluster.call("DELETE", pool_path("alpha", "chat"))
     wait_for(lambda: cluster.get(pool_path("alpha", "chat")) is None, what="pool gone")

@@ -61,4 +61,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors", "servicemonitors", "prometheusrules"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 {{- end -}}
