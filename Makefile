@@ -10,9 +10,9 @@ KVFERRY_HOME ?= $(HOME)/.cache/kvferry
 export KVFERRY_HOME
 STAMP := $(VENV)/.setup-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
-.PHONY: setup cpu-kernels test test-all test-gpu test-reliability lint run bench bench-kernels bench-vllm crds proto images helm clean
+.PHONY: setup cpu-kernels chromium test test-all test-gpu test-reliability lint run bench bench-kernels bench-vllm crds proto images helm clean
 
-setup: $(STAMP) redis model helm cpu-kernels
+setup: $(STAMP) redis model helm cpu-kernels chromium
 
 $(STAMP):
 	test -x $(PY) || $(PY_BOOT) -m venv $(VENV)
@@ -25,6 +25,10 @@ redis:
 	@command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server; }
 	@test -e /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 || test "$$(uname -m)" != x86_64 || \
 		{ apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4; } || true
+
+# Debian's headless Chromium: the pool page's browser test (tests/router/test_pool_page.py) drives it.
+chromium:
+	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
 
 # The C++ CPU kernels for this machine's ISA, built once into $(KVFERRY_HOME)/torch_extensions (a cache
 # hit takes ~2 s); when they cannot build (no g++), the engine runs the plain torch backend and says so.

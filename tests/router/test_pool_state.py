@@ -54,7 +54,8 @@ def test_a_decision_records_each_scorers_part_of_every_candidates_total() -> Non
     ctx = _ctx(160, a=10)
     decision = sched.schedule(pool, ctx)
     assert decision is not None
-    record = log.add(decision, _req(160), ctx, "req-1", 0)
+    log.add(decision, _req(160), ctx, "req-1", 0)
+    (record,) = log.recent()
     by_url = {c.url: c for c in record.candidates}
     assert record.decode == A and by_url[A].chosen and not by_url[B].chosen
     assert by_url[A].parts == pytest.approx({"prefix": 2.0, "queue": 0.0, "kv": 0.5})
@@ -62,6 +63,7 @@ def test_a_decision_records_each_scorers_part_of_every_candidates_total() -> Non
     for c in record.candidates:
         assert c.total == pytest.approx(sum(c.parts.values()))
     assert by_url[A].cached_tokens == 160 and by_url[B].cached_tokens == 0
+    assert by_url[A].tiers == {"gpu": 10} and by_url[B].tiers == {}
     assert (record.seq, record.at, record.request_id, record.attempt) == (1, 1000.0, "req-1", 0)
     assert (record.mode, record.index, record.prompt_blocks) == ("aggregated", "ok", 10)
     assert record.pd_reason == "aggregated pool: the engine computes the whole prompt"
@@ -80,9 +82,10 @@ def test_the_pd_decision_says_why() -> None:
             ctx = RequestContext(tokens, BS, ctx.matches, splittable=False)
         decision = sched.schedule(endpoints, ctx)
         assert decision is not None
-        return log.add(decision, req or _req(tokens), ctx, "r", 0).pd_reason
+        log.add(decision, req or _req(tokens), ctx, "r", 0)
+        return log.recent(1)[0].pd_reason
 
-    assert reason(1024) == f"1024 uncached tokens >= threshold 256: prefill on {P}"
+    assert reason(1024) == "1024 uncached tokens >= threshold 256: a prefill engine computes them"
     assert reason(1024, a=60) == "64 uncached tokens < threshold 256: decode computes the rest itself"
     assert reason(1024, _req(1024, prompt_logprobs=1)).startswith("decode computes the prompt: several")
     no_prefill = [Endpoint(A, "decode"), Endpoint(P, "prefill", healthy=False)]
@@ -109,7 +112,9 @@ def test_the_log_is_bounded_newest_first_and_knows_the_index_state() -> None:
     assert len(only) == 1 and only[0].chosen and only[0].total is None and only[0].parts == {}
     down = DecisionLog(threshold=256, has_index=True)
     d = sched.schedule([Endpoint(A)], RequestContext(32, BS, None))
-    assert d is not None and down.add(d, _req(32), RequestContext(32, BS, None), "x", 1).index == "down"
+    assert d is not None
+    down.add(d, _req(32), RequestContext(32, BS, None), "x", 1)
+    assert down.recent()[0].index == "down" and down.recent()[0].attempt == 1
 
 
 def _report(ttft: tuple[float, float], itl: tuple[float, float], hits: float = 0.0) -> LoadReport:

@@ -110,6 +110,10 @@ function engineCard(e) {
   return card;
 }
 
+function tiers(blocks) {
+  return Object.entries(blocks).map(([tier, n]) => `${tier} ${n}`).join(", ") + " blocks";
+}
+
 function scoreList(candidates) {
   const list = el("ul", { class: "scores" });
   for (const c of candidates) {
@@ -117,7 +121,8 @@ function scoreList(candidates) {
     const total = c.total === null ? "round-robin" : `= ${c.total.toFixed(2)}`;
     list.append(el("li", { class: c.chosen ? "chosen" : null, "data-candidate": c.url },
       el("span", { class: "name" }, hostOf(c.url)), " ", el("span", { class: "dim" }, parts), " ",
-      el("b", {}, total), c.cached_tokens ? el("span", { class: "dim" }, ` (${c.cached_tokens} cached)`) : null));
+      el("b", {}, total),
+      c.cached_tokens ? el("div", { class: "dim held" }, `holds ${c.cached_tokens} tokens: ${tiers(c.tiers)}`) : null));
   }
   return list;
 }
@@ -177,16 +182,30 @@ function setLive(kind, text) {
   document.getElementById("live-text").textContent = text;
 }
 
+// /ui?decisions=N shows the last N decisions (the router's default otherwise).
+function stateUrl() {
+  const shown = new URLSearchParams(location.search).get("decisions");
+  return shown === null ? "/ui/state" : `/ui/state?decisions=${encodeURIComponent(shown)}`;
+}
+
+async function failure(reply) {
+  try {
+    return new Error((await reply.json()).error.message);
+  } catch {
+    return new Error(`HTTP ${reply.status}`);
+  }
+}
+
 async function poll() {
   try {
-    const reply = await fetch("/ui/state", { cache: "no-store" });
-    if (!reply.ok) throw new Error(`HTTP ${reply.status}`);
+    const reply = await fetch(stateUrl(), { cache: "no-store" });
+    if (!reply.ok) throw await failure(reply);
     const state = await reply.json();
     render(state);
     setLive("live", `live · ${clock(state.now)}`);
     document.body.dataset.updated = String(state.now);
   } catch (err) {
-    setLive("down", `router unreachable (${err.message}); retrying`);
+    setLive("down", `no state: ${err.message}; retrying`);
   } finally {
     setTimeout(poll, POLL_MS);
   }
