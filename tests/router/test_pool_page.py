@@ -99,3 +99,20 @@ def test_request_ids_are_shown_as_text_never_as_html(stack: RouterProcess, page:
     assert HOSTILE_ID in text
     assert page.evaluate("document.querySelectorAll('#decisions img').length") == 0
     assert page.evaluate("window.__pwned === undefined")
+
+
+def test_with_api_keys_the_browser_logs_in_with_a_key(llama_dir: Path, tmp_path: Path) -> None:
+    """The key as the Basic password (here in the URL; a person types it into the login prompt the 401's
+    ``WWW-Authenticate: Basic`` opens): the page and its polls of /ui/state get in."""
+    (tmp_path / "keys").write_text("ops-key-31337\n")
+    dead = "http://127.0.0.1:9"  # no engine: the router serves the page anyway (its health is 503)
+    router = start_router(
+        llama_dir, tmp_path, [dead], "--api-key-file", str(tmp_path / "keys"), healthy=False
+    )
+    host = router.url.removeprefix("http://")
+    try:
+        with chromium_or_skip(f"http://ops:ops-key-31337@{host}/ui") as page:
+            page.wait_for("document.getElementById('live')?.dataset.state === 'live'")
+            assert page.evaluate("document.querySelector('[data-engine]').dataset.health") == "down"
+    finally:
+        router.stop()

@@ -182,10 +182,14 @@ function setLive(kind, text) {
   document.getElementById("live-text").textContent = text;
 }
 
-// /ui?decisions=N shows the last N decisions (the router's default otherwise).
+// /ui?decisions=N shows the last N decisions (the router's default otherwise). Built on the origin: a
+// page opened as http://user:key@host/ui has credentials in its URL, and fetch refuses URLs with them
+// (the browser still sends the Basic credentials it holds for the origin).
 function stateUrl() {
+  const url = new URL("/ui/state", location.origin);
   const shown = new URLSearchParams(location.search).get("decisions");
-  return shown === null ? "/ui/state" : `/ui/state?decisions=${encodeURIComponent(shown)}`;
+  if (shown !== null) url.searchParams.set("decisions", shown);
+  return url;
 }
 
 async function failure(reply) {
