@@ -183,7 +183,7 @@ function setLive(kind, text) {
 }
 
 // /ui?decisions=N shows the last N decisions (the router's default otherwise). Built on the origin: a
-// page opened as http://user:key@host/ui has credentials in its URL, and fetch refuses URLs with them
+// page opened with user:key@ before the host has credentials in its URL, and fetch refuses URLs with them
 // (the browser still sends the Basic credentials it holds for the origin).
 function stateUrl() {
   const url = new URL("/ui/state", location.origin);
