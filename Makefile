@@ -10,9 +10,9 @@ KVFERRY_HOME ?= $(HOME)/.cache/kvferry
 export KVFERRY_HOME
 STAMP := $(VENV)/.setup-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
-.PHONY: setup prometheus dashboards cpu-kernels test test-all test-gpu test-reliability lint run bench bench-kernels bench-vllm crds proto images helm clean
+.PHONY: setup prometheus chromium dashboards cpu-kernels test test-all test-gpu test-reliability lint run bench bench-kernels bench-vllm crds proto images helm clean
 
-setup: $(STAMP) redis prometheus model helm cpu-kernels
+setup: $(STAMP) redis prometheus chromium model helm cpu-kernels
 
 $(STAMP):
 	test -x $(PY) || $(PY_BOOT) -m venv $(VENV)
@@ -30,6 +30,10 @@ redis:
 prometheus:
 	@command -v promtool >/dev/null && command -v prometheus >/dev/null || \
 		{ apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus; }
+
+# Debian's headless Chromium: the pool page's browser test (tests/router/test_pool_page.py) drives it.
+chromium:
+	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
 
 # The C++ CPU kernels for this machine's ISA, built once into $(KVFERRY_HOME)/torch_extensions (a cache
 # hit takes ~2 s); when they cannot build (no g++), the engine runs the plain torch backend and says so.

@@ -312,7 +312,8 @@ def _banner(s: UpSettings, url: str) -> str:
         {"model": s.name, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32}
     )
     return (
-        f"\nkvferry is up: OpenAI API at {url}/v1 (model {s.name!r})\n\n"
+        f"\nkvferry is up: OpenAI API at {url}/v1 (model {s.name!r})\n"
+        f"  pool page: {url}/ui (engines, routing decisions, TTFT/ITL; live)\n\n"
         f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n    -d '{body}'\n\n"
         "Press Ctrl-C to stop.\n"
     )

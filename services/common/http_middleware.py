@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import logging
 import secrets
@@ -34,6 +36,28 @@ def _authorized(token: bytes | None, api_keys: Sequence[bytes]) -> bool:
     for key in api_keys:
         matched |= secrets.compare_digest(token, key)
     return matched
+
+
+def presented_key(headers: Headers) -> bytes | None:
+    """The key a request carries: its Bearer token, or the password of its Basic credentials (what a
+    browser sends after its login prompt; the user name is ignored)."""
+    token = _bearer_token(headers)
+    if token is not None:
+        return token
+    scheme, _, value = headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        decoded = base64.b64decode(value.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    _, sep, password = decoded.partition(b":")
+    return password if sep else None
+
+
+def key_allowed(token: bytes | None, api_keys: Sequence[bytes]) -> bool:
+    """Whether ``token`` is one of ``api_keys`` (constant time over every key)."""
+    return _authorized(token, api_keys)
 
 
 def tenant_of(token: bytes) -> str:

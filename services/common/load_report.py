@@ -65,6 +65,16 @@ def bucket_sample(name: str) -> str:
     return f"{name}_bucket"
 
 
+def sum_sample(name: str) -> str:
+    """The sum sample name of histogram family ``name``."""
+    return f"{name}_sum"
+
+
+def count_sample(name: str) -> str:
+    """The count sample name of histogram family ``name``."""
+    return f"{name}_count"
+
+
 def info_sample(name: str) -> str:
     """The sample name of info family ``name``."""
     return f"{name}_info"
@@ -74,7 +84,12 @@ _GAUGES: Final = (NUM_REQUESTS_WAITING, NUM_REQUESTS_RUNNING, KV_CACHE_USAGE_RAT
 _COUNTERS: Final = (PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, PROMPT_TOKENS)
 _ITL_BUCKET: Final = bucket_sample(INTER_TOKEN_LATENCY_SECONDS)
 _CACHE_INFO: Final = info_sample(CACHE_CONFIG)
-_READ: Final = frozenset((*_GAUGES, *map(counter_sample, _COUNTERS), _ITL_BUCKET, _CACHE_INFO))
+_LATENCY: Final = tuple(
+    f(name)
+    for name in (TIME_TO_FIRST_TOKEN_SECONDS, INTER_TOKEN_LATENCY_SECONDS)
+    for f in (sum_sample, count_sample)
+)
+_READ: Final = frozenset((*_GAUGES, *map(counter_sample, _COUNTERS), *_LATENCY, _ITL_BUCKET, _CACHE_INFO))
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +118,10 @@ class LoadReport:
     prompt_tokens_total: float = 0.0
     itl_buckets: tuple[tuple[float, float], ...] = ()  # (upper bound, cumulative count), sorted by bound
     cache_config: CacheConfig | None = None
+    ttft_sum: float = 0.0  # seconds, over every first token since the engine started
+    ttft_count: float = 0.0
+    itl_sum: float = 0.0  # seconds, over every inter-token gap since the engine started
+    itl_count: float = 0.0
 
     @property
     def prefix_hit_rate(self) -> float | None:
@@ -144,4 +163,8 @@ def parse_load_report(text: str) -> LoadReport:
         prompt_tokens_total=values.get(counter_sample(PROMPT_TOKENS), 0.0),
         itl_buckets=tuple(sorted(buckets.items())),
         cache_config=config,
+        ttft_sum=values.get(sum_sample(TIME_TO_FIRST_TOKEN_SECONDS), 0.0),
+        ttft_count=values.get(count_sample(TIME_TO_FIRST_TOKEN_SECONDS), 0.0),
+        itl_sum=values.get(sum_sample(INTER_TOKEN_LATENCY_SECONDS), 0.0),
+        itl_count=values.get(count_sample(INTER_TOKEN_LATENCY_SECONDS), 0.0),
     )

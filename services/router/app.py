@@ -34,6 +34,7 @@ from services.router.prompt import PreparedRequest
 from services.router.router_state import RouterState
 from services.router.scheduling.filters import eligible
 from services.router.settings import RouterSettings
+from services.router.ui.routes import ui_routes
 
 log = logging.getLogger(__name__)
 
@@ -228,4 +229,5 @@ def build_app(settings: RouterSettings, state: RouterState | None = None) -> Fas
     install_error_handlers(app, log)
     app.include_router(_openai_routes(state))
     app.include_router(_ops_routes(state))
+    app.include_router(ui_routes(state))
     return app

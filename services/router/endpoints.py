@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 import httpx
 from pydantic import BaseModel, Field
 
-from services.common.load_report import parse_load_report
+from services.common.load_report import LoadReport, parse_load_report
 from services.router.scheduling.endpoint import CacheConfig, Endpoint, EndpointLoad, Role, normalize_url
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,15 @@ class PollerSettings(BaseModel):
 def parse_metrics(text: str) -> tuple[EndpointLoad, CacheConfig | None]:
     """Load gauges and the cache-config info of an engine's Prometheus text (missing ones read 0)."""
     report = parse_load_report(text)
-    return EndpointLoad(int(report.waiting), int(report.running), report.kv_usage), report.cache_config
+    return _load_of(report), report.cache_config
+
+
+def _load_of(report: LoadReport) -> EndpointLoad:
+    return EndpointLoad(int(report.waiting), int(report.running), report.kv_usage)
+
+
+# Called after every poll with each engine's report (None: that engine's poll failed), e.g. the pool page.
+PollListener = Callable[[Mapping[str, LoadReport | None]], None]
 
 
 def _is_draining(response: httpx.Response) -> bool:
@@ -73,6 +81,7 @@ class EndpointPoller:
         self._endpoints: dict[str, Endpoint] = {}
         self._draining: set[str] = set()
         self._task: asyncio.Task[None] | None = None
+        self.listeners: list[PollListener] = []
         self.set_specs(specs)
 
     def set_specs(self, specs: Sequence[EndpointSpec]) -> None:
@@ -96,33 +105,37 @@ class EndpointPoller:
     async def poll_once(self) -> list[Endpoint]:
         """Poll every endpoint concurrently and publish the new snapshots."""
         current = self.endpoints()
-        polled = await asyncio.gather(*(self._poll(e) for e in current))
+        results = await asyncio.gather(*(self._poll(e) for e in current))
+        polled = [endpoint for endpoint, _ in results]
         for old, new in zip(current, polled, strict=True):
             if old.healthy != new.healthy or old.draining != new.draining:
                 state = "draining" if new.draining else "healthy" if new.healthy else "unhealthy"
                 log.log(logging.INFO if new.healthy else logging.WARNING, "endpoint %s is %s", new.url, state)
             if new.url in self._endpoints:  # not dropped by set_specs meanwhile
                 self._endpoints[new.url] = new
+        reports = {e.url: report for e, report in results if e.url in self._endpoints}
+        for listener in self.listeners:
+            listener(reports)
         return self.endpoints()
 
-    async def _poll(self, endpoint: Endpoint) -> Endpoint:
+    async def _poll(self, endpoint: Endpoint) -> tuple[Endpoint, LoadReport | None]:
         down = replace(endpoint, healthy=False, draining=False)  # last load, config and context length kept
         try:
             health, metrics = await asyncio.gather(
                 self._client.get(f"{endpoint.url}/health"), self._client.get(f"{endpoint.url}/metrics")
             )
         except httpx.HTTPError:
-            return down
+            return down, None
         if _is_draining(health):
-            return replace(endpoint, healthy=True, draining=True)
+            return replace(endpoint, healthy=True, draining=True), None
         drained = endpoint.url in self._draining
         if health.status_code != 200 or metrics.status_code != 200:
-            return down
+            return down, None
         try:
-            load, config = parse_metrics(metrics.text)
+            report = parse_load_report(metrics.text)
         except ValueError:
             log.warning("endpoint %s: unreadable /metrics", endpoint.url)
-            return down
+            return down, None
         # The cards are read when an engine (re)joins (a restarted engine may have a new context length),
         # and on every poll of an engine serving LoRA adapters (they are loaded and unloaded at runtime).
         lora = _LORA_INFO in metrics.text
@@ -131,15 +144,16 @@ class EndpointPoller:
         if limit is None or lora:
             fetched, adapters = await self._cards(endpoint.url)
             limit = fetched or limit
-        return replace(
+        fresh = replace(
             endpoint,
             healthy=True,
             draining=drained,
-            load=load,
-            cache_config=config or endpoint.cache_config,
+            load=_load_of(report),
+            cache_config=report.cache_config or endpoint.cache_config,
             max_model_len=limit,
             lora_adapters=adapters,
         )
+        return fresh, report
 
     async def _cards(self, url: str) -> tuple[int | None, frozenset[str]]:
         """The context length and the LoRA adapters on the engine's /v1/models cards (None / empty: no answer)."""

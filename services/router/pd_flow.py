@@ -46,6 +46,10 @@ _PREFILL_DROPPED = (
 )
 
 
+# Called at every pick of the scheduler with the request's id and the attempt (0 first, 1 the retry).
+RouteListener = Callable[[RouteDecision, PreparedRequest, RequestContext, str, int], None]
+
+
 def no_endpoint(reason: str) -> OpenAIError:
     """503 when no engine can take the request."""
     return OpenAIError(
@@ -73,7 +77,7 @@ class PDFlow:
         client: EngineClient,
         metrics: RouterMetrics,
         prefill_timeout_s: float = 60.0,
-        on_route: Callable[[RouteDecision, PreparedRequest, RequestContext], None] | None = None,
+        on_route: RouteListener | None = None,
     ) -> None:
         self.on_route = on_route  # e.g. tell the shared index where this prefix went (other replicas follow)
         self.scheduler = scheduler
@@ -97,7 +101,7 @@ class PDFlow:
                 self.metrics.retries.inc()
                 log.warning("request %s: retrying on %s after %s", request_id, decision.decode.url, failure)
             if self.on_route is not None:
-                self.on_route(decision, req, ctx)
+                self.on_route(decision, req, ctx, request_id, attempt)
             headers = {"X-Request-Id": f"{request_id}-{attempt}" if attempt else request_id}
             params = await self._prefill(decision, req, headers) if decision.prefill else None
             try:
@@ -113,11 +117,7 @@ class PDFlow:
     def record(self, decision: RouteDecision, req: PreparedRequest, ctx: RequestContext) -> float:
         """Count one routing decision (the router's own and the EPP's); the overhead so far, in seconds."""
         m = self.metrics
-        if decision.disaggregated:
-            label = "disaggregated"
-        else:
-            label = "aggregated" if decision.decode.role == "both" else "decode_only"
-        m.requests.labels(decision=label).inc()
+        m.requests.labels(decision=decision.mode).inc()
         if ctx.block_size:
             m.prompt_blocks.inc(ctx.prompt_blocks)
             m.prefix_hit_blocks.inc(decision.cached_tokens // ctx.block_size)

@@ -13,9 +13,11 @@ from services.common.hashing import HASH_VERSION, BlockHasher
 from services.common.prefix_index import AsyncPrefixIndex
 from services.common.tokenizer import Tokenizer
 from services.router.context_limit import pool_max_model_len
+from services.router.decision_log import DecisionLog
 from services.router.discovery import KubernetesDiscovery
 from services.router.endpoints import EndpointPoller
 from services.router.engine_client import EngineClient
+from services.router.engine_history import EngineHistory
 from services.router.metrics import RouterMetrics
 from services.router.pd_flow import PDFlow
 from services.router.prompt import PreparedRequest, PromptPreparer
@@ -37,6 +39,8 @@ class RouterState:
     index: AsyncPrefixIndex | None
     flow: PDFlow
     self_check: SelfCheck
+    decisions: DecisionLog  # the last routing decisions (the pool page)
+    history: EngineHistory  # per-engine latency series, fed by every poll (the pool page)
     tasks: list[asyncio.Task] = field(default_factory=list)
     background: set[asyncio.Task] = field(default_factory=set)
     discovery: KubernetesDiscovery | None = None
@@ -87,12 +91,24 @@ class RouterState:
             index,
             flow,
             check,
+            DecisionLog(settings.scheduling.pd_threshold, index is not None),
+            EngineHistory(),
         )
+        poller.listeners.append(state.history.observe)
         flow.on_route = state.note_route
         return state
 
-    def note_route(self, decision: RouteDecision, req: PreparedRequest, ctx: RequestContext) -> None:
-        """Write the routed hint for the chosen engines in the background (off the request's path)."""
+    def note_route(
+        self,
+        decision: RouteDecision,
+        req: PreparedRequest,
+        ctx: RequestContext,
+        request_id: str,
+        attempt: int,
+    ) -> None:
+        """Log the decision; write the routed hint for the chosen engines in the background (off the
+        request's path)."""
+        self.decisions.add(decision, req, ctx, request_id, attempt)
         if self.index is None or not req.block_hashes:
             return
         for endpoint in (decision.decode, decision.prefill):

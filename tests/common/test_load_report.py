@@ -42,6 +42,10 @@ def test_reads_every_series_of_the_report() -> None:
         prompt_tokens_total=1000,
         itl_buckets=((0.01, 1.0), (0.1, 3.0), (float("inf"), 4.0)),
         cache_config=CacheConfig("tiny", 16, 512, 1),
+        ttft_sum=0.2,
+        ttft_count=1,
+        itl_sum=pytest.approx(5.105),
+        itl_count=4,
     )
     assert report.prefix_hit_rate == 0.25
 

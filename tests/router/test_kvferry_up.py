@@ -73,6 +73,8 @@ def test_up_serves_and_stops_cleanly(llama_dir: Path, tmp_path: Path) -> None:
             json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
         )
         assert chat.status_code == 200 and chat.json()["object"] == "chat.completion"
+        page = f"{url}/ui"
+        page_status = httpx.get(page, timeout=10).status_code
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=60)
     except BaseException:
@@ -81,6 +83,7 @@ def test_up_serves_and_stops_cleanly(llama_dir: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, "".join(lines) + rest
     assert "router     stopped" in rest and "redis      stopped" in rest and "kvstore    stopped" in rest
     assert f"curl {url}/v1/chat/completions" in "".join(lines)
+    assert f"pool page: {page}" in "".join(lines) and page_status == 200
     deadline = time.monotonic() + 5
     while _pids_alive(children) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -82,7 +82,8 @@ class EndpointPicker:
             raise no_endpoint(f"no healthy aggregated engine {where}")
         if prepared is not None:
             self.state.flow.record(decision, prepared, ctx)
-            self.state.note_route(decision, prepared, ctx)
+            # the pool page's decision log: Envoy's x-request-id names the request (attempt 0: Envoy retries)
+            self.state.note_route(decision, prepared, ctx, headers.get("x-request-id", "epp"), 0)
         return Pick(self._ranked(decision, pool), decision)
 
     def _authorize(self, headers: Mapping[str, str]) -> None:

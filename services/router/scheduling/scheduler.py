@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -39,6 +40,13 @@ class RouteDecision:
     @property
     def disaggregated(self) -> bool:
         return self.prefill is not None
+
+    @property
+    def mode(self) -> Literal["aggregated", "disaggregated", "decode_only"]:
+        """The route's label (the router's request counter and the pool page)."""
+        if self.prefill is not None:
+            return "disaggregated"
+        return "aggregated" if self.decode.role == "both" else "decode_only"
 
 
 class Scheduler:

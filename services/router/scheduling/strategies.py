@@ -33,10 +33,12 @@ class ScorerWeights(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class Choice:
-    """The chosen endpoint and every candidate's total score by url (for logs and tests)."""
+    """The chosen endpoint, every candidate's total score by url, and each total's parts: url -> scorer
+    name -> weight * score (they add up to the total; for logs, tests and the pool page)."""
 
     endpoint: Endpoint
     scores: Mapping[str, float] = field(default_factory=dict)
+    parts: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
 
 class Strategy(Protocol):
@@ -55,11 +57,14 @@ class ScoringStrategy:
 
     def choose(self, candidates: Sequence[Endpoint], ctx: RequestContext) -> Choice:
         totals = [0.0] * len(candidates)
+        parts: list[dict[str, float]] = [{} for _ in candidates]
         for scorer, weight in self.scorers.items():
             for i, s in enumerate(scorer.score(candidates, ctx)):
                 totals[i] += weight * s
+                parts[i][scorer.name] = weight * s
         chosen = self.picker.pick(candidates, totals)
-        return Choice(endpoint=chosen, scores={e.url: t for e, t in zip(candidates, totals, strict=True)})
+        urls = [e.url for e in candidates]
+        return Choice(chosen, dict(zip(urls, totals, strict=True)), dict(zip(urls, parts, strict=True)))
 
 
 class RoundRobinStrategy:
