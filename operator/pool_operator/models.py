@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pool_operator.autoscaling_spec import AutoscalingSpec
 from pool_operator.crd_model import CelRule, CrdModel, FreeForm, Quantity
+from pool_operator.engine_spec import EngineSpec
 from pool_operator.gateway_spec import GatewaySpec
 from pool_operator.monitoring_spec import MonitoringSpec
 
@@ -84,107 +85,6 @@ class LoraSpec(CrdModel):
         description="the PEFT adapter folder: a path inside the model source, or an absolute path in the image",
     )
     max_rank: int = Field(16, ge=1, le=512, description="the adapter's rank must not exceed it")
-
-
-class SpeculativeSpec(CrdModel):
-    """Speculative decoding on decode (and aggregated) engines: the engine's --speculative-config."""
-
-    CEL_RULES = (
-        CelRule(
-            "self.method == 'ngram' || has(self.model)",
-            "methods draft_model and eagle need model (the draft checkpoint or EAGLE head)",
-            lambda s: s.method == "ngram" or s.model is not None,
-        ),
-        CelRule(
-            "self.method != 'ngram' || !has(self.model)",
-            "method ngram takes no model",
-            lambda s: s.method != "ngram" or s.model is None,
-        ),
-    )
-
-    method: Literal["ngram", "draft_model", "eagle"] = Field(
-        description="ngram: prompt lookup (no model); draft_model: a smaller checkpoint with the same "
-        "tokenizer; eagle: an EAGLE head for the served model"
-    )
-    num_speculative_tokens: int = Field(ge=1, le=16, description="drafts verified per step")
-    model: str | None = Field(
-        None, description="the draft checkpoint or EAGLE head: a path inside the model source, or absolute"
-    )
-    prompt_lookup_min: int | None = Field(None, ge=1, description="ngram: shortest suffix looked up")
-    prompt_lookup_max: int | None = Field(None, ge=1, description="ngram: longest suffix looked up")
-
-
-class EnvVar(CrdModel):
-    """A container environment variable (value or valueFrom, as in core/v1)."""
-
-    name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
-    value: str | None = None
-    value_from: FreeForm | None = None
-
-
-class EngineSpec(CrdModel):
-    """Settings every engine of the pool shares."""
-
-    CEL_RULES = (
-        CelRule(
-            "self.maxNumBatchedTokens >= self.maxNumSeqs",
-            "maxNumBatchedTokens must be >= maxNumSeqs",
-            lambda s: s.max_num_batched_tokens >= s.max_num_seqs,
-        ),
-        CelRule(
-            "self.blockSize == oldSelf.blockSize",
-            "blockSize is immutable: cached KV blocks and their hashes depend on it",
-        ),
-        CelRule(
-            "self.tensorParallelSize == 1",
-            "tensorParallelSize must be 1: kvferry engines do not run tensor parallelism yet",
-            lambda s: s.tensor_parallel_size == 1,
-        ),
-        CelRule(
-            "!self.enableAutoToolChoice || has(self.toolCallParser)",
-            "enableAutoToolChoice needs toolCallParser",
-            lambda s: not s.enable_auto_tool_choice or s.tool_call_parser is not None,
-        ),
-    )
-
-    image: str | None = Field(None, description="default: the operator's own engine image")
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
-    quantization: Literal["auto", "none", "int8", "int4", "gguf", "gptq", "awq", "fp8"] = Field(
-        "auto",
-        description="weights in memory: auto = the checkpoint's (GGUF blocks, GPTQ, AWQ, FP8); none = "
-        "dequantized to dtype; int8 / int4 = quantized at load; fp8 = quantized at load (GPU engines)",
-    )
-    block_size: int = Field(16, ge=1, le=256)
-    max_model_len: int = Field(4096, ge=16)
-    max_num_seqs: int = Field(256, ge=1)
-    max_num_batched_tokens: int = Field(8192, ge=1)
-    gpu_memory_utilization: float | None = Field(
-        None,
-        gt=0,
-        le=1,
-        description="GPU engines: the fraction of device memory for weights and KV cache (engine default 0.9)",
-    )
-    tensor_parallel_size: int = Field(
-        1, ge=1, le=16, description="ranks per engine: only 1 until TP is built"
-    )
-    prefix_caching: bool = True
-    task: Literal["generate", "embed"] = Field(
-        "generate", description="generate: completions and chat; embed: /v1/embeddings (an embedding model)"
-    )
-    enable_auto_tool_choice: bool = Field(
-        False, description="let the model decide to call tools (needs toolCallParser)"
-    )
-    tool_call_parser: Literal["hermes", "llama3_json", "mistral", "pythonic"] | None = Field(
-        None, description="how tool calls are read from the model's text (engines and routers)"
-    )
-    reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = Field(
-        None, description="<think> text goes to reasoning_content (engines and routers)"
-    )
-    speculative: SpeculativeSpec | None = Field(
-        None, description="speculative decoding (decode and aggregated engines; prefill engines do not draft)"
-    )
-    extra_args: list[str] = Field(default_factory=list)
-    env: list[EnvVar] = Field(default_factory=list)
 
 
 class Resources(CrdModel):
@@ -292,6 +192,17 @@ class InferencePoolSpec(CrdModel):
             "self.mode != 'Disaggregated' || has(self.prefill)",
             "spec.prefill is required when mode is Disaggregated",
             lambda s: s.mode != "Disaggregated" or s.prefill is not None,
+        ),
+        CelRule(
+            "!has(self.engine) || self.engine.tensorParallelSize == 1 || (self.mode == 'Aggregated' && "
+            "(!has(self.kvstore) || !has(self.kvstore.enabled) || !self.kvstore.enabled) && "
+            "(!has(self.loras) || size(self.loras) == 0))",
+            "engine.tensorParallelSize > 1 needs mode Aggregated, no kvstore and no loras (P/D, the kvstore "
+            "tier and LoRA over sharded engines are not built yet)",
+            lambda s: (
+                s.engine.tensor_parallel_size == 1
+                or (s.mode == "Aggregated" and not s.kvstore.enabled and not s.loras)
+            ),
         ),
         CelRule(
             "self.mode != 'Aggregated' || !has(self.prefill)",

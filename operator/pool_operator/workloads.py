@@ -50,7 +50,12 @@ def _container_security(uid: int) -> dict[str, Any]:
     }
 
 
-def _resources(resources: Resources | None) -> dict[str, Any]:
+GPU = "nvidia.com/gpu"
+
+
+def _resources(resources: Resources | None, gpus: int | None = None) -> dict[str, Any]:
+    """The container's resources; ``gpus``: an engine's device count (tensor-parallel ranks), written
+    over the pool's GPU request and limit where they name GPUs (CPU pods get none)."""
     if resources is None:
         return {}
     out = {
@@ -58,6 +63,10 @@ def _resources(resources: Resources | None) -> dict[str, Any]:
         for key, value in (("requests", resources.requests), ("limits", resources.limits))
         if value
     }
+    if gpus is not None and any(GPU in part for part in out.values()):
+        for part in out.values():
+            part[GPU] = str(gpus)
+        out.setdefault("limits", {})[GPU] = str(gpus)  # extended resources: the limit is what counts
     return {"resources": out} if out else {}
 
 
@@ -204,7 +213,7 @@ class WorkloadBuilder:
                 {"name": "shm", "mountPath": "/dev/shm"},
                 {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True},
             ],
-            **_resources(role_spec.resources),
+            **_resources(role_spec.resources, gpus=self.pool.spec.engine.tensor_parallel_size),
             "securityContext": _container_security(RUN_AS),
         }
         volumes = [{"name": "shm", "emptyDir": {"medium": "Memory"}}, self._model_volume()]

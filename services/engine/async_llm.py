@@ -6,7 +6,7 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -16,6 +16,7 @@ from services.engine.core.pooling_params import PoolingParams
 from services.engine.core.sampling_params import SamplingParams
 from services.engine.core.spec_stats import SpecDecodingStats
 from services.engine.engine_core import EngineCore
+from services.engine.executor.worker_messages import WorkerDiedError
 from services.engine.kv_transfer.context import ConnectorFactory, aggregated_connectors
 from services.engine.llm_engine import LLMEngine, RequestOutput
 
@@ -115,6 +116,8 @@ class AsyncLLM:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, tuple[asyncio.Queue, asyncio.AbstractEventLoop]] = {}
         self._stop = threading.Event()
+        self.fatal: BaseException | None = None  # what stopped the engine loop for good (a dead TP rank)
+        self.on_fatal: list[Callable[[], None]] = []  # called (engine thread) when that happens
         self._thread = threading.Thread(target=self._run, name="kvferry-engine", daemon=True)
         self._thread.start()
 
@@ -212,6 +215,14 @@ class AsyncLLM:
                 break
             try:
                 outputs = engine.step()
+            except WorkerDiedError as exc:  # the engine cannot step again: fail everything, stop, say so
+                log.critical("engine stopped: %s", exc)
+                self.fatal = exc
+                self._stop.set()
+                self._fail_all(EngineDeadError(f"the engine stopped: {exc}"))
+                for hook in self.on_fatal:
+                    hook()
+                break
             except Exception as exc:  # noqa: BLE001 - fail the requests, keep the loop
                 log.exception("engine step failed")
                 self._fail_all(exc)
@@ -223,7 +234,7 @@ class AsyncLLM:
         self._fail_all(EngineDeadError("the engine is shutting down"))
         if self.publisher is not None:
             self.publisher.close()
-        engine.core.connector.close()
+        engine.core.shutdown()
 
     def _drain(self, timeout: float | None) -> None:
         try:

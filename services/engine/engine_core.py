@@ -11,11 +11,15 @@ from services.common.hashing import HASH_VERSION, BlockHasher
 from services.common.kv_transfer import KVCompat, block_major_layout
 from services.engine.core.config import EngineConfig
 from services.engine.core.kv_cache_manager import KVCacheManager
-from services.engine.core.kv_connector import KVConnector, compose
+from services.engine.core.kv_connector import KVConnector, NullConnector, compose
 from services.engine.core.outputs import EngineCoreOutput
 from services.engine.core.request import Request, RequestStatus
 from services.engine.core.scheduler import Scheduler, SchedulerConfig
+from services.engine.executor.executor import Executor, UniprocExecutor
+from services.engine.executor.multiproc_executor import MultiprocExecutor
+from services.engine.executor.tp_checks import check_tensor_parallel, unsupported
 from services.engine.kv_transfer.context import ConnectorFactory, KVTransferContext, aggregated_connectors
+from services.engine.platforms.detect import current_platform
 from services.engine.worker.attention import select_backend
 from services.engine.worker.loader.model_loader import (
     load_embedding_model,
@@ -29,6 +33,7 @@ from services.engine.worker.model_runner import ModelRunner, bytes_per_block, kv
 from services.engine.worker.models import is_encoder_architecture
 from services.engine.worker.models.interface import CausalLM, EmbeddingModel
 from services.engine.worker.models.moe import expert_token_counts, moe_layers
+from services.engine.worker.parallel.tp_group import shard_config
 from services.engine.worker.pooling import (
     detect_task,
     pooling_config_for,
@@ -56,14 +61,6 @@ def resolve_task(task: str, model: str, architecture: str) -> str:
     return task
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device={name!r} requested but CUDA is not available")
-    return torch.device(name)
-
-
 class EngineCore:
     """The engine without a front end: requests in, per-step token outputs out.
 
@@ -73,7 +70,9 @@ class EngineCore:
 
     def __init__(self, config: EngineConfig, connectors: ConnectorFactory = aggregated_connectors) -> None:
         self.config = config
-        self.device = resolve_device(config.device)
+        self.platform = current_platform(config.device)
+        log.info("platform: %s", self.platform.describe())
+        self.device = torch.device(self.platform.device)
         self.model_config = load_model_config(config.model)
         cfg = self.model_config
         self.max_model_len = min(
@@ -96,7 +95,7 @@ class EngineCore:
         self.draft_config = self._draft_config()
         self.hasher = BlockHasher(config.model_name, self.block_size, HASH_VERSION)
         torch.manual_seed(config.seed)
-        backend = select_backend(self.device, config.attention_backend)
+        backend = select_backend(self.device, config.attention_backend or self.platform.ops_backend)
         self.quant_kernels = "triton" if backend.name == "triton" else "cpu"
         if self.quant.method == "fp8" and self.quant.at_load and self.quant_kernels != "triton":
             raise ValueError("quantization fp8 at load is for GPUs (the Triton kernels); on CPU use int8")
@@ -104,11 +103,26 @@ class EngineCore:
             raise ValueError(
                 f"quantization {self.quant.describe()} on {self.device.type} needs --attention-backend triton"
             )
-        model, kv_cache = self._load_model()  # the KV cache is sized after the weights are in memory
+        self._parallel: MultiprocExecutor | None = None
+        if config.tensor_parallel_size > 1:
+            check_tensor_parallel(config, cfg, self.quant.quantized, self.task == "generate")
+            self._parallel = MultiprocExecutor(config, self.max_model_len, self.dtype, backend.name)
+        self.tp = self._parallel.group if self._parallel is not None else None
+        self.kv_config = shard_config(cfg, self.tp) if self.tp is not None else cfg  # this rank's KV heads
+        try:
+            model, kv_cache = self._load_model()  # the KV cache is sized after the weights are in memory
+        except BaseException:
+            if self._parallel is not None:
+                self._parallel.shutdown()
+            raise
         self._moe_layers = moe_layers(cast(torch.nn.Module, model))  # read by /metrics
         self.runner = ModelRunner(
             model, cfg, kv_cache, self.block_size, backend, self.device, cfg.eos_token_ids, seed=config.seed
         )
+        self.executor: Executor = UniprocExecutor(self.runner)
+        if self._parallel is not None:
+            self._parallel.attach(self.runner, self.num_blocks)
+            self.executor = self._parallel
         if self.task == "embed":
             self.runner.pooling = pooling_config_for(config.model, cfg.architecture)
         self.lora = self._lora_manager(model)
@@ -135,6 +149,11 @@ class EngineCore:
         )
         self.kv_transfer = KVTransferContext(config, kv_cache, self.kv_compat())
         self.connector: KVConnector = compose(list(connectors(self.kv_transfer)))
+        if self._parallel is not None and not isinstance(self.connector, NullConnector):
+            self.shutdown()
+            raise ValueError(
+                unsupported(self.tp.size if self.tp else 1, "--role prefill/decode (sharded KV)")
+            )
         batched = config.max_num_batched_tokens or _DEFAULT_BATCHED_TOKENS
         if self.task == "embed":  # whole prompts per step: the budget must hold the longest
             batched = max(batched, self.max_model_len)
@@ -216,11 +235,11 @@ class EngineCore:
         if self.task == "embed":
             model: CausalLM | EmbeddingModel = load_embedding_model(*args)
         else:
-            model = load_model(*args)
+            model = load_model(*args, tp=self.tp)
         self.num_blocks = self._num_blocks()
         if self.encoder:
             return model, torch.empty(0, dtype=self.dtype, device=self.device)
-        shape = kv_cache_shape(self.model_config, self.num_blocks, self.block_size)
+        shape = kv_cache_shape(self.kv_config, self.num_blocks, self.block_size)
         return model, torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     def _num_blocks(self) -> int:
@@ -228,7 +247,7 @@ class EngineCore:
             return self.config.num_kv_blocks
         if self.encoder:  # no KV is kept: blocks only count a batch's tokens
             return self.config.max_num_seqs * -(-self.max_model_len // self.block_size)
-        per_block = bytes_per_block(self.model_config, self.block_size, self.dtype)
+        per_block = bytes_per_block(self.kv_config, self.block_size, self.dtype)  # per rank
         if self.draft_config is not None:  # the draft's KV lives in the same block ids
             per_block += bytes_per_block(self.draft_config, self.block_size, self.dtype)
         budget = self._kv_budget_bytes()
@@ -287,6 +306,11 @@ class EngineCore:
         """Tokens routed to each expert of each MoE layer since start (empty for dense models)."""
         return expert_token_counts(self._moe_layers)
 
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers (if any) and close the KV connectors."""
+        self.executor.shutdown()
+        self.connector.close()
+
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
 
@@ -303,11 +327,11 @@ class EngineCore:
         sched = self.scheduler.schedule()
         self.last_step_tokens = sched.total_num_scheduled_tokens
         if sched.is_empty:
-            self.runner.execute(sched)  # only forgets finished requests
+            self.executor.execute(sched)  # only forgets finished requests
             return failed
         structured = self.structured if self.structured is not None and self.structured.active else None
         constraints = structured.for_step(sched, self.scheduler.requests) if structured else None
-        result = self.runner.execute(sched, constraints)
+        result = self.executor.execute(sched, constraints)
         outputs = self.scheduler.update_from_output(sched, result)
         if structured is not None:
             structured.after_step(self.scheduler.requests)

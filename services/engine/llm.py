@@ -21,6 +21,10 @@ class LLM:
         self.engine = LLMEngine(self.config)
         self.tokenizer = self.engine.tokenizer
 
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers (a no-op on one device); the LLM cannot generate after it."""
+        self.engine.core.shutdown()
+
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],

@@ -380,7 +380,7 @@ _ENGINE_FIELD_VALUES = {
     "max_num_seqs": 64,
     "max_num_batched_tokens": 3000,
     "gpu_memory_utilization": 0.8,
-    "tensor_parallel_size": None,  # only 1 is accepted until TP lands (a CEL rule): checked below
+    "tensor_parallel_size": 2,
     "prefix_caching": False,
     "task": "embed",
     "enable_auto_tool_choice": True,
@@ -415,10 +415,29 @@ def test_every_engine_field_reaches_the_engines():
         if field == "enable_auto_tool_choice":
             body["spec"]["engine"]["toolCallParser"] = "hermes"
         assert _engines(body) != base, f"spec.engine.{key} reaches nothing"
-    body = copy.deepcopy(base_body)
+
+
+def test_tensor_parallel_size_sets_the_flag_and_the_gpu_count():
+    """--tensor-parallel-size 2 and nvidia.com/gpu 2 on GPU pods (none added to CPU pods); refused where
+    the engines cannot shard (P/D, kvstore, LoRA, speculative decoding)."""
+    body = load_example("aggregated-pool.yaml")
     body["spec"]["engine"]["tensorParallelSize"] = 2
-    with pytest.raises(ValueError, match="tensorParallelSize must be 1"):
-        parse_pool(body)
+    (pod,) = _engines(body)
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--tensor-parallel-size") + 1] == "2"
+    res = pod["containers"][0]["resources"]
+    assert res["limits"]["nvidia.com/gpu"] == res["requests"]["nvidia.com/gpu"] == "2"
+    cpu = copy.deepcopy(body)
+    cpu["spec"]["decode"]["resources"] = {"requests": {"cpu": "4"}}
+    assert "nvidia.com/gpu" not in str(_engines(cpu)[0]["containers"][0]["resources"])
+    pd = load_example("disaggregated-pool.yaml")
+    pd["spec"]["engine"]["tensorParallelSize"] = 2
+    with pytest.raises(ValueError, match="tensorParallelSize > 1 needs mode Aggregated"):
+        parse_pool(pd)
+    spec = copy.deepcopy(body)
+    spec["spec"]["engine"]["speculative"] = {"method": "ngram", "numSpeculativeTokens": 3}
+    with pytest.raises(ValueError, match="does not run speculative decoding"):
+        parse_pool(spec)
 
 
 def test_salt_from_api_key_reaches_the_router_and_needs_keys():

@@ -32,7 +32,7 @@ class EngineConfig(BaseModel):
     # GPUs: the fraction of the device's memory this engine may fill (weights, activations, KV cache);
     # sizes the KV cache from what is free after loading. CPU engines size it with kv_cache_memory_gb.
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
-    tensor_parallel_size: int = Field(1, ge=1)
+    tensor_parallel_size: int = Field(1, ge=1, le=64)  # ranks, one process each (gloo on CPU, NCCL)
     pipeline_parallel_size: int = Field(1, ge=1)
     seed: int = 0
     attention_backend: Literal["cpu", "torch", "triton"] | None = None
@@ -48,13 +48,13 @@ class EngineConfig(BaseModel):
     kvstore_url: str | None = None  # grpc://host:port of the shared kvstore tier
     use_nixl: bool = True  # False: KV moves between engines through the kvstore only
 
-    @field_validator("tensor_parallel_size", "pipeline_parallel_size")
+    @field_validator("pipeline_parallel_size")
     @classmethod
-    def _one_rank(cls, v: int, info: ValidationInfo) -> int:
+    def _one_stage(cls, v: int, info: ValidationInfo) -> int:
         if v != 1:
             raise ValueError(
-                f"{info.field_name}={v}: kvferry engines run on one device for now (tensor and pipeline "
-                "parallelism are not built yet); serve a model that fits one device"
+                f"{info.field_name}={v}: pipeline parallelism is not built yet; shard a model that does not "
+                "fit one device with tensor_parallel_size"
             )
         return v
 

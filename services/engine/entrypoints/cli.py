@@ -77,7 +77,13 @@ def add_parser(
         default=None,
         help="GPUs: fraction of the device memory for weights + KV cache (default 0.9); CPUs: --kv-cache-memory",
     )
-    add("--tensor-parallel-size", "-tp", type=int, default=1, help="ranks per model (only 1 for now)")
+    add(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=1,
+        help="tensor-parallel ranks (a process each: gloo on CPU, NCCL on GPUs)",
+    )
     add("--pipeline-parallel-size", "-pp", type=int, default=1, help="pipeline stages (only 1 for now)")
     _add_serving_flags(add)
     _add_lora_flags(add)
@@ -317,7 +323,8 @@ def build(args: argparse.Namespace, roles: Mapping[str, RoleFactory]) -> tuple[F
 
 
 def run(args: argparse.Namespace, roles: Mapping[str, RoleFactory]) -> int:
-    """Load the model, serve until SIGTERM/SIGINT, drain, exit 0 (1 when the model cannot load)."""
+    """Load the model, serve until SIGTERM/SIGINT, drain, exit 0 (1 when the model cannot load or the
+    engine stops for good, e.g. a tensor-parallel rank died)."""
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -340,7 +347,12 @@ def run(args: argparse.Namespace, roles: Mapping[str, RoleFactory]) -> int:
         http=HeaderDeadlineH11,
     )
     server = DrainingServer(config, on_exit=app.state.ctx.state.begin_drain)
+    llm = app.state.ctx.llm
+    llm.on_fatal.append(lambda: setattr(server, "should_exit", True))  # e.g. a tensor-parallel rank died
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _ignore)
     server.run()
+    if llm.fatal is not None:
+        print(f"kvferry serve: the engine stopped: {llm.fatal}", file=sys.stderr)
+        return 1  # so that Kubernetes restarts the pod
     return 0

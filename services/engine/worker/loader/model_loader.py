@@ -12,11 +12,13 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from services.engine.platforms.detect import cpu_has_native_bf16
 from services.engine.worker.linear import pack_linears
 from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models import get_model_class, is_encoder_architecture
 from services.engine.worker.models.eagle import EagleHead
 from services.engine.worker.models.interface import CausalLM, EmbeddingModel
+from services.engine.worker.parallel.tp_group import TPGroup
 from services.engine.worker.quantization.quant_config import QuantConfig, detect
 from services.engine.worker.quantization.quant_plan import QuantPlan, dense_stream
 
@@ -33,12 +35,6 @@ def resolve_dtype(name: str, cfg: ModelConfig, device: torch.device) -> torch.dt
     if device.type == "cpu":
         return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
     return _DTYPES.get(cfg.torch_dtype or "", torch.bfloat16)
-
-
-def cpu_has_native_bf16() -> bool:
-    """True on CPUs with bf16 dot products (AVX512-BF16 or AMX-BF16)."""
-    caps = torch.cpu.get_capabilities()
-    return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
 
 
 def _safetensors_files(folder: Path) -> list[Path]:
@@ -78,14 +74,17 @@ def load_model(
     max_positions: int,
     quant: QuantConfig | None = None,
     kernels: str = "cpu",
+    tp: TPGroup | None = None,
 ) -> CausalLM:
-    """Instantiate the registered class for ``cfg.architecture`` and fill it with the checkpoint."""
+    """Instantiate the registered class for ``cfg.architecture`` and fill it with the checkpoint
+    (``tp``: only this tensor-parallel rank's slices, read tensor by tensor)."""
     if is_encoder_architecture(cfg.architecture):
         raise ValueError(
             f"{cfg.architecture} is an encoder (embedding-only) model: load it with load_embedding_model"
         )
     return cast(
-        CausalLM, _build_and_load(path, cfg, dtype, device, max_positions, quant or QuantConfig(), kernels)
+        CausalLM,
+        _build_and_load(path, cfg, dtype, device, max_positions, quant or QuantConfig(), kernels, tp=tp),
     )
 
 
@@ -127,11 +126,12 @@ def _build_and_load(
     quant: QuantConfig,
     kernels: str,
     cls: type[nn.Module] | None = None,
+    tp: TPGroup | None = None,
 ) -> nn.Module:
     """``kernels``: which quantized layers to build, "cpu" (torch's packed CPU ops) or "triton"."""
     cls = cls or get_model_class(cfg.architecture)
     with torch.device("meta"):
-        model = cls(cfg, max_positions, dtype)
+        model = cls(cfg, max_positions, dtype) if tp is None else cls(cfg, max_positions, dtype, tp=tp)
     plan = (
         QuantPlan(model, quant, dtype, kernels) if quant.quantized else None
     )  # before any float weight exists

@@ -15,6 +15,8 @@ from services.engine.worker.attention import AttentionMetadata
 from services.engine.worker.attention import ComputeBackend as Backend
 from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models.moe import MoEBlock, expert_shard, moe_name
+from services.engine.worker.parallel.tp_group import TPGroup, shard_config
+from services.engine.worker.parallel.tp_shard import TPShard
 
 
 class RMSNorm(nn.Module):
@@ -70,8 +72,11 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+    """Attention and MLP; under tensor parallelism each ends with the all-reduce of its partial sums."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup | None = None) -> None:
         super().__init__()
+        self.tp = tp
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = LlamaAttention(cfg, layer_idx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -92,8 +97,13 @@ class LlamaDecoderLayer(nn.Module):
         """x is the previous layer's MLP output (or the embeddings); the residual add is fused into the norm."""
         h, residual = self.input_layernorm(x, backend, residual)
         h = self.self_attn(h, rope, kv_cache, meta, backend)
+        if self.tp is not None:
+            h = self.tp.all_reduce(h)
         h, residual = self.post_attention_layernorm(h, backend, residual)
-        return self.mlp(h, backend), residual
+        out = self.mlp(h, backend)
+        if self.tp is not None:
+            out = self.tp.all_reduce(out)
+        return out, residual
 
 
 def rope_cache(cfg: ModelConfig, max_positions: int, dtype: torch.dtype) -> torch.Tensor:
@@ -113,11 +123,18 @@ class LlamaForCausalLM(nn.Module):
     cos_sin_cache: torch.Tensor
     packed_modules_mapping = PACKED_MODULES
 
-    def __init__(self, cfg: ModelConfig, max_positions: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self, cfg: ModelConfig, max_positions: int, dtype: torch.dtype, tp: TPGroup | None = None
+    ) -> None:
+        """``tp``: this rank's tensor-parallel group; the layers then hold its shard (``shard_config``)."""
         super().__init__()
+        self.tp, self.vocab_size = tp, cfg.vocab_size
+        self.shard = TPShard(cfg, tp) if tp is not None else None
+        cfg = shard_config(cfg, tp) if tp is not None else cfg
         self.cfg = cfg
+        self.vocab_start = tp.vocab_rows(self.vocab_size)[0] if tp is not None else 0
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, tp) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.max_positions = max_positions
@@ -134,19 +151,33 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
         backend: Backend,
     ) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
+        x = self._embed(input_ids)
         rope = backend.rope_inputs(positions, self.cos_sin_cache)
         residual = None
         for layer in self.layers:
             x, residual = layer(x, residual, rope, kv_cache, meta, backend)
         return self.norm(x, backend, residual)[0]
 
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings; vocab-parallel: each rank embeds the ids in its rows, the sum is the lookup."""
+        if self.tp is None:
+            return self.embed_tokens(input_ids)
+        local = input_ids - self.vocab_start
+        outside = (local < 0) | (local >= self.cfg.vocab_size)
+        x = self.embed_tokens(local.masked_fill(outside, 0))
+        return self.tp.all_reduce(x.masked_fill_(outside[:, None], 0.0))
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        """fp32 logits over the whole vocabulary (vocab-parallel: every rank gathers every shard, so each
+        samples the same tokens from the same logits)."""
+        logits = self.lm_head(hidden)
+        if self.tp is not None:
+            logits = self.tp.all_gather_last(logits)[:, : self.vocab_size]
+        return logits.float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load HF-named tensors, fusing q/k/v and gate/up; every parameter must be filled."""
-        load_llama_weights(self, weights, self.cfg)
+        load_llama_weights(self, weights, self.cfg, tp_shard=self.shard)
 
 
 def load_llama_weights(
@@ -154,13 +185,17 @@ def load_llama_weights(
     weights: Iterable[tuple[str, torch.Tensor]],
     cfg: ModelConfig,
     optional: tuple[str, ...] = (),
+    tp_shard: TPShard | None = None,
 ) -> None:
     """Copy HF-named tensors into ``module`` (q/k/v and gate/up fused); every parameter not in ``optional``
-    must be filled (ValueError naming the missing ones)."""
+    must be filled (ValueError naming the missing ones). ``tp_shard``: a tensor-parallel rank's slices
+    (``cfg`` is then the rank's shard config)."""
     params = dict(module.named_parameters())
     filled = dict.fromkeys(params, 0)  # elements copied into each parameter
     for name, tensor in weights:
         name = moe_name(name.removeprefix("model."))
+        if tp_shard is not None:
+            tensor = tp_shard(name, tensor)
         if (expert := expert_shard(name, cfg)) is not None:
             param_name, index, (lo, hi) = expert
             if param_name not in params:

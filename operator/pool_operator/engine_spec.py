@@ -1,0 +1,114 @@
+"""EngineSpec: the settings every engine of an InferencePool shares (flags of `kvferry serve`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from pool_operator.crd_model import CelRule, CrdModel, FreeForm
+
+
+class SpeculativeSpec(CrdModel):
+    """Speculative decoding on decode (and aggregated) engines: the engine's --speculative-config."""
+
+    CEL_RULES = (
+        CelRule(
+            "self.method == 'ngram' || has(self.model)",
+            "methods draft_model and eagle need model (the draft checkpoint or EAGLE head)",
+            lambda s: s.method == "ngram" or s.model is not None,
+        ),
+        CelRule(
+            "self.method != 'ngram' || !has(self.model)",
+            "method ngram takes no model",
+            lambda s: s.method != "ngram" or s.model is None,
+        ),
+    )
+
+    method: Literal["ngram", "draft_model", "eagle"] = Field(
+        description="ngram: prompt lookup (no model); draft_model: a smaller checkpoint with the same "
+        "tokenizer; eagle: an EAGLE head for the served model"
+    )
+    num_speculative_tokens: int = Field(ge=1, le=16, description="drafts verified per step")
+    model: str | None = Field(
+        None, description="the draft checkpoint or EAGLE head: a path inside the model source, or absolute"
+    )
+    prompt_lookup_min: int | None = Field(None, ge=1, description="ngram: shortest suffix looked up")
+    prompt_lookup_max: int | None = Field(None, ge=1, description="ngram: longest suffix looked up")
+
+
+class EnvVar(CrdModel):
+    """A container environment variable (value or valueFrom, as in core/v1)."""
+
+    name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+    value: str | None = None
+    value_from: FreeForm | None = None
+
+
+class EngineSpec(CrdModel):
+    """Settings every engine of the pool shares."""
+
+    CEL_RULES = (
+        CelRule(
+            "self.maxNumBatchedTokens >= self.maxNumSeqs",
+            "maxNumBatchedTokens must be >= maxNumSeqs",
+            lambda s: s.max_num_batched_tokens >= s.max_num_seqs,
+        ),
+        CelRule(
+            "self.blockSize == oldSelf.blockSize",
+            "blockSize is immutable: cached KV blocks and their hashes depend on it",
+        ),
+        CelRule(
+            "self.tensorParallelSize == 1 || !has(self.speculative)",
+            "tensorParallelSize > 1 does not run speculative decoding yet",
+            lambda s: s.tensor_parallel_size == 1 or s.speculative is None,
+        ),
+        CelRule(
+            "!self.enableAutoToolChoice || has(self.toolCallParser)",
+            "enableAutoToolChoice needs toolCallParser",
+            lambda s: not s.enable_auto_tool_choice or s.tool_call_parser is not None,
+        ),
+    )
+
+    image: str | None = Field(None, description="default: the operator's own engine image")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    quantization: Literal["auto", "none", "int8", "int4", "gguf", "gptq", "awq", "fp8"] = Field(
+        "auto",
+        description="weights in memory: auto = the checkpoint's (GGUF blocks, GPTQ, AWQ, FP8); none = "
+        "dequantized to dtype; int8 / int4 = quantized at load; fp8 = quantized at load (GPU engines)",
+    )
+    block_size: int = Field(16, ge=1, le=256)
+    max_model_len: int = Field(4096, ge=16)
+    max_num_seqs: int = Field(256, ge=1)
+    max_num_batched_tokens: int = Field(8192, ge=1)
+    gpu_memory_utilization: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="GPU engines: the fraction of device memory for weights and KV cache (engine default 0.9)",
+    )
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="tensor-parallel ranks per engine (one process each; the pod's nvidia.com/gpu, when "
+        "its resources name GPUs, is set to this)",
+    )
+    prefix_caching: bool = True
+    task: Literal["generate", "embed"] = Field(
+        "generate", description="generate: completions and chat; embed: /v1/embeddings (an embedding model)"
+    )
+    enable_auto_tool_choice: bool = Field(
+        False, description="let the model decide to call tools (needs toolCallParser)"
+    )
+    tool_call_parser: Literal["hermes", "llama3_json", "mistral", "pythonic"] | None = Field(
+        None, description="how tool calls are read from the model's text (engines and routers)"
+    )
+    reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = Field(
+        None, description="<think> text goes to reasoning_content (engines and routers)"
+    )
+    speculative: SpeculativeSpec | None = Field(
+        None, description="speculative decoding (decode and aggregated engines; prefill engines do not draft)"
+    )
+    extra_args: list[str] = Field(default_factory=list)
+    env: list[EnvVar] = Field(default_factory=list)

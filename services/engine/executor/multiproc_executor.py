@@ -1,0 +1,129 @@
+"""MultiprocExecutor: rank 0 in the engine process, one spawned worker process per other rank.
+
+Every step's scheduler output goes to each worker over a local pipe (spawned children of this process:
+nothing from the network is unpickled), all ranks run it in lockstep (their collectives meet), and
+rank 0's output is the step's. A worker that dies, stops answering within the collective timeout, or
+samples other tokens than rank 0 is fatal: ``WorkerDiedError``, and the engine stops serving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import os
+import time
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+
+import torch
+
+from services.engine.core.config import EngineConfig
+from services.engine.core.outputs import ModelRunnerOutput, SchedulerOutput
+from services.engine.executor.tp_worker import rank_device, worker_main
+from services.engine.executor.worker_messages import (
+    STOP,
+    KVCacheSize,
+    Ready,
+    Step,
+    StepDone,
+    WorkerDiedError,
+    WorkerSpec,
+)
+from services.engine.worker.model_runner import ModelRunner
+from services.engine.worker.parallel.tp_group import TPGroup
+from services.engine.worker.structured.manager import StepConstraints
+
+log = logging.getLogger(__name__)
+
+COLLECTIVE_TIMEOUT_S = 60.0  # a stopped rank fails the engine in this time (gloo / NCCL timeout)
+_START_TIMEOUT_S = 900.0  # loading a shard of a large checkpoint
+
+
+class MultiprocExecutor:
+    """Tensor parallelism over ``size`` ranks: starts the workers and joins the group as rank 0."""
+
+    def __init__(self, config: EngineConfig, max_model_len: int, dtype: torch.dtype, backend: str) -> None:
+        self.size = config.tensor_parallel_size
+        self.runner: ModelRunner | None = None
+        self.device = rank_device(config.device, 0)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.size))
+        store = TPGroup.store(self.size, COLLECTIVE_TIMEOUT_S)
+        ctx = mp.get_context("spawn")
+        self.procs: list[BaseProcess] = []
+        self.conns: list[Connection] = []
+        for rank in range(1, self.size):
+            spec = WorkerSpec(
+                config, rank, self.size, store.port, COLLECTIVE_TIMEOUT_S, max_model_len,
+                str(dtype).removeprefix("torch."), backend,
+            )  # fmt: skip
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=worker_main, args=(spec, child), name=f"kvferry-tp{rank}", daemon=True)
+            proc.start()
+            child.close()
+            self.procs.append(proc)
+            self.conns.append(parent)
+        self.group = TPGroup.over(store, 0, self.size, self.device.type == "cuda", COLLECTIVE_TIMEOUT_S)
+        self._store = store  # kept alive: the workers' store connections end at rank 0
+        log.info("tensor parallelism: %d ranks (%s), worker pids %s", self.size,
+                 "nccl" if self.device.type == "cuda" else "gloo", [p.pid for p in self.procs])  # fmt: skip
+
+    def attach(self, runner: ModelRunner, num_blocks: int) -> None:
+        """Rank 0's runner; the workers allocate ``num_blocks`` KV blocks too, then report Ready."""
+        self.runner = runner
+        for conn in self.conns:
+            conn.send(KVCacheSize(num_blocks))
+        for rank, conn in enumerate(self.conns, start=1):
+            ready = self._recv(rank, conn, _START_TIMEOUT_S)
+            if not isinstance(ready, Ready) or ready.error is not None:
+                error = ready.error if isinstance(ready, Ready) else type(ready).__name__
+                raise WorkerDiedError(f"tensor-parallel rank {rank} could not start: {error}")
+
+    def execute(
+        self, sched: SchedulerOutput, constraints: StepConstraints | None = None
+    ) -> ModelRunnerOutput:
+        """One step on every rank; rank 0's output (the workers' tokens must be the same)."""
+        assert self.runner is not None, "attach() first"
+        step = Step(sched, constraints, tuple(self.runner.eos_ids))
+        for rank, conn in enumerate(self.conns, start=1):
+            try:
+                conn.send(step)
+            except (BrokenPipeError, ConnectionResetError, EOFError) as exc:
+                raise WorkerDiedError(f"tensor-parallel rank {rank} is gone ({self._exit(rank)})") from exc
+        out = self.runner.execute(sched, constraints)
+        for rank, conn in enumerate(self.conns, start=1):
+            done = self._recv(rank, conn, COLLECTIVE_TIMEOUT_S + 10)
+            if not isinstance(done, StepDone):
+                raise WorkerDiedError(f"tensor-parallel rank {rank} answered {type(done).__name__}")
+            if not done.failed and not out.failed_req_ids and done.sampled != out.sampled_token_ids:
+                raise WorkerDiedError(f"tensor-parallel rank {rank} sampled other tokens than rank 0")
+        return out
+
+    def _recv(self, rank: int, conn: Connection, timeout: float) -> object:
+        """The next message of a worker; WorkerDiedError if it exits or says nothing for ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while not conn.poll(0.5):
+            if not self.procs[rank - 1].is_alive():
+                raise WorkerDiedError(f"tensor-parallel rank {rank} died ({self._exit(rank)})")
+            if time.monotonic() > deadline:
+                raise WorkerDiedError(f"tensor-parallel rank {rank} did not answer within {timeout:.0f} s")
+        try:
+            return conn.recv()
+        except (EOFError, ConnectionResetError) as exc:
+            raise WorkerDiedError(f"tensor-parallel rank {rank} is gone ({self._exit(rank)})") from exc
+
+    def _exit(self, rank: int) -> str:
+        proc = self.procs[rank - 1]
+        proc.join(0.5)
+        return f"pid {proc.pid}, exit code {proc.exitcode}"
+
+    def shutdown(self) -> None:
+        """Stop the workers (STOP, then terminate what is left) and leave the group."""
+        for conn in self.conns:
+            with contextlib.suppress(BrokenPipeError, OSError):
+                conn.send(STOP)
+        for proc in self.procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(5)

@@ -1,0 +1,61 @@
+"""The messages between the engine (rank 0) and its tensor-parallel worker processes, over local pipes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.engine.core.config import EngineConfig
+from services.engine.core.outputs import SchedulerOutput
+from services.engine.worker.structured.manager import StepConstraints
+
+
+class WorkerDiedError(RuntimeError):
+    """A tensor-parallel rank died or stopped answering: the engine cannot run another step."""
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker needs to join the group and build its shard (sent when it is spawned)."""
+
+    config: EngineConfig
+    rank: int
+    size: int
+    store_port: int  # rank 0's TCP store on 127.0.0.1, where the ranks meet
+    timeout_s: float  # for every collective: a stopped rank fails the step in this time, not never
+    max_model_len: int
+    dtype: str
+    backend: str  # the compute backend rank 0 chose ("cpu", "torch", "triton")
+
+
+@dataclass(frozen=True)
+class KVCacheSize:
+    """Rank 0's KV cache size, which every rank allocates (the block tables are the same on all)."""
+
+    num_blocks: int
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step for every rank: the same scheduler output, constraints and stop tokens as rank 0's."""
+
+    sched: SchedulerOutput
+    constraints: StepConstraints | None
+    eos_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StepDone:
+    """A worker's answer: the tokens it sampled (they must equal rank 0's) or its error."""
+
+    sampled: tuple[tuple[int, ...], ...]
+    failed: bool
+
+
+@dataclass(frozen=True)
+class Ready:
+    """A worker loaded its shard and allocated its KV cache (``error``: why it could not)."""
+
+    error: str | None = None
+
+
+STOP = "stop"

@@ -1,0 +1,1 @@
+"""Platforms: which accelerator (CUDA, ROCm, Intel XPU) or CPU this engine runs on, and its defaults."""
