@@ -315,3 +315,39 @@ def _decoder_layer_class(cfg: object) -> type:
     from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
     return Qwen2DecoderLayer if getattr(cfg, "model_type", "") == "qwen2" else LlamaDecoderLayer
+
+
+def build_llava(out: Path, seed: int = 0) -> Path:
+    """A tiny random LLaVA (CLIP tower: 32 px images, 8 px patches -> 16 image tokens; feature layer -2 of
+    3; a 2-layer Llama LM) with its CLIP image processor config; the image token is the last vocab id."""
+    import torch
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig
+    from transformers import LlavaForConditionalGeneration as HFLlava
+
+    vocab = build_tokenizer(out)
+    vision = CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        image_size=32,
+        patch_size=8,
+    )
+    text = LlamaConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=1024, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )  # fmt: skip
+    cfg = LlavaConfig(
+        vision_config=vision, text_config=text, image_token_index=vocab - 1, vision_feature_layer=-2
+    )
+    torch.manual_seed(seed)
+    model = HFLlava(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(str(out), safe_serialization=True)
+    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(
+        str(out)
+    )
+    return out

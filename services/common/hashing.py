@@ -2,9 +2,9 @@
 
 h_i = sha256(h_{i-1} || tokens_i || extra_keys_i), canonical little-endian encoding.
 h_{-1} is derived from the model id, block size and HASH_VERSION, so two engines that disagree on
-any of them never produce matching hashes. Extra keys: the LoRA adapter name and multimodal content
-hashes on every block, the request's ``cache_salt`` on the first block only (it propagates through
-the chain). Only full blocks are hashed.
+any of them never produce matching hashes. Extra keys: the LoRA adapter name on every block, an
+image's content hash on the blocks its tokens touch, the request's ``cache_salt`` on the first block
+only (each propagates through the chain to every later block). Only full blocks are hashed.
 """
 
 from __future__ import annotations
@@ -23,6 +23,16 @@ def _encode_str(tag: bytes, value: str) -> bytes:
     return tag + struct.pack("<I", len(data)) + data
 
 
+class MMSpan(BaseModel):
+    """The prompt positions [start, end) one image's tokens occupy, and its content hash (of its pixels)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    start: int
+    end: int
+    content_hash: str
+
+
 class BlockHashExtras(BaseModel):
     """Per-request inputs to the hash besides the tokens."""
 
@@ -30,14 +40,16 @@ class BlockHashExtras(BaseModel):
 
     lora_name: str | None = None
     cache_salt: str | None = None
-    mm_hashes: tuple[str, ...] = ()
+    mm_spans: tuple[MMSpan, ...] = ()  # an image's hash goes into the blocks its tokens touch
 
-    def encode(self, block_index: int) -> bytes:
+    def encode(self, block_index: int, block_size: int) -> bytes:
         out = b""
         if self.lora_name:
             out += _encode_str(b"L", self.lora_name)
-        for mm in self.mm_hashes:
-            out += _encode_str(b"M", mm)
+        lo, hi = block_index * block_size, (block_index + 1) * block_size
+        for mm in self.mm_spans:
+            if mm.start < hi and mm.end > lo:
+                out += _encode_str(b"M", mm.content_hash)
         if self.cache_salt and block_index == 0:
             out += _encode_str(b"S", self.cache_salt)
         return out
@@ -72,7 +84,7 @@ class BlockHasher:
         bs = self.block_size
         for i in range(len(hashes), len(token_ids) // bs):
             parent = hashes[i - 1] if i else self.root
-            hashes.append(self.hash_block(parent, token_ids[i * bs : (i + 1) * bs], extras.encode(i)))
+            hashes.append(self.hash_block(parent, token_ids[i * bs : (i + 1) * bs], extras.encode(i, bs)))
         return hashes
 
     def hash_tokens(self, token_ids: Sequence[int], extras: BlockHashExtras | None = None) -> list[bytes]:

@@ -192,6 +192,8 @@ class EngineCore:
             return None
         if self.task == "embed" or self.encoder:
             raise ValueError("enable_lora: LoRA adapters are for generation models")
+        if self.model_config.vision is not None:
+            raise ValueError("enable_lora: LoRA adapters on vision-language models are not supported yet")
         manager = LoRAManager(
             cast(torch.nn.Module, model),
             self.model_config,

@@ -10,7 +10,7 @@ from services.engine.core.pooling_params import PoolingParams
 from services.engine.core.sampling_params import SamplingParams
 from services.engine.llm_engine import LLMEngine, RequestOutput
 
-Prompt = str | list[int]
+Prompt = str | list[int] | dict[str, Any]  # a dict: {"prompt" | "prompt_token_ids", "multi_modal_data"}
 
 
 class LLM:
@@ -36,7 +36,7 @@ class LLM:
 
         ``lora_name``: the LoRA adapter of every prompt, or one per prompt (None: the base model).
         """
-        if isinstance(prompts, str) or (
+        if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
             prompts = [prompts]
@@ -60,8 +60,11 @@ class LLM:
                 child = (
                     p if p.n == 1 else p.model_copy(update={"seed": None if p.seed is None else p.seed + i})
                 )
+                text, images = _split_prompt(prompt)
                 ids.append(
-                    self.engine.add_request(prompt, child, cache_salt=cache_salt, lora_name=lora, index=i)
+                    self.engine.add_request(
+                        text, child, cache_salt=cache_salt, lora_name=lora, index=i, images=images
+                    )
                 )
             groups.append(ids)
         final: dict[str, RequestOutput] = {}
@@ -86,7 +89,10 @@ class LLM:
         )
         batch = [cast(Prompt, prompts)] if single else list(cast(Sequence[Prompt], prompts))
         params = SamplingParams(max_tokens=1)
-        ids = [self.engine.add_request(p, params, pooling=pooling or PoolingParams()) for p in batch]
+        ids = [
+            self.engine.add_request(_split_prompt(p)[0], params, pooling=pooling or PoolingParams())
+            for p in batch
+        ]
         final: dict[str, list[float]] = {}
         while self.engine.has_unfinished():
             for out in self.engine.step():
@@ -107,3 +113,20 @@ class LLM:
         conversations = cast(list[list[dict[str, Any]]], [messages] if single else messages)
         prompts: list[Prompt] = [self.tokenizer.encode_chat(c, add_generation_prompt) for c in conversations]
         return self.generate(prompts, params)
+
+
+def _split_prompt(prompt: Prompt) -> tuple[str | list[int], list[Any]]:
+    """(text or token ids, images) of a prompt; a dict prompt carries vLLM's ``multi_modal_data``."""
+    if not isinstance(prompt, dict):
+        return prompt, []
+    unknown = set(prompt) - {"prompt", "prompt_token_ids", "multi_modal_data"}
+    if unknown:
+        raise ValueError(f"prompt: unknown keys {sorted(unknown)}")
+    text = prompt.get("prompt_token_ids", prompt.get("prompt"))
+    if text is None:
+        raise ValueError("prompt: a dict prompt needs 'prompt' or 'prompt_token_ids'")
+    data = prompt.get("multi_modal_data") or {}
+    if set(data) - {"image"}:
+        raise ValueError(f"multi_modal_data: only 'image' is supported, got {sorted(data)}")
+    images = data.get("image", [])
+    return text, list(images) if isinstance(images, (list, tuple)) else [images]

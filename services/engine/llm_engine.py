@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from services.common.hashing import BlockHashExtras
 from services.common.kv_transfer import KVTransferParams
 from services.common.protocol_common import FinishReason
 from services.common.tokenizer import Tokenizer
 from services.engine.core.config import EngineConfig
+from services.engine.core.mm_input import MMInput
 from services.engine.core.outputs import EngineCoreOutput, Logprobs
 from services.engine.core.pooling_params import PoolingParams
 from services.engine.core.request import Request, RequestStatus
@@ -18,7 +21,11 @@ from services.engine.core.sampling_params import SamplingParams
 from services.engine.detokenizer import IncrementalDetokenizer
 from services.engine.engine_core import EngineCore
 from services.engine.kv_transfer.context import ConnectorFactory, aggregated_connectors
+from services.engine.worker.multimodal.placeholders import ImageInputs, mm_spans
 from services.engine.worker.structured.manager import StructuredOutputManager
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 
 @dataclass
@@ -86,6 +93,8 @@ class LLMEngine:
         self.core.structured = self.structured
         self._tracked: dict[str, _Tracked] = {}
         self._ids = itertools.count()
+        vision = self.core.model_config.vision
+        self.image_inputs = ImageInputs(config.model, vision) if vision is not None else None
 
     def tokenize_prompt(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -127,10 +136,12 @@ class LLMEngine:
         index: int = 0,
         kv_transfer_params: KVTransferParams | None = None,
         pooling: PoolingParams | None = None,
+        images: Sequence[Image.Image] = (),
     ) -> str:
         """Queue one sequence (n is expanded by the caller); returns its request id.
 
         ``pooling`` makes it an embedding request (engines with task 'embed' serve only those).
+        ``images``: one per image placeholder token of the prompt (vision-language models).
         """
         if (pooling is not None) != (self.core.task == "embed"):
             raise ValueError(
@@ -138,6 +149,11 @@ class LLMEngine:
                 + ("embeddings" if self.core.task == "embed" else "generation (start it with task 'embed')")
             )
         text, token_ids = self.tokenize_prompt(prompt)
+        mm_inputs: tuple[MMInput, ...] = ()
+        if images or self.image_inputs is not None:
+            if self.image_inputs is None:
+                raise ValueError("images: this model takes text only")
+            token_ids, mm_inputs = self.image_inputs.expand(token_ids, images)
         self.validate_prompt(token_ids, params, kv_transfer_params)
         if lora_name is not None and lora_name not in self.core.lora_names():
             raise LookupError(f"model: LoRA adapter {lora_name!r} is not loaded")
@@ -146,7 +162,7 @@ class LLMEngine:
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._tracked:
             raise ValueError(f"request_id: {request_id!r} is already in use")
-        extras = BlockHashExtras(lora_name=lora_name, cache_salt=cache_salt)
+        extras = BlockHashExtras(lora_name=lora_name, cache_salt=cache_salt, mm_spans=mm_spans(mm_inputs))
         req = Request(
             request_id,
             token_ids,
@@ -157,6 +173,7 @@ class LLMEngine:
             kv_transfer_params=kv_transfer_params,
             pooling=pooling,
             lora_name=lora_name,
+            mm_inputs=mm_inputs,
         )
         detok = IncrementalDetokenizer(
             self.tokenizer,

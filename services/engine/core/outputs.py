@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.common.protocol_common import FinishReason
+from services.engine.core.mm_input import MMInput
 from services.engine.core.pooling_params import PoolingParams
 from services.engine.core.sampling_params import SamplingParams
 
@@ -25,6 +26,7 @@ class NewRequestData:
     # leading tokens whose KV this engine computed itself (the rest came through a connector): a draft
     # model's own KV exists only for these
     num_local_kv_tokens: int = 0
+    mm_inputs: tuple[MMInput, ...] = ()  # its images: their features replace the placeholder embeddings
 
 
 @dataclass(frozen=True, slots=True)

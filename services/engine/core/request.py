@@ -10,6 +10,7 @@ from typing import Protocol
 
 from services.common.kv_transfer import KVTransferParams
 from services.common.protocol_common import FinishReason
+from services.engine.core.mm_input import MMInput
 from services.engine.core.outputs import Logprobs
 from services.engine.core.pooling_params import PoolingParams
 from services.engine.core.sampling_params import SamplingParams
@@ -91,8 +92,10 @@ class Request:
         kv_transfer_params: KVTransferParams | None = None,
         pooling: PoolingParams | None = None,
         lora_name: str | None = None,
+        mm_inputs: tuple[MMInput, ...] = (),
     ) -> None:
         self.request_id = request_id
+        self.mm_inputs = mm_inputs  # its images (vision-language models), in prompt order
         self.lora_name = lora_name  # the LoRA adapter it runs under (None: the base model)
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params

@@ -305,6 +305,7 @@ class Scheduler:
                 pooling=request.pooling,
                 lora_name=request.lora_name,
                 num_local_kv_tokens=self.kv.num_local_kv_tokens(request, num_computed),
+                mm_inputs=request.mm_inputs,
             )
         )
         plan.tokens.append((request.request_id, num_new))

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from services.engine.core.mm_input import MMInput
 from services.engine.core.outputs import SchedulerOutput
 from services.engine.core.pooling_params import PoolingParams
 from services.engine.core.sampling_params import SamplingParams
@@ -27,6 +28,7 @@ class CachedRequestState:
     lora_name: str | None = None  # its LoRA adapter
     spec_ids: list[int] = field(default_factory=list)  # draft tokens it verifies in this step
     num_draft_computed: int = 0  # leading tokens the draft model holds KV for (speculative decoding)
+    mm_inputs: tuple[MMInput, ...] = ()  # its images (vision-language models)
 
 
 @dataclass

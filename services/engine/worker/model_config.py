@@ -9,6 +9,32 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 
+class VisionTower(BaseModel):
+    """A LLaVA-style model's CLIP vision tower, projector and image placeholder."""
+
+    model_config = ConfigDict(frozen=True)
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    image_size: int
+    patch_size: int
+    num_channels: int = 3
+    layer_norm_eps: float = 1e-5
+    hidden_act: str = "quick_gelu"
+    image_token_index: int
+    feature_layer: int = -2  # which hidden state feeds the projector (HF: vision_feature_layer)
+    select_strategy: str = "default"  # default: drop the CLS position; full: keep it
+    projector_act: str = "gelu"
+    projector_bias: bool = True
+
+    @property
+    def tokens_per_image(self) -> int:
+        patches = (self.image_size // self.patch_size) ** 2
+        return patches + (1 if self.select_strategy == "full" else 0)
+
+
 class ModelConfig(BaseModel):
     """Llama-family architecture description (plus the few facts a BERT encoder needs)."""
 
@@ -44,6 +70,7 @@ class ModelConfig(BaseModel):
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: a shared expert with a sigmoid gate
     decoder_sparse_step: int = 1  # every this-many-th layer is MoE (the others dense)
     mlp_only_layers: tuple[int, ...] = ()  # layers that stay dense
+    vision: VisionTower | None = None  # a vision-language model (LLaVA): its tower and projector
     # BERT-family encoders only (Llama ignores them)
     layer_norm_eps: float = 1e-12
     type_vocab_size: int = 0
@@ -54,6 +81,11 @@ class ModelConfig(BaseModel):
     def from_hf_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
         archs = cfg.get("architectures") or [_ARCH_BY_TYPE.get(cfg.get("model_type", ""), "")]
         arch = archs[0]
+        if "text_config" in cfg and "vision_config" in cfg:  # LLaVA: the LM's facts, plus its tower
+            text = {**cfg["text_config"], "architectures": [arch]}
+            text.setdefault("eos_token_id", cfg.get("eos_token_id"))
+            lm = cls.from_hf_dict(text)
+            return lm.model_copy(update={"vision": _vision(cfg)})
         heads = cfg["num_attention_heads"]
         rope = dict(cfg.get("rope_parameters") or {})
         theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
@@ -151,6 +183,22 @@ def _windowed_layers(cfg: dict[str, Any]) -> tuple[int, ...]:
     if "max_window_layers" in cfg and cfg.get("use_sliding_window"):
         return tuple(range(int(cfg["max_window_layers"]), cfg["num_hidden_layers"]))
     return tuple(range(cfg["num_hidden_layers"]))
+
+
+def _vision(cfg: dict[str, Any]) -> VisionTower:
+    v = cfg["vision_config"]
+    layer = cfg.get("vision_feature_layer", -2)
+    if not isinstance(layer, int):
+        raise ValueError(f"vision_feature_layer={layer!r}: only one feature layer is supported")
+    return VisionTower(
+        hidden_size=v["hidden_size"], intermediate_size=v["intermediate_size"],
+        num_hidden_layers=v["num_hidden_layers"], num_attention_heads=v["num_attention_heads"],
+        image_size=v["image_size"], patch_size=v["patch_size"], num_channels=v.get("num_channels", 3),
+        layer_norm_eps=v.get("layer_norm_eps", 1e-5), hidden_act=v.get("hidden_act", "quick_gelu"),
+        image_token_index=cfg.get("image_token_index", cfg.get("image_token_id", 32000)), feature_layer=layer,
+        select_strategy=cfg.get("vision_feature_select_strategy", "default"),
+        projector_act=cfg.get("projector_hidden_act", "gelu"), projector_bias=cfg.get("multimodal_projector_bias", True),
+    )  # fmt: skip
 
 
 def _moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:

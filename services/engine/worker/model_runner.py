@@ -14,6 +14,7 @@ from services.engine.worker.input_batch import CachedRequestState, PromptLogprob
 from services.engine.worker.lora.lora_manager import LoRAManager
 from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models.interface import CausalLM, EmbeddingModel
+from services.engine.worker.multimodal.encoder_cache import EncoderCache, VisionModel, merged_embeddings
 from services.engine.worker.pooling import PoolingConfig, pool
 from services.engine.worker.sampler import Sampler, SamplingRow, TokenMask, batch_logprobs
 from services.engine.worker.spec_decode.proposal import accepted_prefix
@@ -47,6 +48,8 @@ class ModelRunner:
         self.pooling: PoolingConfig | None = None  # set by the engine for --task embed
         self.lora: LoRAManager | None = None  # set by the engine with --enable-lora
         self.spec: SpecDecoder | None = None  # set by the engine with --speculative-config
+        # vision-language models: image features by content hash
+        self.encoder_cache = EncoderCache() if hasattr(model, "encode_images") else None
 
     def _lm(self) -> CausalLM:
         """The model as a language model (an encoder has no logits: its requests are pooled, never sampled)."""
@@ -74,6 +77,7 @@ class ModelRunner:
                 pooling=new.pooling,
                 lora_name=new.lora_name,
                 num_draft_computed=new.num_local_kv_tokens,
+                mm_inputs=new.mm_inputs,
             )
         for cached in sched.cached_reqs:
             state = self.states[cached.req_id]
@@ -102,7 +106,11 @@ class ModelRunner:
             if self.lora is not None:
                 names = [self.states[r].lora_name for r in req_ids]
                 self.lora.prepare(names, inputs.meta.query_start_loc.tolist())
-            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta, self.backend)
+            extra = self._image_embeddings(sched, inputs) if self.encoder_cache is not None else None
+            kwargs = {"inputs_embeds": extra} if extra is not None else {}
+            hidden = self.model(
+                inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta, self.backend, **kwargs
+            )
             prompt_lps = tuple(self._prompt_logprobs(hidden, rows) for rows in inputs.prompt_rows)
             pooled = self._pool(hidden, inputs, req_ids) if inputs.pool_rows else ()
             sampled: list[tuple[int, ...]] = [()] * len(req_ids)
@@ -133,6 +141,18 @@ class ModelRunner:
             pooled=pooled,
             spec_token_ids=proposed,
         )
+
+    def _image_embeddings(self, sched: SchedulerOutput, inputs: StepInputs) -> torch.Tensor | None:
+        """Input embeddings with the images' features where this step computes their placeholders."""
+        assert self.encoder_cache is not None
+        starts = inputs.meta.query_start_loc.tolist()
+        rows = []
+        for i, (req_id, n) in enumerate(sched.num_scheduled_tokens):
+            st = self.states[req_id]
+            if st.mm_inputs:
+                rows.append((starts[i], st.num_computed, st.num_computed + n, st.mm_inputs))
+        model = cast(VisionModel, self.model)
+        return merged_embeddings(model, inputs.input_ids, rows, self.encoder_cache) if rows else None
 
     def _sample(
         self,

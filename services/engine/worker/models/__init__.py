@@ -9,6 +9,7 @@ from torch import nn
 
 from services.engine.worker.models.bert import BertModel
 from services.engine.worker.models.llama import LlamaForCausalLM
+from services.engine.worker.models.llava import LlavaForConditionalGeneration
 
 _REGISTRY: MappingProxyType[str, type[nn.Module]] = MappingProxyType(
     {
@@ -20,6 +21,7 @@ _REGISTRY: MappingProxyType[str, type[nn.Module]] = MappingProxyType(
         "MixtralForCausalLM": LlamaForCausalLM,
         "Qwen2MoeForCausalLM": LlamaForCausalLM,
         "Qwen3MoeForCausalLM": LlamaForCausalLM,
+        "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
     }
 )
 # Encoders: no KV cache, no logits; they serve embeddings only (see services.engine.worker.pooling).

@@ -150,8 +150,10 @@ class LlamaForCausalLM(nn.Module):
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         backend: Backend,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = self._embed(input_ids)
+        """``inputs_embeds``: the step's input embeddings when they are not only tokens' (images)."""
+        x = self._embed(input_ids) if inputs_embeds is None else inputs_embeds
         rope = backend.rope_inputs(positions, self.cos_sin_cache)
         residual = None
         for layer in self.layers:

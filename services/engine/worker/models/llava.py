@@ -1,0 +1,135 @@
+"""LlavaForConditionalGeneration: a CLIP vision tower, a two-layer projector and a Llama-family LM whose
+input embeddings take the projected image features at the image placeholder positions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from services.engine.worker.attention import AttentionMetadata
+from services.engine.worker.attention import ComputeBackend as Backend
+from services.engine.worker.model_config import ModelConfig
+from services.engine.worker.models.clip_vision import CLIPVisionTower
+from services.engine.worker.models.llama import LlamaForCausalLM
+
+
+class Projector(nn.Module):
+    """linear_1 -> activation -> linear_2, from the tower's width to the LM's."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        assert cfg.vision is not None
+        v = cfg.vision
+        self.act = v.projector_act
+        self.linear_1 = nn.Linear(v.hidden_size, cfg.hidden_size, bias=v.projector_bias)
+        self.linear_2 = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=v.projector_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear_1(x)
+        h = F.gelu(h) if self.act == "gelu" else F.silu(h) if self.act == "silu" else _unsupported(self.act)
+        return self.linear_2(h)
+
+
+def _unsupported(act: str) -> torch.Tensor:
+    raise ValueError(f"projector_hidden_act {act!r} is not supported (gelu, silu)")
+
+
+class LlavaForConditionalGeneration(nn.Module):
+    """The LM runs as any Llama-family model; ``encode_images`` feeds ``merge`` its placeholder rows."""
+
+    def __init__(self, cfg: ModelConfig, max_positions: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        if cfg.vision is None:
+            raise ValueError("LlavaForConditionalGeneration needs a vision_config")
+        self.cfg = cfg
+        self.language_model = LlamaForCausalLM(cfg.model_copy(update={"vision": None}), max_positions, dtype)
+        self.vision_tower = CLIPVisionTower(cfg.vision)
+        self.multi_modal_projector = Projector(cfg)
+
+    @property
+    def cos_sin_cache(self) -> torch.Tensor:
+        return self.language_model.cos_sin_cache
+
+    @cos_sin_cache.setter
+    def cos_sin_cache(self, value: torch.Tensor) -> None:  # the loader builds it after to_empty
+        self.language_model.cos_sin_cache = value
+
+    def build_rope_cache(self, dtype: torch.dtype) -> torch.Tensor:
+        return self.language_model.build_rope_cache(dtype)
+
+    def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
+        """[N, C, H, W] -> [N, tokens_per_image, hidden] in the LM's dtype."""
+        return self.multi_modal_projector(self.vision_tower(pixels))
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.language_model.embed_tokens(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        backend: Backend,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return self.language_model(input_ids, positions, kv_cache, meta, backend, inputs_embeds=inputs_embeds)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.language_model.compute_logits(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """HF LLaVA names (transformers 4 or 5 layout): the tower and projector here, the rest to the LM."""
+        own = dict(self.named_parameters())
+        filled: set[str] = set()
+
+        def language() -> Iterable[tuple[str, Any]]:
+            for name, tensor in weights:
+                target = _vision_name(name)
+                if target is None:
+                    yield _language_name(name), tensor
+                    continue
+                if target == "vision_tower.unused" or (
+                    target.startswith("vision_tower.layers.") and target not in own
+                ):
+                    continue  # past the feature layer (later layers, the post-norm): never run
+                if target not in own:
+                    raise ValueError(
+                        f"checkpoint tensor {name!r} has no place in LlavaForConditionalGeneration"
+                    )
+                if own[target].shape != tensor.shape:
+                    raise ValueError(
+                        f"weight shape mismatch for {name}: {tuple(own[target].shape)} vs {tuple(tensor.shape)}"
+                    )
+                own[target].data.copy_(tensor.to(own[target].dtype))
+                filled.add(target)
+
+        self.language_model.load_weights(language())
+        missing = [n for n in own if not n.startswith("language_model.") and n not in filled]
+        if missing:
+            raise ValueError(f"checkpoint is missing tensors for: {', '.join(missing[:8])}")
+
+
+def _vision_name(name: str) -> str | None:
+    """Our name of a tower / projector tensor (None for the LM's tensors)."""
+    name = name.removeprefix("model.")
+    if name.startswith("multi_modal_projector."):
+        return name
+    if not name.startswith("vision_tower."):
+        return None
+    rest = name.removeprefix("vision_tower.").removeprefix("vision_model.")
+    rest = rest.removeprefix("embeddings.").replace("encoder.layers.", "layers.")
+    rest = rest.replace("self_attn.", "").replace("mlp.", "")
+    if rest.startswith("post_layernorm.") or rest.endswith("position_ids"):
+        return "vision_tower.unused"  # after the feature layer / a buffer: never read
+    return "vision_tower." + rest
+
+
+def _language_name(name: str) -> str:
+    """HF's LM tensor names (``model.language_model.*`` or ``language_model.model.*``) as Llama's."""
+    name = name.removeprefix("model.").removeprefix("language_model.")
+    return name if name.startswith("lm_head.") else name.removeprefix("model.")
