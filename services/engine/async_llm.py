@@ -97,6 +97,7 @@ class EngineStats:
     lora: LoRAStats | None = None  # engines with --enable-lora
     spec: SpecDecodingStats | None = None  # engines with --speculative-config (a copy)
     moe_expert_tokens: list[tuple[int, list[int]]] = field(default_factory=list)  # (layer, per expert)
+    mm_cache: tuple[int, int] | None = None  # vision models: encoder-cache (queries, hits) since start
 
 
 class AsyncLLM:
@@ -147,6 +148,7 @@ class AsyncLLM:
             _lora_stats(core),
             _spec_stats(core),
             core.moe_expert_tokens(),
+            _mm_cache(core),
         )
 
     async def generate(
@@ -339,3 +341,8 @@ def _lora_stats(core: EngineCore) -> LoRAStats | None:
     return LoRAStats(
         tuple(running), tuple(waiting), len(lora.slots), lora.loads, lora.evictions, used, requests
     )
+
+
+def _mm_cache(core: EngineCore) -> tuple[int, int] | None:
+    cache = core.runner.encoder_cache
+    return (cache.queries, cache.hits) if cache is not None else None

@@ -148,3 +148,14 @@ def test_serve_exits_nonzero_when_a_rank_dies(llama_dir: Path, tmp_path: Path) -
     finally:
         if server.proc.poll() is None:
             server.proc.kill()
+
+
+@pytest.mark.gpu
+def test_tp2_equals_tp1_on_two_gpus_with_nccl(llama_dir: Path) -> None:
+    """The same equality over NCCL on two CUDA devices (skipped without two)."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices")
+    for one, two in _pair(llama_dir, num_kv_blocks=512, max_num_batched_tokens=37, device="cuda"):
+        assert _tokens(two, _prompts()) == _tokens(one, _prompts())

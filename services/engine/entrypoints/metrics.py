@@ -149,6 +149,14 @@ class _EngineCollector(Collector):
                 for expert, n in enumerate(counts):
                     experts.add_metric([str(layer), str(expert)], n)
             yield experts
+        if s.mm_cache is not None:
+            queries, hits = s.mm_cache
+            yield CounterMetricFamily(
+                "kvferry_mm_cache_queries", "Image feature lookups in the encoder cache.", value=queries
+            )
+            yield CounterMetricFamily(
+                "kvferry_mm_cache_hits", "Image feature lookups the encoder cache answered.", value=hits
+            )
 
 
 def _spec_metrics(spec: SpecDecodingStats) -> Iterator[Metric]:
