@@ -319,12 +319,18 @@ def _decoder_layer_class(cfg: object) -> type:
 
 def build_llava(out: Path, seed: int = 0) -> Path:
     """A tiny random LLaVA (CLIP tower: 32 px images, 8 px patches -> 16 image tokens; feature layer -2 of
-    3; a 2-layer Llama LM) with its CLIP image processor config; the image token is the last vocab id."""
+    3; a 2-layer Llama LM) with its CLIP image processor config; the image token is ``<image>``, the
+    tokenizer's last id."""
     import torch
+    from tokenizers import AddedToken, Tokenizer
     from transformers import CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig
     from transformers import LlavaForConditionalGeneration as HFLlava
 
-    vocab = build_tokenizer(out)
+    build_tokenizer(out)
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken("<image>", special=True, normalized=False)])
+    tok.save(str(out / "tokenizer.json"))
+    vocab = tok.get_vocab_size()  # the last id is "<image>", what the chat template is given per image
     vision = CLIPVisionConfig(
         hidden_size=32,
         intermediate_size=64,

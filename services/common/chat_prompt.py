@@ -26,20 +26,32 @@ def encode_messages(
     messages: Sequence[ChatMessage],
     add_generation_prompt: bool,
     tools: list[dict[str, Any]] | None = None,
+    image_marker: str | None = None,
 ) -> list[int]:
     """The chat template applied to ``messages`` (and ``tools``), encoded; 400 (param ``messages``) when the
-    template refuses."""
+    template refuses, or when a text model (no ``image_marker``) gets images."""
     try:
-        return tokenizer.encode_chat(conversation(messages), add_generation_prompt, tools)
+        return tokenizer.encode_chat(conversation(messages, image_marker), add_generation_prompt, tools)
     except ChatTemplateError as exc:
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
+    except ValueError as exc:
+        raise bad_request(str(exc), "messages") from exc
+
+
+def image_urls(body: ChatCompletionRequest) -> list[str]:
+    """Every image part's URL, in message order."""
+    return [url for m in body.messages for url in m.image_urls()]
 
 
 def chat_prompt_ids(
-    tokenizer: Tokenizer, body: ChatCompletionRequest, tools: list[dict[str, Any]] | None = None
+    tokenizer: Tokenizer,
+    body: ChatCompletionRequest,
+    tools: list[dict[str, Any]] | None = None,
+    image_marker: str | None = None,
 ) -> list[int]:
-    """The prompt ids of a chat completions request (``tools``: what its template shows the model)."""
-    return encode_messages(tokenizer, body.messages, body.add_generation_prompt, tools)
+    """The prompt ids of a chat completions request (``tools``: what its template shows the model;
+    ``image_marker``: the placeholder of a vision-language model, one per image part)."""
+    return encode_messages(tokenizer, body.messages, body.add_generation_prompt, tools, image_marker)
 
 
 def chat_top_logprobs(body: ChatCompletionRequest) -> int | None:

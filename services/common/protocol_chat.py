@@ -40,11 +40,28 @@ class TextContentPart(RequestModel):
     text: str
 
 
+class ImageUrl(RequestModel):
+    """Where an image is: a ``data:image/...;base64,`` URL (or ``file://`` where the server allows it)."""
+
+    url: Annotated[str, Field(min_length=1)]
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImageUrlContentPart(RequestModel):
+    """A ``{"type": "image_url", "image_url": {"url": ...}}`` content part (vision-language models)."""
+
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+ContentPart = Annotated[TextContentPart | ImageUrlContentPart, Field(discriminator="type")]
+
+
 class ChatMessage(RequestModel):
-    """One input message; ``content`` is a string or a list of text parts (None only beside tool calls)."""
+    """One input message; ``content`` is a string or a list of parts (None only beside tool calls)."""
 
     role: Role
-    content: str | list[TextContentPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[MessageToolCall] | None = None  # an assistant turn that called tools
     tool_call_id: str | None = None  # a tool turn: the call it answers
@@ -61,13 +78,30 @@ class ChatMessage(RequestModel):
             raise field_error("tool_calls", "only assistant messages carry tool_calls")
         return self
 
-    def text(self) -> str:
-        """The content as one string (text parts joined by newlines, as vLLM does)."""
+    def text(self, image_marker: str | None = None) -> str:
+        """The content as one string (parts joined by newlines, as vLLM does); an image part is the model's
+        placeholder ``image_marker`` (ValueError without one: a text model)."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "\n".join(part.text for part in self.content)
+        parts = []
+        for part in self.content:
+            if isinstance(part, TextContentPart):
+                parts.append(part.text)
+            elif image_marker is None:
+                raise ValueError(
+                    "image_url content parts need a vision-language model; this one takes text only"
+                )
+            else:
+                parts.append(image_marker)
+        return "\n".join(parts)
+
+    def image_urls(self) -> list[str]:
+        """The URLs of its image parts, in order."""
+        if not isinstance(self.content, list):
+            return []
+        return [p.image_url.url for p in self.content if isinstance(p, ImageUrlContentPart)]
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -120,12 +154,14 @@ class ChatCompletionRequest(SamplingRequest):
         return conversation(self.messages)
 
 
-def conversation(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+def conversation(messages: Sequence[ChatMessage], image_marker: str | None = None) -> list[dict[str, Any]]:
     """Messages as chat-template dicts: ``{"role", "content"}`` plus ``tool_calls`` (arguments parsed to
-    objects, as HF templates expect) and ``tool_call_id``; ``developer`` is rendered as ``system``."""
+    objects, as HF templates expect) and ``tool_call_id``; ``developer`` is rendered as ``system``;
+    image parts as ``image_marker`` (the model's placeholder token)."""
     out: list[dict[str, Any]] = []
     for m in messages:
-        item: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+        role = "system" if m.role == "developer" else m.role
+        item: dict[str, Any] = {"role": role, "content": m.text(image_marker)}
         if m.tool_calls:
             item["tool_calls"] = [
                 {

@@ -12,6 +12,7 @@ from services.common.protocol_common import (
     FinishReason,
     PositiveInt,
     PromptLogprobsCarrier,
+    RequestModel,
     ResponseModel,
     SamplingRequest,
     StreamChunkModel,
@@ -57,6 +58,14 @@ def _check_prompt(value: Any) -> PromptInput:
 Prompt = Annotated[PromptInput, PlainValidator(_check_prompt, json_schema_input_type=PromptInput)]
 
 
+class MultiModalData(RequestModel):
+    """Images of a completions prompt (URLs, as in chat ``image_url`` parts)."""
+
+    image: Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=64)] = Field(
+        default_factory=list
+    )
+
+
 class CompletionRequest(SamplingRequest):
     """Body of ``POST /v1/completions``. ``max_tokens`` defaults to 16 as in OpenAI and vLLM."""
 
@@ -64,6 +73,15 @@ class CompletionRequest(SamplingRequest):
     max_tokens: PositiveInt | None = 16
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     echo: bool = False
+    # kvferry extension (vLLM's offline shape): the images of a one-prompt request, one per placeholder
+    # token of a vision-language model, as data: URLs; the router sends chat images to engines this way
+    multi_modal_data: MultiModalData | None = None
+
+    @model_validator(mode="after")
+    def _check_images(self) -> CompletionRequest:
+        if self.multi_modal_data is not None and self.multi_modal_data.image and len(self.prompts()) != 1:
+            raise field_error("multi_modal_data", "images go with exactly one prompt")
+        return self
 
     @model_validator(mode="after")
     def _check_echo(self) -> CompletionRequest:

@@ -8,7 +8,7 @@ import queue
 import threading
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from services.common.kv_transfer import KVTransferParams
 from services.engine.core.config import EngineConfig
@@ -45,6 +45,7 @@ class _Add:
     loop: asyncio.AbstractEventLoop
     pooling: PoolingParams | None = None
     lora_name: str | None = None
+    images: tuple[Any, ...] = ()
 
 
 @dataclass
@@ -161,10 +162,12 @@ class AsyncLLM:
         kv_transfer_params: KVTransferParams | None = None,
         pooling: PoolingParams | None = None,
         lora_name: str | None = None,
+        images: tuple[Any, ...] = (),
     ) -> AsyncGenerator[RequestOutput, None]:
         """Yield a RequestOutput per engine step for this request; cancelling the iteration aborts it.
 
         ``pooling``: an embedding request (one output, with ``embedding``), for engines with task 'embed'.
+        ``images``: PIL images, one per image placeholder of the prompt (vision-language models).
         """
         if not self.is_alive:
             raise EngineDeadError("the engine loop is not running")
@@ -182,6 +185,7 @@ class AsyncLLM:
                 asyncio.get_running_loop(),
                 pooling,
                 lora_name,
+                images,
             )
         )
         finished = False
@@ -269,6 +273,7 @@ class AsyncLLM:
                 kv_transfer_params=cmd.kv_transfer_params,
                 pooling=cmd.pooling,
                 lora_name=cmd.lora_name,
+                images=cmd.images,
             )
         except (ValueError, LookupError) as exc:  # LookupError: its LoRA adapter was unloaded meanwhile
             self._deliver(cmd.request_id, exc, True)

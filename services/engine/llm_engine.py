@@ -94,7 +94,7 @@ class LLMEngine:
         self._tracked: dict[str, _Tracked] = {}
         self._ids = itertools.count()
         vision = self.core.model_config.vision
-        self.image_inputs = ImageInputs(config.model, vision) if vision is not None else None
+        self.image_inputs = ImageInputs(config.model) if vision is not None else None
 
     def tokenize_prompt(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):

@@ -12,9 +12,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from services.common.chat_prompt import chat_prompt_ids, chat_top_logprobs
+from services.common.chat_prompt import chat_prompt_ids, chat_top_logprobs, image_urls
 from services.common.chat_tools import ChatPlan, ToolSettings, plan_chat
-from services.common.hashing import BlockHasher, BlockHashExtras
+from services.common.errors import bad_request
+from services.common.hashing import BlockHasher, BlockHashExtras, MMSpan
+from services.common.image_inputs import ImagePlaceholders, load_image
 from services.common.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from services.common.protocol_structured import CONSTRAINT_FIELDS, spec_request_fields
 from services.common.tokenizer import Tokenizer
@@ -70,9 +72,16 @@ class PreparedRequest:
 class PromptPreparer:
     """Turns an OpenAI request into a PreparedRequest with the pool's tokenizer and block hasher."""
 
-    def __init__(self, tokenizer: Tokenizer, hasher: BlockHasher, tools: ToolSettings | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        hasher: BlockHasher,
+        tools: ToolSettings | None = None,
+        images: ImagePlaceholders | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.hasher = hasher
+        self.images = images  # a vision-language pool: its placeholder and preprocessing
         self.tools = tools or ToolSettings(
             template_renders_tools=tokenizer.chat_template is not None and tokenizer.renders_tools()
         )
@@ -81,17 +90,24 @@ class PromptPreparer:
         """Strings are encoded as the engine would (special tokens added); ids pass as they are."""
         prompts = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in body.prompts()]
         engine = _base_body(body)
+        urls = body.multi_modal_data.image if body.multi_modal_data is not None else []
+        prompts[0], spans = self._expand(prompts[0], urls, "multi_modal_data")
         engine["prompt"] = prompts[0] if len(prompts) == 1 else prompts
-        if body.echo and isinstance(body.prompts()[0], str):
+        if body.echo and isinstance(body.prompts()[0], str) and not urls:
             engine["prompt"] = body.prompt  # echo returns the caller's text, not text decoded from the ids
-        return self._prepared("completion", body, prompts, engine, lora_name)
+        return self._prepared("completion", body, prompts, engine, lora_name, spans)
 
     def chat(self, body: ChatCompletionRequest, lora_name: str | None = None) -> PreparedRequest:
         """Chat template (with the tools it should show), then the same completions body; logprobs asked as
         completions logprobs; a tool_choice the engine must enforce becomes its output constraint."""
         plan = plan_chat(body, self.tools)
-        ids = chat_prompt_ids(self.tokenizer, body, plan.template_tools)
+        marker = self.tokenizer.id_to_token(self.images.token_id) if self.images is not None else None
+        ids = chat_prompt_ids(self.tokenizer, body, plan.template_tools, marker)
+        urls = image_urls(body)
+        ids, spans = self._expand(ids, urls, "messages")
         engine = _base_body(body)
+        if urls:
+            engine["multi_modal_data"] = {"image": urls}
         for key in (*_CHAT_ONLY, *CONSTRAINT_FIELDS):
             engine.pop(key, None)
         if plan.constraint is not None:
@@ -108,10 +124,23 @@ class PromptPreparer:
         top_n = chat_top_logprobs(body)
         if top_n is not None:
             engine["logprobs"] = top_n
-        prepared = self._prepared("chat", body, [ids], engine, lora_name)
+        prepared = self._prepared("chat", body, [ids], engine, lora_name, spans)
         prepared.chat_top_logprobs = top_n
         prepared.chat_plan = plan
         return prepared
+
+    def _expand(self, ids: list[int], urls: list[str], param: str) -> tuple[list[int], tuple[MMSpan, ...]]:
+        """The ids with each image's placeholders expanded (as the engine expands them), and the images'
+        block-hash keys; the engine gets these ids and the image URLs."""
+        if not urls:
+            return ids, ()
+        if self.images is None:
+            raise bad_request("images need a vision-language model; this pool serves text only", param)
+        try:
+            expanded, placed = self.images.expand(ids, _decode_images(urls, param))
+        except ValueError as exc:
+            raise bad_request(str(exc), param) from exc
+        return expanded, tuple(p.span() for p in placed)
 
     def _prepared(
         self,
@@ -120,9 +149,11 @@ class PromptPreparer:
         prompts: list[list[int]],
         engine: dict[str, Any],
         lora_name: str | None,
+        spans: tuple[MMSpan, ...] = (),
     ) -> PreparedRequest:
-        """Block hashes as the engine computes them: an adapter's blocks are its own (the name is hashed)."""
-        extras = BlockHashExtras(cache_salt=body.cache_salt, lora_name=lora_name)
+        """Block hashes as the engine computes them: an adapter's blocks are its own (the name is hashed),
+        an image's blocks carry its content hash."""
+        extras = BlockHashExtras(cache_salt=body.cache_salt, lora_name=lora_name, mm_spans=spans)
         hashes = self.hasher.hash_tokens(prompts[0], extras)
         if lora_name is not None:
             engine["model"] = lora_name  # the engine picks the adapter by model
@@ -136,6 +167,16 @@ class PromptPreparer:
             body.include_usage_in_stream(),
             lora_name=lora_name,
         )
+
+
+def _decode_images(urls: list[str], param: str) -> list[Any]:
+    images = []
+    for i, url in enumerate(urls):
+        try:
+            images.append(load_image(url))
+        except ValueError as exc:
+            raise bad_request(f"image {i}: {exc}", param) from exc
+    return images
 
 
 def _base_body(body: SamplingRequest) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from services.common.chat_tools import ToolSettings, check_tool_settings
 from services.common.hashing import HASH_VERSION, BlockHasher
+from services.common.image_inputs import ImagePlaceholders
 from services.common.prefix_index import AsyncPrefixIndex
 from services.common.tokenizer import Tokenizer
 from services.router.context_limit import pool_max_model_len
@@ -85,7 +86,7 @@ class RouterState:
             settings,
             tokenizer,
             metrics,
-            PromptPreparer(tokenizer, hasher, tools),
+            PromptPreparer(tokenizer, hasher, tools, ImagePlaceholders.from_model_dir(settings.tokenizer)),
             poller,
             client,
             index,

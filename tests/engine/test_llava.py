@@ -11,8 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
+from services.common.image_processor import ImageProcessor
 from services.engine import LLM, SamplingParams
-from services.engine.worker.multimodal.image_processor import ImageProcessor
 from tests.checkpoints import build_llava
 
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
@@ -130,22 +130,3 @@ def test_bad_image_input_is_a_clear_error(llava_dir: Path, llama_dir: Path) -> N
     with pytest.raises(ValueError, match="images: this model takes text only"):
         text.generate({"prompt_token_ids": [1, 2], "multi_modal_data": {"image": _image(1, 9, 9)}})
     assert llm.generate([[1, 5, 6]], GREEDY)[0].outputs[0].token_ids  # it still serves
-
-
-def test_served_engine_counts_the_encoder_cache_and_refuses_image_parts(llava_dir: Path) -> None:
-    """/metrics has the encoder-cache counters; an image_url part (not served over HTTP yet) is a 400."""
-    import httpx
-
-    from tests.engine.entrypoints.helpers import MODEL
-    from tests.engine_harness import start_in_process
-
-    engine = start_in_process(llava_dir, "--num-kv-blocks", "64")
-    try:
-        metrics = httpx.get(f"{engine.url}/metrics", timeout=10).text
-        assert "kvferry_mm_cache_queries_total" in metrics and "kvferry_mm_cache_hits_total" in metrics
-        part = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
-        body = {"model": MODEL, "messages": [{"role": "user", "content": [part]}], "max_tokens": 2}
-        r = httpx.post(f"{engine.url}/v1/chat/completions", json=body, timeout=30)
-        assert r.status_code == 400 and "content" in r.text
-    finally:
-        assert engine.stop() == 0

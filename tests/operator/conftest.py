@@ -94,4 +94,7 @@ def operator_process(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory)
     process = OperatorProcess(cluster, tmp_path_factory.mktemp("operator"))
     yield process
     process.stop()
-    assert "Traceback" not in process.log(), process.log()[-4000:]
+    # a timer that fires while the operator stops may fail on its closed session: only before the stop
+    # signal is a traceback a bug
+    running = process.log().split("Signal SIGTERM is received", 1)[0]
+    assert "Traceback" not in running, running[-4000:]

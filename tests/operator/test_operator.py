@@ -101,7 +101,8 @@ def test_update_reapplies_only_the_changed_role(cluster, operator_process: Opera
 def test_disabling_a_component_prunes_its_children(cluster, operator_process: OperatorProcess):
     cluster.merge(pool_path("beta", "pd"), {"spec": {"kvstore": {"enabled": False}}})
     wait_for(lambda: deployment(cluster, "beta", "pd-kvstore") is None, what="kvstore pruned")
-    assert cluster.get("/api/v1/namespaces/beta/services/pd-kvstore") is None
+    # the prune deletes one object after the other: its Service goes right after the Deployment
+    wait_for(lambda: cluster.get("/api/v1/namespaces/beta/services/pd-kvstore") is None, what="its Service")
     args = deployment(cluster, "beta", "pd-decode")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--kvstore-url" not in args
 
@@ -134,7 +135,8 @@ def test_a_gateway_pool_gets_gies_inference_pool_and_loses_it_when_disabled(
     assert cluster.get("/api/v1/namespaces/eps/services/gw-epp") is not None
     cluster.merge(pool_path("eps", "gw"), {"spec": {"gateway": {"enabled": False}}})
     wait_for(lambda: cluster.get(gie) is None, what="GIE InferencePool pruned")
-    assert cluster.get("/api/v1/namespaces/eps/services/gw-epp") is None
+    # one reconcile prunes both, one API call after the other: wait for the second as well
+    wait_for(lambda: cluster.get("/api/v1/namespaces/eps/services/gw-epp") is None, what="EPP Service pruned")
     args = deployment(cluster, "eps", "gw-router")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--epp-port" not in args
 

@@ -7,6 +7,7 @@ passes a factory per ``--role`` value.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import os
@@ -157,6 +158,30 @@ def _add_lora_flags(add: Callable[..., object]) -> None:
         action="store_true",
         help="enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter",
     )
+    add(
+        "--allowed-local-media-path",
+        default=None,
+        help="vision models: a folder whose files image_url parts may name as file:// URLs (default: none)",
+    )
+    add(
+        "--limit-mm-per-prompt",
+        default=None,
+        metavar="JSON",
+        help="vision models: most images per request, e.g. '{\"image\": 4}' (the default)",
+    )
+
+
+def _image_limit(text: str | None) -> int:
+    """--limit-mm-per-prompt '{"image": N}' -> N (4 without the flag); other modalities are not served."""
+    if text is None:
+        return 4
+    try:
+        limits = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--limit-mm-per-prompt: not JSON ({exc.msg})") from exc
+    if not isinstance(limits, dict) or set(limits) - {"image"} or not isinstance(limits.get("image", 4), int):
+        raise ValueError('--limit-mm-per-prompt: expected {"image": N} (images are the only modality served)')
+    return int(limits.get("image", 4))
 
 
 def _speculative(text: str | None) -> SpeculativeConfig | None:
@@ -252,6 +277,8 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
         chat_template=read_chat_template(args.chat_template),
+        allowed_local_media_path=args.allowed_local_media_path,
+        limit_images_per_prompt=_image_limit(args.limit_mm_per_prompt),
     )
     check_tool_settings(
         ToolSettings(args.enable_auto_tool_choice, args.tool_call_parser, args.reasoning_parser)

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import Any
 
 from services.common.errors import OpenAIError, bad_request
 from services.common.kv_transfer import KVTransferParams
@@ -27,6 +28,7 @@ class RequestOptions:
     priority: int = 0
     kv_transfer_params: KVTransferParams | None = None
     lora_name: str | None = None  # the LoRA adapter the request's ``model`` names
+    images: tuple[Any, ...] = ()  # decoded images (PIL), one per placeholder of the prompt
 
 
 class Generation:
@@ -53,6 +55,7 @@ class Generation:
             priority=opts.priority,
             kv_transfer_params=opts.kv_transfer_params,
             lora_name=opts.lora_name,
+            images=opts.images,
         )
         try:
             async with aclosing(gen):
@@ -120,7 +123,11 @@ class Generation:
 
     def usage(self) -> Usage:
         """Usage over all choices: each prompt counted once, cached tokens from its first sample."""
-        prompt = sum(len(s.prompt_ids) for s in self.subs if s.sample == 0)
+        prompt = sum(  # as the engine ran it: an image's placeholder counts each of its feature tokens
+            len(self.finals[s.index].prompt_token_ids) if s.index in self.finals else len(s.prompt_ids)
+            for s in self.subs
+            if s.sample == 0
+        )
         cached = sum(
             self.finals[s.index].num_cached_tokens
             for s in self.subs

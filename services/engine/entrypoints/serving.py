@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -31,6 +32,8 @@ class ServerSettings(BaseModel):
     reasoning_parser: str | None = None
     chat_template: str | None = None  # template text (from --chat-template FILE) replacing the model's
     allow_runtime_lora_updating: bool = False  # POST /v1/load_lora_adapter and /v1/unload_lora_adapter
+    allowed_local_media_path: Path | None = None  # vision models: file:// image URLs under this folder
+    limit_images_per_prompt: int = Field(4, ge=0, le=64)  # vision models: --limit-mm-per-prompt's image
 
     api_key: str | None = None
     request_timeout: float | None = Field(None, gt=0)

@@ -1,4 +1,4 @@
-"""ImageProcessor: a checkpoint's CLIP-style preprocessing (preprocessor_config.json): RGB, resize the
+"""ImageProcessor (router and engine): a checkpoint's CLIP-style preprocessing (preprocessor_config.json): RGB, resize the
 shortest edge, centre crop, rescale, normalise -> float32 [C, H, W], as HF's CLIPImageProcessor does."""
 
 from __future__ import annotations
