@@ -47,6 +47,7 @@ def test_fuzzing_finds_no_server_error_and_no_lie(urls: dict, target: str) -> No
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3000)
 @pytest.mark.parametrize("target", ["engine", "router"])
 def test_a_thousand_cases_per_operation(urls: dict, target: str) -> None:
     _check(urls, target, 1000)
