@@ -71,14 +71,16 @@ def pool(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         "--engine-read-timeout",
         str(READ_TIMEOUT_S),
     )
-    reference, error, done = _stream(router.url)
-    assert error is None and done and len(reference) > 20  # events (a few tokens are held for UTF-8)
-    yield Pool(engines, proxies, router, reference)
-    router.stop()
-    for p in proxies:
-        p.close()
-    for e in engines:
-        assert e.stop() == 0
+    try:
+        reference, error, done = _stream(router.url)
+        assert error is None and done and len(reference) > 20  # events (a few tokens are held for UTF-8)
+        yield Pool(engines, proxies, router, reference)
+    finally:
+        router.stop()
+        for p in proxies:
+            p.close()
+        for e in engines:
+            e.stop()
 
 
 def _until_faulted(pool: Pool, proxy: FaultProxy, ask) -> None:  # noqa: ANN001

@@ -26,8 +26,14 @@ def urls(
     engine: InProcessEngine, llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict]:
     router = start_router(llama_dir, tmp_path_factory.mktemp("router"), [engine.url])
-    yield {"engine": engine.url, "router": router.url, "logs": lambda: engine.log_text() + router.log_text()}
-    router.stop()
+    try:
+        yield {
+            "engine": engine.url,
+            "router": router.url,
+            "logs": lambda: engine.log_text() + router.log_text(),
+        }
+    finally:
+        router.stop()
 
 
 def _check(urls: dict, target: str, examples: int) -> None:
