@@ -32,6 +32,12 @@ _GENERATION: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatCompletionResponse,
 }
 _PLAIN_TEXT = {"/metrics"}
+# One server-sent event (as parsed from ``data:`` lines): a JSON chunk, an error object, or ``[DONE]``.
+_SSE_EVENT = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}},
+}
 _REF = "#/components/schemas/"
 
 
@@ -63,7 +69,7 @@ def _rewrite_operation(doc: dict[str, Any], path: str, op: dict[str, Any], error
     if path in _GENERATION:
         ok["content"] = {
             **_json(_add_model(doc, _GENERATION[path])),
-            SSE_CONTENT_TYPE: {"schema": {"type": "string"}},
+            SSE_CONTENT_TYPE: {"schema": _SSE_EVENT},
         }
     elif path in _PLAIN_TEXT:
         ok["content"] = {"text/plain": {"schema": {"type": "string"}}}

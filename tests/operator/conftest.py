@@ -93,7 +93,10 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Cluster]:
     yield emulated
     calls = pytestconfig.stash.setdefault(OPERATOR_CALLS, set())
     for request in list(emulated.emulator):
-        if request.headers.get("User-Agent") != "tests/1":  # the tests' own calls and fake controllers
+        agent = request.headers.get("User-Agent", "")
+        if (
+            agent.startswith("kopf/") or agent == "kvferry-operator"
+        ):  # the operator's calls only (kopf's, its own)
             method, url = request.method.value.upper(), request.url
             calls.add((method, url.path, url.query_string, request.headers.get("Content-Type", "")))
     emulated.stop()

@@ -75,7 +75,7 @@ def _run(operation, mode: GenerationMode, base_url: str, examples: int, report: 
         try:
             case.validate_response(response, checks=checks)
         except BaseExceptionGroup as exc:  # schemathesis' FailureGroup: one entry per distinct failure
-            what = "; ".join(f"{type(e).__name__}: {str(e).strip().splitlines()[0]}" for e in exc.exceptions)
+            what = "; ".join(f"{type(e).__name__}: {str(e).strip()[:400]}" for e in exc.exceptions)
             first = f"{name}: {response.status_code} {what[:300]}"
             if first not in seen:
                 seen.add(first)
