@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from services.common.chat_prompt import chat_prompt_ids, chat_top_logprobs
 from services.common.chat_tools import ChatPlan, ToolSettings, plan_chat
+from services.common.errors import bad_request
 from services.common.hashing import BlockHasher, BlockHashExtras
 from services.common.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from services.common.protocol_structured import CONSTRAINT_FIELDS, spec_request_fields
@@ -80,6 +81,11 @@ class PromptPreparer:
     def completion(self, body: CompletionRequest, lora_name: str | None = None) -> PreparedRequest:
         """Strings are encoded as the engine would (special tokens added); ids pass as they are."""
         prompts = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in body.prompts()]
+        vocab = self.tokenizer.vocab_size
+        if any(
+            t >= vocab for ids in prompts for t in ids
+        ):  # as the engine says; hashing would overflow first
+            raise bad_request(f"token ids must be in [0, {vocab})", "prompt")
         engine = _base_body(body)
         engine["prompt"] = prompts[0] if len(prompts) == 1 else prompts
         if body.echo and isinstance(body.prompts()[0], str):

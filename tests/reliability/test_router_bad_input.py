@@ -51,6 +51,14 @@ def stack(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     assert engine.stop() == 0
 
 
+def test_a_token_id_past_the_vocabulary_is_a_400_at_the_router(stack: Stack) -> None:
+    """Found by schemathesis: a full block holding an id past 2**32 broke the block hash (a 500)."""
+    body = {"model": MODEL, "prompt": [2**40] + [5] * 20, "max_tokens": 1}
+    r = httpx.post(f"{stack.router.url}/v1/completions", json=body, timeout=30)
+    assert r.status_code == 400 and "token ids must be in [0, " in r.json()["error"]["message"], r.text
+    stack.healthy()
+
+
 def test_hostile_bodies_are_a_named_400_with_memory_bounded(stack: Stack) -> None:
     stack.healthy()
     before = stack.rss_mb()
