@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from services.common.chat_prompt import detokenize_response, tokenize_response
 from services.common.errors import OpenAIError, model_not_found, not_ready
 from services.common.http_middleware import RequestContextMiddleware, install_error_handlers
+from services.common.openapi_doc import document_answers
 from services.common.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -230,4 +231,5 @@ def build_app(settings: RouterSettings, state: RouterState | None = None) -> Fas
     app.include_router(_openai_routes(state))
     app.include_router(_ops_routes(state))
     app.include_router(ui_routes(state))
+    document_answers(app)  # /openapi.json says what the routes really answer
     return app

@@ -121,6 +121,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add("--index-budget-ms", type=float, default=20.0, help="longest a prefix-index lookup may take")
     add("--self-check-interval", type=float, default=60.0, help="seconds between self-checks")
     add(
+        "--engine-read-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="longest silence from a decode engine: between stream events, or for a whole non-streamed "
+        "answer; past it the call counts as failed (retried before the first token, an SSE error event "
+        "after). Default: none",
+    )
+    add(
         "--epp-port",
         type=int,
         default=None,
@@ -176,6 +185,7 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         poller=PollerSettings(interval_s=args.poll_interval),
         index_budget_s=args.index_budget_ms / 1000,
         self_check_interval_s=args.self_check_interval,
+        request_timeout_s=args.engine_read_timeout,
         chat_template=read_chat_template(args.chat_template),
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,

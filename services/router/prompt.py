@@ -89,6 +89,11 @@ class PromptPreparer:
     def completion(self, body: CompletionRequest, lora_name: str | None = None) -> PreparedRequest:
         """Strings are encoded as the engine would (special tokens added); ids pass as they are."""
         prompts = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in body.prompts()]
+        vocab = self.tokenizer.vocab_size
+        if any(
+            t >= vocab for ids in prompts for t in ids
+        ):  # as the engine says; hashing would overflow first
+            raise bad_request(f"token ids must be in [0, {vocab})", "prompt")
         engine = _base_body(body)
         urls = body.multi_modal_data.image if body.multi_modal_data is not None else []
         prompts[0], spans = self._expand(prompts[0], urls, "multi_modal_data")

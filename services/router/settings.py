@@ -34,7 +34,7 @@ class RouterSettings(BaseModel):
     probe_timeout_s: float = Field(10.0, gt=0, description="How long a probe's blocks may take to show up.")
     connect_timeout_s: float = Field(2.0, gt=0)
     request_timeout_s: float | None = Field(
-        None, gt=0, description="Read timeout of engine calls (None: none)."
+        None, gt=0, description="Read timeout of engine calls (--engine-read-timeout; None: none)."
     )
     prefill_timeout_s: float = Field(60.0, gt=0)
     # chat shaping, as the engines' flags (the router applies the template and reads tool calls itself)

@@ -82,10 +82,23 @@ class OperatorProcess:
         self._log.close()
 
 
+# Every API call the operator made in this session's emulator tests (test_rbac.py):
+# (method, path, query, content type).
+OPERATOR_CALLS = pytest.StashKey[set[tuple[str, str, str, str]]]()
+
+
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
+def cluster(pytestconfig: pytest.Config) -> Iterator[Cluster]:
     emulated = Cluster().start()
     yield emulated
+    calls = pytestconfig.stash.setdefault(OPERATOR_CALLS, set())
+    for request in list(emulated.emulator):
+        agent = request.headers.get("User-Agent", "")
+        if (
+            agent.startswith("kopf/") or agent == "kvferry-operator"
+        ):  # the operator's calls only (kopf's, its own)
+            method, url = request.method.value.upper(), request.url
+            calls.add((method, url.path, url.query_string, request.headers.get("Content-Type", "")))
     emulated.stop()
 
 

@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from services.common.chat_tools import ToolSettings, check_tool_settings
 from services.common.errors import not_ready
 from services.common.http_middleware import RequestContextMiddleware, install_error_handlers
+from services.common.openapi_doc import document_answers
 from services.common.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -167,4 +168,5 @@ def build_app(llm: AsyncLLM, settings: ServerSettings, role: EngineRole | None =
     app.include_router(_ops_routes(ctx))
     for router in ctx.role.routes():
         app.include_router(router)
+    document_answers(app)  # /openapi.json says what the routes really answer
     return app

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from services.common.errors import OpenAIError
+from services.common.errors import OpenAIError, bad_request
 from services.common.protocol_completions import (
     CompletionChoice,
     CompletionRequest,
@@ -39,7 +39,9 @@ def _prompts(ctx: ServingContext, body: CompletionRequest) -> list[_Prompt]:
     for prompt in body.prompts():
         if isinstance(prompt, str):
             out.append(_Prompt(tok.encode(prompt), prompt))
-        else:
+        else:  # ids past the vocabulary are refused before the tokenizer sees them (it overflows on > 2**32)
+            if any(t >= ctx.vocab_size for t in prompt):
+                raise bad_request(f"token ids must be in [0, {ctx.vocab_size})", "prompt")
             out.append(_Prompt(list(prompt), tok.decode(list(prompt), skip_special_tokens=False)))
     return out
 

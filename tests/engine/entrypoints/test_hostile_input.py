@@ -29,6 +29,11 @@ CASES = {
     "NaN": ("/v1/completions", f'{{"model": "{MODEL}", "prompt": "hi", "temperature": NaN}}', "temperature"),
     "Infinity": ("/v1/completions", f'{{"model": "{MODEL}", "prompt": "hi", "top_p": Infinity}}', "top_p"),
     "invalid UTF-8": ("/v1/completions", b'{"model": "m", "prompt": "\xff\xfe"}', "error parsing the body"),
+    "a token id past 2**64": (  # found by schemathesis: the tokenizer overflowed (500)
+        "/v1/completions",
+        json.dumps({"model": MODEL, "prompt": [5, 2**64], "max_tokens": 1}),
+        "token ids must be in [0, ",
+    ),
     "max_tokens 1e20": (
         "/v1/completions",
         f'{{"model": "{MODEL}", "prompt": "hi", "max_tokens": {10**20}}}',
