@@ -1,0 +1,170 @@
+"""Every spec.engine field reaches the engine pods (flags, image, env): quantization, LoRA adapters,
+speculative decoding, tensor parallelism and its GPU count, and the audit that no field is silent."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from pool_operator.poolfile import parse_pool
+from pool_operator.render import PoolRenderer
+from tests.operator.conftest import load_example
+from tests.operator.test_render import IMAGES, _args
+
+
+def test_engine_quantization_reaches_every_engine_and_defaults_to_the_checkpoint():
+    body = load_example("disaggregated-pool.yaml")
+    default = PoolRenderer(parse_pool(body), IMAGES).render()
+    body["spec"]["engine"]["quantization"] = "int8"
+    rendered = PoolRenderer(parse_pool(body), IMAGES).render()
+    engines = [m for m in rendered if m["kind"] == "Deployment" and "--role" in _args(m)]
+    assert engines and all(_args(m)[_args(m).index("--quantization") + 1] == "int8" for m in engines)
+    assert all(
+        _args(m)[_args(m).index("--quantization") + 1] == "auto"
+        for m in default
+        if m["kind"] == "Deployment" and "--role" in _args(m)
+    )
+    body["spec"]["engine"]["quantization"] = "nf4"
+    with pytest.raises(ValueError, match="quantization"):
+        parse_pool(body)
+
+
+def test_loras_reach_every_engine_and_are_checked():
+    body = load_example("disaggregated-pool.yaml")
+    body["spec"]["loras"] = [
+        {"name": "sql", "source": "adapters/sql"},
+        {"name": "chat", "source": "/opt/adapters/chat", "maxRank": 64},
+    ]
+    rendered = PoolRenderer(parse_pool(body), IMAGES).render()
+    engines = [m for m in rendered if m["kind"] == "Deployment" and "--role" in _args(m)]
+    assert len(engines) == 2
+    for m in engines:
+        args = _args(m)
+        assert args[args.index("--max-loras") + 1] == "2" and args[args.index("--max-lora-rank") + 1] == "64"
+        i = args.index("--lora-modules")
+        assert args[i + 1 : i + 3] == [
+            "sql=/models/llama-3.1-8b-instruct/adapters/sql",
+            "chat=/opt/adapters/chat",
+        ]
+        assert "--enable-lora" in args
+    body["spec"]["loras"] = [{"name": "x", "source": "a"}, {"name": "x", "source": "b"}]
+    with pytest.raises(ValueError, match="adapter names must be unique"):
+        parse_pool(body)
+    embed = load_example("embedding-pool.yaml")
+    embed["spec"]["loras"] = [{"name": "x", "source": "a"}]
+    with pytest.raises(ValueError, match="loras need engine.task generate"):
+        parse_pool(embed)
+
+
+def test_speculative_reaches_decode_engines_only():
+    from services.engine.core.spec_config import SpeculativeConfig
+
+    body = load_example("disaggregated-pool.yaml")
+    body["spec"]["engine"]["speculative"] = {
+        "method": "ngram",
+        "numSpeculativeTokens": 4,
+        "promptLookupMax": 3,
+    }
+    rendered = PoolRenderer(parse_pool(body), IMAGES).render()
+    engines = {
+        _args(m)[_args(m).index("--role") + 1]: _args(m)
+        for m in rendered
+        if m["kind"] == "Deployment" and "--role" in _args(m)
+    }
+    assert "--speculative-config" not in engines["prefill"]  # prefill emits one token: nothing to draft
+    args = engines["decode"]
+    cfg = SpeculativeConfig.from_json(args[args.index("--speculative-config") + 1])
+    assert (cfg.method, cfg.num_speculative_tokens, cfg.prompt_lookup_max) == ("ngram", 4, 3)
+    body["spec"]["engine"]["speculative"] = {
+        "method": "draft_model",
+        "numSpeculativeTokens": 3,
+        "model": "draft",
+    }
+    rendered = PoolRenderer(parse_pool(body), IMAGES).render()
+    decode = next(_args(m) for m in rendered if m["kind"] == "Deployment" and "decode" in _args(m))
+    spec = json.loads(decode[decode.index("--speculative-config") + 1])
+    assert spec == {
+        "method": "draft_model",
+        "num_speculative_tokens": 3,
+        "model": "/models/llama-3.1-8b-instruct/draft",
+    }
+    for bad, message in (
+        ({"method": "draft_model", "numSpeculativeTokens": 3}, "need model"),
+        ({"method": "ngram", "numSpeculativeTokens": 3, "model": "x"}, "ngram takes no model"),
+        ({"method": "ngram", "numSpeculativeTokens": 0}, "numSpeculativeTokens"),
+    ):
+        body["spec"]["engine"]["speculative"] = bad
+        with pytest.raises(ValueError, match=message):
+            parse_pool(body)
+
+
+# A non-default, valid value for every EngineSpec field: each must change what the engines run.
+_ENGINE_FIELD_VALUES = {
+    "image": "registry.example/kvferry-engine:other",
+    "dtype": "float32",
+    "quantization": "int8",
+    "block_size": 32,
+    "max_model_len": 2048,
+    "max_num_seqs": 64,
+    "max_num_batched_tokens": 3000,
+    "gpu_memory_utilization": 0.8,
+    "tensor_parallel_size": 2,
+    "prefix_caching": False,
+    "task": "embed",
+    "enable_auto_tool_choice": True,
+    "tool_call_parser": "hermes",
+    "reasoning_parser": "qwen3",
+    "speculative": {"method": "ngram", "numSpeculativeTokens": 3},
+    "extra_args": ["--seed", "7"],
+    "env": [{"name": "FOO", "value": "1"}],
+}
+
+
+def _engines(body: dict) -> list[dict]:
+    rendered = PoolRenderer(parse_pool(body), IMAGES).render()
+    return [
+        m["spec"]["template"]["spec"] for m in rendered if m["kind"] == "Deployment" and "--role" in _args(m)
+    ]
+
+
+def test_every_engine_field_reaches_the_engines():
+    """No silent pool field: setting any spec.engine field changes the engine pods (flags, image, env)."""
+    from pool_operator.models import EngineSpec
+
+    assert set(_ENGINE_FIELD_VALUES) == set(EngineSpec.model_fields), "a new engine field needs an entry here"
+    base_body = load_example("aggregated-pool.yaml")
+    base = _engines(base_body)
+    for field, value in _ENGINE_FIELD_VALUES.items():
+        if value is None:
+            continue
+        body = copy.deepcopy(base_body)
+        key = EngineSpec.model_fields[field].alias or field
+        body["spec"]["engine"][key] = value
+        if field == "enable_auto_tool_choice":
+            body["spec"]["engine"]["toolCallParser"] = "hermes"
+        assert _engines(body) != base, f"spec.engine.{key} reaches nothing"
+
+
+def test_tensor_parallel_size_sets_the_flag_and_the_gpu_count():
+    """--tensor-parallel-size 2 and nvidia.com/gpu 2 on GPU pods (none added to CPU pods); refused where
+    the engines cannot shard (P/D, kvstore, LoRA, speculative decoding)."""
+    body = load_example("aggregated-pool.yaml")
+    body["spec"]["engine"]["tensorParallelSize"] = 2
+    (pod,) = _engines(body)
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--tensor-parallel-size") + 1] == "2"
+    res = pod["containers"][0]["resources"]
+    assert res["limits"]["nvidia.com/gpu"] == res["requests"]["nvidia.com/gpu"] == "2"
+    cpu = copy.deepcopy(body)
+    cpu["spec"]["decode"]["resources"] = {"requests": {"cpu": "4"}}
+    assert "nvidia.com/gpu" not in str(_engines(cpu)[0]["containers"][0]["resources"])
+    pd = load_example("disaggregated-pool.yaml")
+    pd["spec"]["engine"]["tensorParallelSize"] = 2
+    with pytest.raises(ValueError, match="tensorParallelSize > 1 needs mode Aggregated"):
+        parse_pool(pd)
+    spec = copy.deepcopy(body)
+    spec["spec"]["engine"]["speculative"] = {"method": "ngram", "numSpeculativeTokens": 3}
+    with pytest.raises(ValueError, match="does not run speculative decoding"):
+        parse_pool(spec)
