@@ -174,7 +174,8 @@ def paged_decode_row(
     cold: bool = False,
 ) -> dict:
     """Decode (one query row per sequence) over a [blocks, 1, 2, bs, Hkv, D] cache whose sequences share
-    their first shared_tokens positions' blocks (0: all blocks distinct). baseline: another build of the
+    their first shared_tokens positions' blocks (0: all blocks distinct); shared rows also time the
+    kernel with cascade=False (per_row_ms: each row attends the prefix alone). baseline: another build of the
     extension, timed interleaved with this one (before/after). cold: caches are evicted before every
     call (256 MB written), as in the engine, where the other layers' K/V and all weights pass through the
     caches between two calls for one layer; warm rows rerun on the same K/V, shared blocks stay cached
@@ -200,6 +201,13 @@ def paged_decode_row(
         return kc.paged_attention(out, q, key_cache, value_cache, tables, qsl, lens, scale)
 
     fns.append(run_kernel)
+    out_rows = torch.empty_like(q)
+
+    def run_per_row() -> torch.Tensor:  # the same build with the shared prefix attended row by row
+        return kc.paged_attention(out_rows, q, key_cache, value_cache, tables, qsl, lens, scale, cascade=False)
+
+    if shared_tokens > 0:
+        fns.append(run_per_row)
     if baseline is not None:
 
         def run_baseline() -> torch.Tensor:
@@ -226,6 +234,9 @@ def paged_decode_row(
     }
     if with_torch:
         row["max_abs_diff"] = (run_kernel().float() - fns[0]().float()).abs().max().item()
+    if shared_tokens > 0:  # cascade (the default) vs per-row attention of the shared prefix
+        row["per_row_ms"] = times[fns.index(run_per_row)]
+        row["vs_per_row"] = row["per_row_ms"] / kernel_ms
     if baseline is not None:
         row["baseline_ms"] = times[-1]
         row["vs_baseline"] = times[-1] / kernel_ms
@@ -267,6 +278,8 @@ def print_table(rows: list[dict], header: bool = True) -> None:
         else:
             case = f"{r['kind']} {r['model']} B={r['batch']} ctx={r['prefix'] + r['q_len']} q={r['q_len']}"
         line = f"{case:<44}{r['dtype']:>10}{r['torch_ms']:>11.3f}{r['kernel_ms']:>11.3f}{r['speedup']:>8.2f}x"
+        if "per_row_ms" in r:
+            line += f"  per-row {r['per_row_ms']:.3f} ms ({r['vs_per_row']:.2f}x)"
         if "baseline_ms" in r:
             line += f"  baseline {r['baseline_ms']:.3f} ms ({r['vs_baseline']:.2f}x)"
         print(line)

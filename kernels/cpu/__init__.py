@@ -10,6 +10,7 @@ __all__ = [
     "available",
     "apply_token_bitmask",
     "fused_add_rms_norm",
+    "greedy_argmax",
     "load",
     "paged_attention",
     "reshape_and_cache",
@@ -70,12 +71,14 @@ def paged_attention(
     scale: float,
     split_tokens: int = 0,
     window: int = 0,
+    cascade: bool = True,
 ) -> torch.Tensor:
     """Causal attention of a mixed batch into out [T, Hq, D]; sequence b owns query rows
     query_start_loc[b]:query_start_loc[b+1], its last positions of seq_lens[b]. Caches are
     [num_blocks, block_size, Hkv, D] (strided layer views are fine). split_tokens > 0 forces decode
     rows into kv splits of that many positions (else chosen from the thread count). window > 0: a
-    query at position p attends only to positions (p - window, p] (sliding-window attention)."""
+    query at position p attends only to positions (p - window, p] (sliding-window attention).
+    cascade: decode rows whose tables share a prefix attend it together (False: each row alone)."""
     _ops().paged_attention(
         out,
         query,
@@ -87,6 +90,7 @@ def paged_attention(
         float(scale),
         int(split_tokens),
         int(window),
+        bool(cascade),
     )
     return out
 
@@ -144,6 +148,12 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((x2.shape[0], x2.shape[1] // 2), dtype=x.dtype)
     _ops().silu_and_mul(out, x2, _torch_lanes())
     return out.view(*x.shape[:-1], x.shape[-1] // 2)
+
+
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """int64 [B]: per row of logits [B, V] (any float dtype), the first index of its maximum, NaN counting
+    as the maximum: torch.max(logits.float(), dim=-1).indices without converting the logits."""
+    return _ops().greedy_argmax(_rows(logits))
 
 
 def apply_token_bitmask(

@@ -17,6 +17,7 @@ from types import ModuleType
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = (
+    "argmax.cpp",
     "bindings.cpp",
     "bitmask.cpp",
     "quant_linear.cpp",

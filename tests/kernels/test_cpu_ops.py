@@ -238,6 +238,7 @@ def check_shared_prefix(
     seed: int,
     prefill: tuple[int, int] | None = None,
     split_tokens: int = 0,
+    cascade: bool = True,
 ) -> None:
     """Decode rows whose block tables all start with the same shared_blocks blocks (prefix caching), then
     `tail` positions in blocks of their own; a row of distinct blocks and an optional prefill row
@@ -269,22 +270,79 @@ def check_shared_prefix(
     query = torch.randn(starts[-1], hq, d, dtype=dtype)
     out = torch.empty_like(query)
     scale = d**-0.5
-    kc.paged_attention(out, query, key_cache, value_cache, table, qsl, lens, scale, split_tokens)
+    kc.paged_attention(
+        out, query, key_cache, value_cache, table, qsl, lens, scale, split_tokens, cascade=cascade
+    )
     expected = ref_paged_prefill_attention(query, key_cache, value_cache, table, qsl, lens, scale)
     assert_close(out, expected, dtype, scale=ATTN_TOL[dtype] / TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("cascade", [True, False], ids=["cascade", "per-row"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_paged_attention_shared_prefix(dtype: torch.dtype, decode_kernel: str) -> None:
+def test_paged_attention_shared_prefix(dtype: torch.dtype, decode_kernel: str, cascade: bool) -> None:
     """Shared-prefix decode batches: short tails (one range per row, kv heads in L2-sized groups), long
     tails (cut at the end of the prefix, combined by the reduce), a fully shared row (tail 0), GQA,
     a prefill row in the batch, forced splits, 2 threads."""
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        check_shared_prefix([32, 17, 1, 40] * 4, 32, 12, 12, 64, 16, dtype, 71)
-        check_shared_prefix([900, 1, 0, 333, 1200], 8, 9, 3, 64, 16, dtype, 72, prefill=(30, 90))
-        check_shared_prefix([5, 100, 64], 4, 16, 2, 128, 32, dtype, 73, split_tokens=48)
+        check_shared_prefix([32, 17, 1, 40] * 4, 32, 12, 12, 64, 16, dtype, 71, cascade=cascade)
+        check_shared_prefix(
+            [900, 1, 0, 333, 1200], 8, 9, 3, 64, 16, dtype, 72, prefill=(30, 90), cascade=cascade
+        )
+        check_shared_prefix([5, 100, 64], 4, 16, 2, 128, 32, dtype, 73, split_tokens=48, cascade=cascade)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def check_runs(
+    groups: list[tuple[int, list[int]]], hq: int, hkv: int, d: int, dtype: torch.dtype, seed: int
+) -> None:
+    """Decode rows in groups that each share their first blocks (shared blocks, tails per row), a prefill
+    row and a row of its own between the groups; blocks shuffled, unused table entries NaN."""
+    torch.manual_seed(seed)
+    bs = 16
+    specs: list[tuple[int, int, int]] = []  # (q_len, group or -1, length past the group's prefix)
+    for g, (_, tails) in enumerate(groups):
+        specs += [(1, g, t) for t in tails] + [(40, -1, 70), (1, -1, 150)]
+    own = [-(-t // bs) for _, _, t in specs]
+    shared = [n for n, _ in groups]
+    num_blocks = sum(shared) + sum(own) + 1
+    _, key_cache, value_cache = empty_cache(num_blocks, bs, hkv, d, dtype, "cpu")
+    key_cache[:-1] = torch.randn(key_cache[:-1].shape, dtype=dtype)
+    value_cache[:-1] = torch.randn(value_cache[:-1].shape, dtype=dtype)
+    order = torch.randperm(num_blocks - 1, dtype=torch.int32).tolist()
+    prefix_ids = [[order.pop() for _ in range(n)] for n in shared]
+    table = torch.full((len(specs), max(shared) + max(own)), num_blocks - 1, dtype=torch.int32)
+    lens = []
+    for b, ((_, g, t), n) in enumerate(zip(specs, own, strict=True)):
+        ids = (prefix_ids[g] if g >= 0 else []) + [order.pop() for _ in range(n)]
+        table[b, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
+        lens.append((shared[g] * bs if g >= 0 else 0) + t)
+    starts = [0]
+    for q_len, _, _ in specs:
+        starts.append(starts[-1] + q_len)
+    qsl, seq_lens = torch.tensor(starts, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32)
+    query = torch.randn(starts[-1], hq, d, dtype=dtype)
+    out = torch.empty_like(query)
+    kc.paged_attention(out, query, key_cache, value_cache, table, qsl, seq_lens, d**-0.5)
+    expected = ref_paged_prefill_attention(query, key_cache, value_cache, table, qsl, seq_lens, d**-0.5)
+    assert_close(out, expected, dtype, scale=ATTN_TOL[dtype] / TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_attention_cascade_runs(dtype: torch.dtype, decode_kernel: str) -> None:
+    """Cascade runs: two groups with different prefixes (cut apart by prefill and unshared rows), a run of
+    more query rows than one cascade item takes (sub-runs), G = 1 / 3 / 6, head dims 64 / 80 / 128, tails
+    0 (the row's positions all shared), inside a block and many blocks long, 1 and 2 threads."""
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            check_runs([(8, [1, 33, 0, 200]), (5, [16, 7])], 12, 2, 64, dtype, 81)
+            check_runs([(32, [1 + i % 40 for i in range(50)])], 12, 2, 64, dtype, 82)  # 300 rows
+            check_runs([(4, [9, 90, 3])], 9, 3, 80, dtype, 83)
+            check_runs([(6, [2, 50, 17])], 8, 8, 128, dtype, 84)
     finally:
         torch.set_num_threads(threads)
 

@@ -154,3 +154,18 @@ def test_woq_int8_gemv_is_the_int8_formula(m: int, k: int, dtype: torch.dtype) -
     x = torch.randn(m, k, dtype=dtype)
     expected = (x.float() @ (q.float() * scales.float()[:, None]).t()).to(dtype)
     assert_close(kc.woq_int8_gemv(x, q, scales), expected, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_greedy_argmax_matches_torch_max(dtype: torch.dtype) -> None:
+    """First index of the maximum per row (ties, NaN first, -inf rows, a row tail past the vector width,
+    strided rows, one row of a 49k vocabulary), in the logits' own dtype, as torch.max(dim=-1)."""
+    torch.manual_seed(3)
+    x = torch.randn(9, 1003).to(dtype)
+    x[1, 500] = x[1, 900] = x[1].max() + 1  # a tie: the first wins
+    x[2, 40] = x[2, 7] = float("nan")  # NaN counts as the maximum; the first NaN wins
+    x[3] = float("-inf")
+    x[4, 1002] = 1e4  # in the scalar tail
+    x[5, 3] = float("inf")
+    for logits in (x, x[:, 1:], torch.randn(1, 49152).to(dtype)):
+        assert torch.equal(kc.greedy_argmax(logits), logits.float().max(dim=-1).indices)

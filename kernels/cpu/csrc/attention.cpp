@@ -47,14 +47,19 @@ void run(const Attn<T>& a, const Plan& plan) {
       po(int64_t(plan.num_partials) * G * dp);
   const Partials parts{pm.get(), pl.get(), po.get(), G, dp};
   struct State {
-    std::unique_ptr<DecodeScratch<T>> decode;
+    std::unique_ptr<DecodeScratch<T>> decode, cascade;
     std::unique_ptr<PrefillScratch<T>> prefill;
   };
   dynamic_for(
       static_cast<int64_t>(plan.items.size()), [] { return State{}; },
       [&](State& st, int64_t i) {
         const WorkItem& it = plan.items[i];
-        if (it.nq == 1) {
+        if (it.run_n > 0) {
+          if (!st.cascade)
+            st.cascade = std::make_unique<DecodeScratch<T>>(plan.cascade_rows, kCascadeGroup, a.head_dim,
+                                                            cascade_work(plan.cascade_rows, a.head_dim));
+          cascade_item(a, it, plan.cascade.data() + it.run0, *st.cascade, parts);
+        } else if (it.nq == 1) {
           if (!st.decode) st.decode = std::make_unique<DecodeScratch<T>>(plan.heads * G, G, a.head_dim);
           decode_item(a, it, *st.decode, parts);
         } else {
@@ -81,7 +86,7 @@ Attn<T> make_attn(const at::Tensor& out, const at::Tensor& q, const at::Tensor& 
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                      const at::Tensor& value_cache, const at::Tensor& block_tables,
                      const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale,
-                     int64_t split_tokens, int64_t window) {
+                     int64_t split_tokens, int64_t window, bool cascade) {
   TORCH_CHECK(window >= 0 && window < (int64_t(1) << 30), "window must be in [0, 2^30)");
   TORCH_CHECK(query.dim() == 3 && out.sizes() == query.sizes(), "query and out must be [T, Hq, D]");
   TORCH_CHECK(key_cache.dim() == 4 && value_cache.sizes() == key_cache.sizes(),
@@ -104,7 +109,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   const Plan plan = make_plan(qsl.data_ptr<int32_t>(), lens.data_ptr<int32_t>(), bt.data_ptr<int32_t>(),
                               bt.stride(0), batch, query.size(0), int(key_cache.size(2)), group,
                               int(query.size(2)), int(key_cache.size(1)), key_cache.element_size(),
-                              split_tokens, window);
+                              split_tokens, window, cascade);
   const int win = static_cast<int>(window);
   for (const auto& [r0, r1] : plan.zero_rows) out.narrow(0, r0, r1 - r0).zero_();
   switch (dtype) {

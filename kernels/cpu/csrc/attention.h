@@ -8,7 +8,9 @@
 // rows) run two small GEMMs per K/V tile on a transposed, prescaled Q tile. Both keep an online softmax
 // (running max and sum) in fp32. A decode item that is one kv range of a row (a split of a long
 // context, or the shared prefix / tail of a prefix-cached row) writes (max, sum, unnormalized output)
-// to partial slots that a reduce pass combines.
+// to partial slots that a reduce pass combines. A cascade item (decode rows of many sequences whose
+// tables start with the same blocks) scores the shared prefix for all their query rows at once, so each
+// shared K/V row is read once per item instead of once per sequence; its partials join each row's reduce.
 #pragma once
 
 #include "decode_kernels.h"
@@ -56,7 +58,15 @@ struct WorkItem {
   int32_t split;      // -1: write out directly; else which of nsplit kv ranges of a decode row this is
   int32_t nsplit, slot0;  // partial slot of (head + h, split s) = slot0 + h * nsplit + s
   int32_t hot = 0;        // decode: positions below this are expected in cache (a shared prefix)
+  int32_t run0 = 0, run_n = 0;  // cascade: Plan::cascade[run0, run0 + run_n) share kv [kv0, kv1) of `seq`
 };
+
+// One sequence of a cascade item: its decode query row and its partial slots (as WorkItem's).
+struct CascadeSeq {
+  int32_t row, slot0, nsplit;
+};
+
+constexpr int kCascadeGroup = 16;  // a cascade item's query rows, as "heads" of this many rows over one K
 
 // Partial results of decode splits: per slot (one kv head of one split), G maxima, G sums and G
 // unnormalized output rows of dp floats.
@@ -77,11 +87,11 @@ template <typename T>
 struct DecodeScratch {
   static constexpr int kRowPtrs = kDecodeChunk;
   int rows, group, dpa;
-  Scratch f;
+  Scratch f, extra;  // extra: a cascade kernel's work area (cascade_work)
   std::unique_ptr<const T*[]> ptrs;
-  DecodeScratch(int rows_, int group_, int head_dim)
+  DecodeScratch(int rows_, int group_, int head_dim, int64_t extra_floats = 0)
       : rows(rows_), group(group_), dpa(static_cast<int>(round_up(head_dim, kDecodeRowPad))),
-        f(3 * int64_t(rows_) * dpa + 2 * rows_ + int64_t(rows_) * kDecodeChunk + 2 * dpa),
+        f(3 * int64_t(rows_) * dpa + 2 * rows_ + int64_t(rows_) * kDecodeChunk + 2 * dpa), extra(extra_floats),
         ptrs(new const T*[4 * kRowPtrs]) {}
   float* q() const { return f.get(); }
   float* qx() const { return q() + int64_t(rows) * dpa; }  // the kernel's prepared q data
@@ -132,16 +142,22 @@ struct Plan {
   int decode_heads = 1;   // most kv heads in one item of a shared prefix (fewer, to share an L2)
   bool l2_groups = false; // shared prefixes: their decode items run head group by head group
   int prefill_heads = 1;  // most kv heads in one prefill item
+  std::vector<CascadeSeq> cascade;  // the sequences of the cascade items, item by item
+  int cascade_rows = 0;             // most query rows of one cascade item (padded to kCascadeGroup)
 };
 
 // qsl [B+1], lens [B], block tables bt (row stride bt_stride); elem_size: bytes of a cache element.
 // window > 0: sliding-window attention (decode ranges and prefill tiles start at the window).
 Plan make_plan(const int32_t* qsl, const int32_t* lens, const int32_t* bt, int64_t bt_stride, int64_t batch,
                int64_t num_tokens, int hkv, int group, int head_dim, int block_size, int64_t elem_size,
-               int64_t split_tokens, int64_t window);
+               int64_t split_tokens, int64_t window, bool cascade);
 
 template <typename T>
 void decode_item(const Attn<T>& a, const WorkItem& it, DecodeScratch<T>& s, const Partials& parts);
+
+template <typename T>
+void cascade_item(const Attn<T>& a, const WorkItem& it, const CascadeSeq* seqs, DecodeScratch<T>& s,
+                  const Partials& parts);
 
 template <typename T>
 void prefill_item(const Attn<T>& a, const WorkItem& it, PrefillScratch<T>& s);

@@ -194,6 +194,72 @@ void decode_item(const Attn<T>& a, const WorkItem& it, DecodeScratch<T>& s, cons
   }
 }
 
+// A cascade item: the decode rows of run_n sequences (G query rows each, padded to virtual heads of
+// kCascadeGroup rows) against one kv range of the prefix they share, for kv head it.head. The kernels see
+// one "head" per kCascadeGroup rows, all reading the same K/V rows (head stride 0), so every K tile is
+// loaded once for all the rows and AMX products fill their 16 columns; each row's (max, sum, output)
+// goes to its sequence's partial slot of split it.split.
+template <typename T>
+void cascade_item(const Attn<T>& a, const WorkItem& it, const CascadeSeq* seqs, DecodeScratch<T>& s,
+                  const Partials& parts) {
+  const DecodeKernel<T>& kern = pick_kernel<T>(a.head_dim, kCascadeGroup);
+  const int G = a.group, D = a.head_dim, dpa = s.dpa, rows = it.run_n * G;
+  const int nv = static_cast<int>(round_up(rows, kCascadeGroup)) / kCascadeGroup, padded = nv * kCascadeGroup;
+  float *q = s.q(), *acc = s.acc(), *m = s.m(), *l = s.l(), *sc = s.scores();
+  for (int r = 0; r < padded; ++r) {
+    if (r < rows) {
+      kern.pack_q(a.q_row(seqs[r / G].row, it.head * G + r % G), D, q + r * dpa);
+    } else {
+      std::fill(q + r * dpa, q + (r + 1) * dpa, 0.f);  // zero bits: a zero query in every kernel's layout
+    }
+    m[r] = kNegInf;
+    l[r] = 0.f;
+  }
+  std::fill(acc, acc + int64_t(padded) * dpa, 0.f);
+  if (kern.prepare) kern.prepare(q, dpa, padded, kCascadeGroup, D, s.qx());
+  const int32_t* table = a.table(it.seq);
+  const T** kc = s.row_ptrs(0);
+  const T** vc = s.row_ptrs(1);
+  const T** kn = s.row_ptrs(2);
+  const T** vn = s.row_ptrs(3);
+  const int64_t bytes = int64_t(D) * sizeof(T);
+  int n = chunk_rows(a, table, it.head, it.kv0, it.kv1, kc, vc);
+  for (int c0 = it.kv0; c0 < it.kv1; c0 += kDecodeChunk) {
+    const int c1 = c0 + kDecodeChunk;
+    const int n_next = c1 < it.kv1 ? chunk_rows(a, table, it.head, c1, it.kv1, kn, vn) : 0;
+    prefetch_rows(kn, 0, n_next, 0, bytes, false);
+    prefetch_rows(vn, 0, n_next, 0, bytes, false);
+    for (int j0 = 0; j0 < n; j0 += kDecodeTile) {
+      const int j1 = std::min(n, j0 + kDecodeTile);
+      kern.qk(kc + j0, 0, j1 - j0, nv, 0, s.zero(), q, dpa, s.qx(), kCascadeGroup, D, a.scale, sc + j0,
+              PrefetchJob<T>{});
+    }
+    for (int r = 0; r < padded; ++r) softmax_step(sc + r * kDecodeChunk, n, m[r], l[r], acc + r * dpa, dpa);
+    if (kern.cascade_pv) {
+      kern.cascade_pv(vc, n, sc, padded, D, acc, dpa, s.extra.get());
+    } else {
+      kern.pv(vc, 0, n, nv, 0, sc, kCascadeGroup, D, acc, dpa);  // rows already point at it.head
+    }
+    std::swap(kc, kn);
+    std::swap(vc, vn);
+    n = n_next;
+  }
+  if (kern.end) kern.end();
+  float* row = s.row_buf();
+  for (int r = 0; r < rows; ++r) {
+    if (kern.cascade_pv) {
+      std::copy(acc + r * dpa, acc + r * dpa + D, row);
+    } else {
+      kern.finish(acc + r * dpa, D, row);
+    }
+    const CascadeSeq& sq = seqs[r / G];
+    const int64_t slot = (int64_t(sq.slot0) + int64_t(it.head) * sq.nsplit + it.split) * G + r % G;
+    parts.m[slot] = m[r];
+    parts.l[slot] = l[r];
+    std::copy(row, row + D, parts.o + slot * parts.dp);
+  }
+}
+
 std::string set_decode_kernel(const std::string& name) {
   static const char* const kNames[] = {"auto", "generic", "avx512_bf16"};
   int mode = -1;
@@ -211,5 +277,11 @@ template void decode_item<c10::BFloat16>(const Attn<c10::BFloat16>&, const WorkI
                                          DecodeScratch<c10::BFloat16>&, const Partials&);
 template void decode_item<c10::Half>(const Attn<c10::Half>&, const WorkItem&, DecodeScratch<c10::Half>&,
                                      const Partials&);
+template void cascade_item<float>(const Attn<float>&, const WorkItem&, const CascadeSeq*, DecodeScratch<float>&,
+                                  const Partials&);
+template void cascade_item<c10::BFloat16>(const Attn<c10::BFloat16>&, const WorkItem&, const CascadeSeq*,
+                                          DecodeScratch<c10::BFloat16>&, const Partials&);
+template void cascade_item<c10::Half>(const Attn<c10::Half>&, const WorkItem&, const CascadeSeq*,
+                                      DecodeScratch<c10::Half>&, const Partials&);
 
 }  // namespace kvf

@@ -15,6 +15,12 @@
 // rows over a 512-token bf16 prefix of 12 heads x 64), and items skip the software prefetch of those
 // positions. A row whose unshared tail is long is cut at the end of the prefix; the tails run after
 // all shared ranges, so their streaming does not evict the shared blocks.
+//
+// Cascade (the default): consecutive decode rows whose tables start with the same >= kMinCascade
+// positions form a run. Its prefix is attended by cascade items (a kv head x up to kCascadeRows query
+// rows of the run x a kv range), which read each shared K/V row once for all their sequences; each row
+// attends its own tail alone, and the reduce combines the parts. The L2 grouping above remains for
+// shared prefixes that form no run (cascade off, or sharing too short).
 #include <ATen/Parallel.h>
 #include <unistd.h>
 
@@ -27,6 +33,8 @@ namespace kvf {
 namespace {
 
 constexpr int64_t kMinSplit = 256;
+constexpr int64_t kMinCascade = 64;    // shared positions for a cascade run
+constexpr int64_t kCascadeRows = 256;  // most query rows (sequences x G) of one cascade item
 constexpr int64_t kPrefillStateBytes = 1 << 20;  // per-head qt + O of a prefill item stay in L2
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -60,11 +68,108 @@ std::vector<int32_t> shared_prefix_blocks(const int32_t* qsl, const int32_t* len
   return shared;
 }
 
+// Consecutive decode rows (prefill rows may lie between) whose tables start with the same full blocks,
+// at least kMinCascade positions of them: (rows, shared positions) per run of two or more.
+struct Run {
+  std::vector<int32_t> seqs;
+  int32_t prefix = 0;
+};
+
+std::vector<Run> cascade_runs(const int32_t* qsl, const int32_t* lens, const int32_t* bt, int64_t bt_stride,
+                              int64_t batch, int block_size) {
+  std::vector<Run> runs;
+  Run cur;
+  auto close = [&](int32_t next) {
+    if (cur.seqs.size() >= 2) runs.push_back(cur);
+    cur = Run{{next}, 0};
+  };
+  for (int32_t b = 0; b < batch; ++b) {
+    if (qsl[b + 1] - qsl[b] != 1 || lens[b] == 0) continue;
+    if (cur.seqs.empty()) {
+      cur.seqs = {b};
+      continue;
+    }
+    const int64_t a = cur.seqs[0], nb = std::min(lens[a], lens[b]) / block_size;  // full blocks only
+    int32_t k = 0;
+    while (k < nb && bt[a * bt_stride + k] == bt[b * bt_stride + k]) ++k;
+    const int32_t common = k * block_size;
+    if (cur.seqs.size() == 1 ? common >= kMinCascade : common >= cur.prefix) {
+      if (cur.seqs.size() == 1) cur.prefix = common;
+      cur.seqs.push_back(b);
+    } else {
+      close(b);
+    }
+  }
+  close(0);
+  return runs;
+}
+
+// The runs of a batch and how they are cut: per member, its own kv starts at the prefix and the first
+// `extra` of its splits are the run's; per run (sub-runs, kv span of one cascade item).
+struct Cascade {
+  std::vector<Run> runs;
+  std::vector<int32_t> start, extra;
+  std::vector<std::pair<int64_t, int64_t>> shape;
+  int64_t items = 0;
+  explicit Cascade(int64_t batch) : start(batch, 0), extra(batch, 0) {}
+};
+
+Cascade plan_cascade(const int32_t* qsl, const int32_t* lens, const int32_t* bt, int64_t bt_stride, int64_t batch,
+                     int block_size, int hkv, int group, int64_t target, int64_t split_tokens) {
+  Cascade c(batch);
+  c.runs = cascade_runs(qsl, lens, bt, bt_stride, batch, block_size);
+  for (const Run& r : c.runs) {
+    const int64_t subruns = ceil_div(int64_t(r.seqs.size()) * group, kCascadeRows), items = hkv * subruns;
+    int64_t splits = 1;  // enough items for the threads, none shorter than kMinSplit
+    if (items < target) splits = std::min(ceil_div(target, items), std::max<int64_t>(1, r.prefix / kMinSplit));
+    const int64_t span = split_tokens > 0 ? split_tokens : round_up(ceil_div(r.prefix, splits), block_size);
+    splits = ceil_div(r.prefix, span);
+    c.shape.emplace_back(subruns, span);
+    c.items += items * splits;
+    for (const int32_t b : r.seqs) {
+      c.start[b] = r.prefix;
+      c.extra[b] = int32_t(splits);
+    }
+  }
+  return c;
+}
+
+// The cascade items of a run: per sub-run (consecutive members, at most kCascadeRows query rows), kv head
+// and kv range of the prefix `span` long; Plan::cascade gets each sub-run's members once.
+void add_cascade_items(Plan& p, const Run& r, std::pair<int64_t, int64_t> shape,
+                       const std::vector<CascadeSeq>& member, int hkv, int group) {
+  const auto [subruns, span] = shape;
+  const int64_t n = int64_t(r.seqs.size()), per = ceil_div(n, subruns);
+  for (int64_t s0 = 0; s0 < n; s0 += per) {
+    const int32_t count = int32_t(std::min(per, n - s0));
+    p.cascade_rows = std::max<int>(p.cascade_rows, int(round_up(int64_t(count) * group, kCascadeGroup)));
+    const int32_t run0 = int32_t(p.cascade.size());
+    for (int32_t i = 0; i < count; ++i) p.cascade.push_back(member[r.seqs[s0 + i]]);
+    for (int32_t h = 0; h < hkv; ++h) {
+      int32_t split = 0;
+      for (int64_t k0 = 0; k0 < r.prefix; k0 += span, ++split) {
+        WorkItem it{};
+        it.kv0 = int32_t(k0);
+        it.kv1 = int32_t(std::min<int64_t>(r.prefix, k0 + span));
+        it.cost = int64_t(it.kv1 - it.kv0) * count * group + 64;
+        it.seq = r.seqs[s0];
+        it.head = h;
+        it.nh = 1;
+        it.nq = 1;
+        it.split = split;
+        it.run0 = run0;
+        it.run_n = count;
+        p.items.push_back(it);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 Plan make_plan(const int32_t* qsl, const int32_t* lens, const int32_t* bt, int64_t bt_stride, int64_t batch,
                int64_t num_tokens, int hkv, int group, int head_dim, int block_size, int64_t elem_size,
-               int64_t split_tokens, int64_t window) {
+               int64_t split_tokens, int64_t window, bool cascade) {
   Plan p;
   p.tile_rows = std::max(1, kTileRows / group);
   int64_t covered = 0, prefill_items = 0, decode_rows = 0;
@@ -104,6 +209,14 @@ Plan make_plan(const int32_t* qsl, const int32_t* lens, const int32_t* bt, int64
   // shared part (streaming it would evict the shared blocks from L2 between two sequences), is cut at
   // the end of the shared prefix into a shared and an unshared range. Each range is split as above.
   std::vector<int32_t> shared_blocks = shared_prefix_blocks(qsl, lens, bt, bt_stride, batch, block_size);
+  const Cascade cas = cascade && window == 0
+                          ? plan_cascade(qsl, lens, bt, bt_stride, batch, block_size, hkv, group, target, split_tokens)
+                          : Cascade(batch);
+  const std::vector<int32_t>& start = cas.start;
+  const std::vector<int32_t>& extra = cas.extra;
+  for (const Run& r : cas.runs)
+    for (const int32_t b : r.seqs) shared_blocks[b] = 0;  // their prefix is the run's, not L2-grouped
+  std::vector<CascadeSeq> member(batch);
   // Shared ranges run in head groups whose shared K/V fits the L2 budget; single-head groups stream
   // worse than the L2 reuse saves (measured on 8 kv heads x 128 fp32): no shared handling then.
   int64_t shared = 0, group_heads = hkv;
@@ -139,10 +252,11 @@ Plan make_plan(const int32_t* qsl, const int32_t* lens, const int32_t* bt, int64
       add(w0, len, true);
     } else {
       if (hot > 0) add(w0, hot, true);
-      if (hot < len) add(std::max(hot, w0), len, false);
+      const int32_t k0 = std::max({hot, w0, start[b]});
+      if (k0 < len) add(k0, len, false);
     }
   };
-  int64_t total = prefill_items;
+  int64_t total = prefill_items + cas.items;
   for (int64_t b = 0; b < batch; ++b) {
     if (qsl[b + 1] - qsl[b] != 1 || lens[b] == 0) continue;
     ranges_of(b);
@@ -173,23 +287,26 @@ Plan make_plan(const int32_t* qsl, const int32_t* lens, const int32_t* bt, int64
       continue;
     }
     ranges_of(b);
-    const int32_t splits = int32_t(ranges.size());
+    const int32_t own = extra[b], splits = own + int32_t(ranges.size());  // the run's splits come first
     const int32_t slot0 = p.num_partials;  // partial slot of (kv head h, range s): slot0 + h * splits + s
-    if (splits > 1) {
+    member[b] = {q0, slot0, splits};
+    if (splits > 1 || own > 0) {
       p.num_partials += hkv * splits;
       for (int32_t h = 0; h < hkv; ++h) p.reduces.push_back({int32_t(b), h, q0, slot0 + h * splits, splits});
     }
-    for (int32_t sp = 0; sp < splits; ++sp) {
+    for (int32_t sp = 0; sp < int32_t(ranges.size()); ++sp) {
       const Range& rg = ranges[sp];
       const int heads = rg.shared ? p.decode_heads : p.heads;
       for (int32_t h0 = 0; h0 < hkv; h0 += heads) {
         const int32_t nh = std::min(heads, hkv - h0);
         const int64_t cost = int64_t(rg.kv1 - rg.kv0) * nh * group + 64;
-        p.items.push_back({cost, int32_t(b), h0, nh, q0, 1, pos0, rg.kv0, rg.kv1, splits > 1 ? sp : -1, splits,
-                           slot0 + h0 * splits, rg.shared ? std::min(hot, rg.kv1) : 0});
+        p.items.push_back({cost, int32_t(b), h0, nh, q0, 1, pos0, rg.kv0, rg.kv1,
+                           splits > 1 || own > 0 ? own + sp : -1, splits, slot0 + h0 * splits,
+                           rg.shared ? std::min(hot, rg.kv1) : 0});
       }
     }
   }
+  for (size_t r = 0; r < cas.runs.size(); ++r) add_cascade_items(p, cas.runs[r], cas.shape[r], member, hkv, group);
   // Longest first; with shared prefixes: prefill items and unshared decode rows, then the shared ranges
   // head group by head group (longest first inside), so the workers reuse a group's blocks while they
   // are in their L2, then the unshared tails of the sharing rows (streamed, they would evict them).

@@ -16,7 +16,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("fp32_lanes") = kvf::W;
   m.def("paged_attention", &kvf::paged_attention, arg("out"), arg("query"), arg("key_cache"),
         arg("value_cache"), arg("block_tables"), arg("query_start_loc"), arg("seq_lens"), arg("scale"),
-        arg("split_tokens") = 0, arg("window") = 0, nogil);
+        arg("split_tokens") = 0, arg("window") = 0, arg("cascade") = true, nogil);
   m.attr("has_bf16_dot_decode") = kvf::has_bf16_dot_decode();
   m.attr("has_amx_decode") = kvf::has_amx_decode();
   m.def("_set_decode_kernel", &kvf::set_decode_kernel, arg("name"));
@@ -32,6 +32,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("woq_int8_linear", &kvf::woq_int8_linear, arg("out"), arg("x"), arg("qweight"), arg("scales"),
         arg("tile_n"), nogil);
   m.def("woq_int8_gemv", &kvf::woq_int8_gemv, arg("out"), arg("x"), arg("qweight"), arg("scales"), nogil);
+  m.def("greedy_argmax", &kvf::greedy_argmax, arg("logits"), nogil);
   m.def("apply_token_bitmask", &kvf::apply_token_bitmask, arg("logits"), arg("bitmask"), arg("rows"),
         arg("mask_rows"), nogil);
 }

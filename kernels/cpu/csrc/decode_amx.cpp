@@ -13,6 +13,8 @@
 // evenly spaced rows (a chunk's tail, a block boundary of blocks smaller than 16, unaligned forced
 // splits) go to the AVX-512 scores.
 //
+// Cascade items (attention_decode.cpp) also get their P V products from tiles (cascade_pv below).
+//
 // Tile state: prepare() loads the tile configuration for the item and end() releases it, so the
 // thread's tile state is back to INIT between items (oneDNN reconfigures its own on use: its lazy
 // configure compares against the loaded configuration).
@@ -177,11 +179,112 @@ void qk(const BF* const* rows, int64_t off, int n, int nh, int64_t hstride, cons
   }
 }
 
+// Cascade P V (decode_kernels.h: cascade_pv). P is split into bf16 high and low parts (p = hi + lo to
+// ~2^-17), each multiplied with V by tile products summed in fp32, so the result is as exact as the
+// fp32 FMAs of pv. Per 32 keys: P rows are A tiles (16 rows x 32 keys) and V is repacked into VNNI
+// B tiles (16 key pairs x 16 dims, zero past n). C tiles (16 rows x 16 dims of acc) go through tiles
+// FIRST..5, A is tile 6 and B tile 7, so the q tiles 0..NV-1 that qk keeps resident stay untouched;
+// the tile configuration is prepare()'s for G = 16 (every tile 16 rows x 64 bytes).
+inline void pack_p(const float* p, int n, int nrows, int nk, uint16_t* hi, uint16_t* lo) {
+  for (int r = 0; r < nrows; ++r)
+    for (int j = 0; j < nk * 32; j += 16) {
+      const __mmask16 valid = j >= n ? 0 : n - j >= 16 ? 0xFFFF : __mmask16((1u << (n - j)) - 1);
+      const __m512 v = _mm512_maskz_loadu_ps(valid, p + r * kDecodeChunk + j);
+      const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+      const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + r * 64 + j), h);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + r * 64 + j),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, back)));
+    }
+}
+
+// vb[(ks * nct + ct) * 512 + r * 32 + 2x + e] = v[32 ks + 2r + e][16 ct + x]; keys past n are 0.
+inline void pack_v(const BF* const* rows, int n, int nk, int d, uint16_t* vb) {
+  const int nct = d / 16;
+  __m512i idx_lo;
+  {
+    alignas(64) int16_t ix[32];
+    for (int x = 0; x < 16; ++x) {
+      ix[2 * x] = int16_t(x);
+      ix[2 * x + 1] = int16_t(32 + x);
+    }
+    idx_lo = _mm512_load_si512(ix);
+  }
+  for (int ks = 0; ks < nk; ++ks)
+    for (int r = 0; r < 16; ++r) {
+      const int j0 = 32 * ks + 2 * r, j1 = j0 + 1;
+      for (int ct = 0; ct < nct; ++ct) {
+        const __m512i a = j0 < n ? _mm512_castsi256_si512(_mm256_loadu_si256(
+                                       reinterpret_cast<const __m256i*>(rows[j0] + 16 * ct)))
+                                 : _mm512_setzero_si512();
+        const __m512i b = j1 < n ? _mm512_castsi256_si512(_mm256_loadu_si256(
+                                       reinterpret_cast<const __m256i*>(rows[j1] + 16 * ct)))
+                                 : _mm512_setzero_si512();
+        _mm512_storeu_si512(vb + (ks * nct + ct) * 512 + r * 32, _mm512_permutex2var_epi16(a, idx_lo, b));
+      }
+    }
+}
+
+// One row tile x up to SLOTS column tiles (ct0...) of acc: C tiles C0.. (literal tile numbers: GCC's
+// tile intrinsics take no variables).
+#define KVF_CASCADE_GROUP(NAME, SLOTS, C0, C1, C2, C3)                                                  \
+  inline void NAME(const uint16_t* hi, const uint16_t* lo, int nk, const uint16_t* vb, int nct, int ct0,  \
+                   int cn, float* c, int64_t cstride) {                                                 \
+    if (0 < cn) _tile_loadd(C0, c + 16 * (ct0 + 0), cstride);                                           \
+    if (SLOTS > 1 && 1 < cn) _tile_loadd(C1, c + 16 * (ct0 + 1), cstride);                              \
+    if (SLOTS > 2 && 2 < cn) _tile_loadd(C2, c + 16 * (ct0 + 2), cstride);                              \
+    if (SLOTS > 3 && 3 < cn) _tile_loadd(C3, c + 16 * (ct0 + 3), cstride);                              \
+    for (int ks = 0; ks < nk; ++ks)                                                                     \
+      for (const uint16_t* a : {hi, lo}) {                                                              \
+        _tile_loadd(6, a + 32 * ks, 128);                                                               \
+        const uint16_t* b = vb + (ks * nct + ct0) * 512;                                                \
+        if (0 < cn) { _tile_loadd(7, b, 64); _tile_dpbf16ps(C0, 6, 7); }                                \
+        if (SLOTS > 1 && 1 < cn) { _tile_loadd(7, b + 512, 64); _tile_dpbf16ps(C1, 6, 7); }             \
+        if (SLOTS > 2 && 2 < cn) { _tile_loadd(7, b + 1024, 64); _tile_dpbf16ps(C2, 6, 7); }            \
+        if (SLOTS > 3 && 3 < cn) { _tile_loadd(7, b + 1536, 64); _tile_dpbf16ps(C3, 6, 7); }            \
+      }                                                                                                 \
+    if (0 < cn) _tile_stored(C0, c + 16 * (ct0 + 0), cstride);                                          \
+    if (SLOTS > 1 && 1 < cn) _tile_stored(C1, c + 16 * (ct0 + 1), cstride);                             \
+    if (SLOTS > 2 && 2 < cn) _tile_stored(C2, c + 16 * (ct0 + 2), cstride);                             \
+    if (SLOTS > 3 && 3 < cn) _tile_stored(C3, c + 16 * (ct0 + 3), cstride);                             \
+  }
+KVF_CASCADE_GROUP(cascade_group4, 4, 2, 3, 4, 5)
+KVF_CASCADE_GROUP(cascade_group3, 3, 3, 4, 5, 5)
+KVF_CASCADE_GROUP(cascade_group2, 2, 4, 5, 5, 5)
+#undef KVF_CASCADE_GROUP
+
+template <int NV>
+void cascade_pv(const BF* const* rows, int n, const float* p, int nrows, int d, float* acc, int astride,
+                float* work) {
+  constexpr int kSlots = NV <= 2 ? 4 : NV == 3 ? 3 : 2;  // C tiles NV.. below the A / B tiles 6, 7
+  const int nk = (n + 31) / 32, nct = d / 16;
+  uint16_t* hi = reinterpret_cast<uint16_t*>(work);
+  uint16_t* lo = hi + int64_t(nrows) * kDecodeChunk;
+  uint16_t* vb = lo + int64_t(nrows) * kDecodeChunk;  // cascade_work: 2 * nrows * 64 + 64 * d halves
+  pack_p(p, n, nrows, nk, hi, lo);
+  pack_v(rows, n, nk, d, vb);
+  const int64_t cstride = int64_t(astride) * sizeof(float);
+  for (int r0 = 0; r0 < nrows; r0 += 16) {
+    const int64_t a0 = int64_t(r0) * kDecodeChunk;
+    for (int ct0 = 0; ct0 < nct; ct0 += kSlots) {
+      const int cn = std::min(kSlots, nct - ct0);
+      float* c = acc + int64_t(r0) * astride;
+      if constexpr (kSlots == 4) {
+        cascade_group4(hi + a0, lo + a0, nk, vb, nct, ct0, cn, c, cstride);
+      } else if constexpr (kSlots == 3) {
+        cascade_group3(hi + a0, lo + a0, nk, vb, nct, ct0, cn, c, cstride);
+      } else {
+        cascade_group2(hi + a0, lo + a0, nk, vb, nct, ct0, cn, c, cstride);
+      }
+    }
+  }
+}
+
 template <int NV>
 const DecodeKernel<BF>* kernel(int head_dim) {
   static const DecodeKernel<BF> k = [&] {
     const DecodeKernel<BF>& avx = *bf16_dot_decode_kernel(head_dim);
-    return DecodeKernel<BF>{"amx", avx.pack_q, &prepare<NV>, &end, &qk<NV>, avx.pv, avx.finish};
+    return DecodeKernel<BF>{"amx", avx.pack_q, &prepare<NV>, &end, &qk<NV>, avx.pv, avx.finish, &cascade_pv<NV>};
   }();
   return &k;
 }

@@ -64,7 +64,15 @@ struct DecodeKernel {
              float* acc, int astride);
   // Natural-order fp32 row of d values from an accumulator row.
   void (*finish)(const float* acc, int d, float* dst);
+  // Optional (nullptr: use pv): a cascade item's acc += P V for all its rows (nrows, a multiple of 16)
+  // over one chunk of n keys, accumulators in natural fp32 order (so no finish); work: cascade_work
+  // floats. Runs between qk calls of the same item, under the tile state prepare() set up for G = 16.
+  void (*cascade_pv)(const T* const* rows, int n, const float* p, int nrows, int d, float* acc, int astride,
+                     float* work) = nullptr;
 };
+
+// Floats of cascade_pv's work area for nrows query rows of head_dim d.
+inline int64_t cascade_work(int nrows, int d) { return int64_t(nrows) * kDecodeChunk + 32 * int64_t(d); }
 
 template <typename T>
 const DecodeKernel<T>& generic_decode_kernel();

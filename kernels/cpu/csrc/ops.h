@@ -9,10 +9,11 @@ namespace kvf {
 
 // Mixed decode + prefill attention of packed queries over a paged K/V cache (in place into out).
 // window > 0: sliding-window attention, a query at position p sees positions (p - window, p].
+// cascade: decode rows sharing a prefix attend it together (off: each row alone; tests, comparisons).
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                      const at::Tensor& value_cache, const at::Tensor& block_tables,
                      const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale,
-                     int64_t split_tokens, int64_t window);
+                     int64_t split_tokens, int64_t window, bool cascade);
 
 // Which tile kernels decode attention uses for bf16 caches: "auto" (AMX tile products for the scores
 // where built in and granted, else "avx512_bf16"), "avx512_bf16" (AVX512-BF16 dot products where built
@@ -55,4 +56,7 @@ void woq_int8_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& qwe
 // The same int8 product for few rows, reading the int8 bytes once per output row (a GEMV per 4 rows).
 void woq_int8_gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales);
 
+// Greedy sampling: per row of logits [B, V] (fp32/bf16/fp16), the first index of its maximum, NaN counting
+// as the maximum (torch.max(dim=-1)'s indices); int64 [B].
+at::Tensor greedy_argmax(const at::Tensor& logits);
 }  // namespace kvf

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+import kernels.cpu as cpu_kernels
 from services.engine.core.outputs import Logprobs
 from services.engine.core.sampling_params import SamplingParams
 from services.engine.worker.structured.bitmask import apply_token_bitmask
@@ -28,6 +29,13 @@ class SamplingRow:
         """Output tokens before the sampled position (drafts it follows included)."""
         return len(self.output_ids) + len(self.drafts)
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with nothing that changes or reports the logits: the argmax of the raw row."""
+        p = self.params
+        masked = bool(self.stop_ids) and self.num_output < p.min_tokens
+        return p.greedy and p.logprobs is None and not p.needs_penalties and not masked
+
 
 @dataclass(frozen=True)
 class TokenMask:
@@ -47,6 +55,9 @@ class Sampler:
     def __call__(
         self, logits: torch.Tensor, rows: list[SamplingRow], mask: TokenMask | None = None
     ) -> tuple[list[int], list[Logprobs | None]]:
+        plain = mask is None and logits.device.type == "cpu" and all(r.plain_greedy for r in rows)
+        if plain and cpu_kernels.available():  # one pass over each row, in the logits' own dtype
+            return cpu_kernels.greedy_argmax(logits).tolist(), [None] * len(rows)
         logits = logits.float()
         want_lp = [r.params.logprobs is not None for r in rows]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_lp) else None  # before any constraint

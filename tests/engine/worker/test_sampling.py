@@ -105,3 +105,26 @@ def test_n_sequences_with_seed(llm: LLM) -> None:
     ]
     assert [o.index for o in out.outputs] == [0, 1, 2]
     assert len({tuple(o.token_ids) for o in out.outputs}) > 1
+
+
+def test_plain_greedy_rows_take_the_argmax_fast_path() -> None:
+    """Plain greedy rows are sampled from the raw logits (bf16 here, no fp32 copy); the result equals the
+    general path's, which rows with penalties or logprobs in the batch still take."""
+    from services.engine.worker.sampler import Sampler, SamplingRow
+
+    torch.manual_seed(0)
+    logits = torch.randn(6, 4099).bfloat16()
+    logits[2, 10] = logits[2, 3000] = logits[2].max() + 1  # a tie
+    greedy = SamplingParams(temperature=0, max_tokens=4)
+    rows = [SamplingRow(greedy, [1, 2], [3], (0,)) for _ in range(6)]
+    assert all(r.plain_greedy for r in rows)
+    fast, lps = Sampler()(logits, rows)
+    expected = logits.float().max(dim=-1).indices.tolist()
+    assert fast == expected and expected[2] == 10 and lps == [None] * 6
+    with_lp = [*rows[:5], SamplingRow(greedy.model_copy(update={"logprobs": 1}), [1], [], ())]
+    assert not with_lp[5].plain_greedy
+    slow, lps = Sampler()(logits, with_lp)
+    assert slow == expected and lps[5] is not None
+    min_tokens = SamplingRow(greedy.model_copy(update={"min_tokens": 3}), [1], [], (int(expected[0]),))
+    assert not min_tokens.plain_greedy
+    assert Sampler()(logits[:1], [min_tokens])[0][0] != expected[0]  # eos masked before min_tokens
