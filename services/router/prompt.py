@@ -16,7 +16,8 @@ from services.common.chat_prompt import chat_prompt_ids, chat_top_logprobs, imag
 from services.common.chat_tools import ChatPlan, ToolSettings, plan_chat
 from services.common.errors import bad_request
 from services.common.hashing import BlockHasher, BlockHashExtras, MMSpan
-from services.common.image_inputs import ImagePlaceholders, load_image
+from services.common.image_inputs import load_image
+from services.common.mm_placeholders import MediaPlaceholders
 from services.common.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from services.common.protocol_structured import CONSTRAINT_FIELDS, spec_request_fields
 from services.common.tokenizer import Tokenizer
@@ -77,7 +78,7 @@ class PromptPreparer:
         tokenizer: Tokenizer,
         hasher: BlockHasher,
         tools: ToolSettings | None = None,
-        images: ImagePlaceholders | None = None,
+        images: MediaPlaceholders | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.hasher = hasher
