@@ -1,0 +1,34 @@
+"""Short test clips: frames drawn with numpy, encoded with PyAV (MPEG-4 part 2 in an mp4 container)."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+
+
+def clip_bytes(frames: int, fps: int = 10, size: tuple[int, int] = (48, 32), seed: int = 0) -> bytes:
+    """An mp4 of ``frames`` frames of ``size`` (w, h): a moving bar over a per-seed colour ramp."""
+    import av
+
+    w, h = size
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as container:
+        stream = container.add_stream("mpeg4", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
+        for i in range(frames):
+            frame = base.copy()
+            frame[:, (i * 3) % w] = 255
+            frame[..., 0] = (frame[..., 0].astype(int) + i * 5) % 256
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buf.getvalue()
+
+
+def data_url(data: bytes, mime: str = "video/mp4") -> str:
+    return f"data:{mime};base64," + base64.b64encode(data).decode()
