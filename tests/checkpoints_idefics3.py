@@ -12,10 +12,24 @@ ROW_COL_TOKENS = [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)
 VIDEO_SAMPLING = {"fps": 2, "max_frames": 6, "video_size": {"longest_edge": 32}}
 
 
-def build_idefics3(out: Path, kind: str = "idefics3", seed: int = 0) -> Path:
+TINY = {
+    "vision": {
+        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "image_size": 32, "patch_size": 4,
+    },
+    "text": {
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    },
+    "longest_edge": 96,
+}  # fmt: skip
+
+
+def build_idefics3(out: Path, kind: str = "idefics3", seed: int = 0, shape: dict | None = None) -> Path:
     """SigLIP tower on 32 px tiles of 4 px patches (64 patches; pixel shuffle 2 -> 16 tokens per tile), images
-    resized to a 96 px longest edge (up to 3x3 tiles + the global image), a 2-layer Llama LM. kind:
-    'idefics3' or 'smolvlm' (the latter with SmolVLM's video settings: 2 fps, at most 6 frames)."""
+    resized to a 96 px longest edge (up to 3x3 tiles + the global image), a 2-layer Llama LM (``shape``: other
+    sizes, as ``TINY``). kind: 'idefics3' or 'smolvlm' (the latter with SmolVLM's video settings: 2 fps, at
+    most 6 frames)."""
     import torch
     from tokenizers import AddedToken, Tokenizer
 
@@ -26,7 +40,8 @@ def build_idefics3(out: Path, kind: str = "idefics3", seed: int = 0) -> Path:
     )
     tok.save(str(out / "tokenizer.json"))
     vocab = tok.get_vocab_size()
-    model, cfg = _model(kind, vocab, tok.token_to_id("<image>"))
+    shape = shape or TINY
+    model, cfg = _model(kind, vocab, tok.token_to_id("<image>"), shape)
     torch.manual_seed(seed)
     model = model(cfg).eval()
     with torch.no_grad():
@@ -34,11 +49,11 @@ def build_idefics3(out: Path, kind: str = "idefics3", seed: int = 0) -> Path:
             if "norm" in name or name.endswith("bias"):
                 p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(str(out), safe_serialization=True)
-    _processor(out, kind)
+    _processor(out, kind, shape)
     return out
 
 
-def _model(kind: str, vocab: int, image_token: int) -> tuple[type, object]:
+def _model(kind: str, vocab: int, image_token: int, shape: dict) -> tuple[type, object]:
     from transformers import (
         Idefics3Config,
         Idefics3ForConditionalGeneration,
@@ -47,13 +62,10 @@ def _model(kind: str, vocab: int, image_token: int) -> tuple[type, object]:
         SmolVLMForConditionalGeneration,
     )
 
-    vision = {
-        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "image_size": 32, "patch_size": 4,
-    }  # fmt: skip
+    vision = shape["vision"]
     text = LlamaConfig(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=2048, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        vocab_size=vocab, max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        **shape["text"],
     )  # fmt: skip
     if kind == "smolvlm":
         return SmolVLMForConditionalGeneration, SmolVLMConfig(
@@ -64,12 +76,13 @@ def _model(kind: str, vocab: int, image_token: int) -> tuple[type, object]:
     )
 
 
-def _processor(out: Path, kind: str) -> None:
+def _processor(out: Path, kind: str, shape: dict) -> None:
     """HF's own processor files (the reference our preprocessing reads), saved through HF's classes."""
     from transformers import PreTrainedTokenizerFast
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
-    images = {"size": {"longest_edge": 96}, "max_image_size": {"longest_edge": 32}}
+    tile, patch = shape["vision"]["image_size"], shape["vision"]["patch_size"]
+    images = {"size": {"longest_edge": shape["longest_edge"]}, "max_image_size": {"longest_edge": tile}}
     Idefics3ImageProcessorPil(**images).save_pretrained(str(out))
     config = json.loads((out / "preprocessor_config.json").read_text())
     config["image_processor_type"] = (
@@ -77,7 +90,7 @@ def _processor(out: Path, kind: str) -> None:
     )
     (out / "preprocessor_config.json").write_text(json.dumps(config, indent=2))
     processor = {
-        "image_seq_len": 16,
+        "image_seq_len": (tile // patch) ** 2 // 4,  # scale factor 2
         "processor_class": "SmolVLMProcessor" if kind == "smolvlm" else "Idefics3Processor",
     }
     (out / "processor_config.json").write_text(json.dumps(processor, indent=2))

@@ -64,9 +64,14 @@ class Idefics3Placeholders:
         declared = json.loads(proc_file.read_text()).get("image_seq_len") if proc_file.is_file() else None
         if declared is not None and declared != seq_len:
             raise ValueError(f"{proc_file}: image_seq_len {declared}, but the model gives {seq_len} per tile")
-        return cls(
-            Tokenizer(folder), Idefics3ImageProcessor.from_folder(folder), seq_len, _video_sampling(folder)
-        )
+        processor = Idefics3ImageProcessor.from_folder(folder)
+        patch = v.get("patch_size", 32)
+        if processor.tile // patch != v.get("image_size", 224) // patch:
+            raise ValueError(
+                f"{folder}: tiles of {processor.tile} px (max_image_size) but a vision tower of "
+                f"{v.get('image_size', 224)} px: the features per tile would not match the image tokens"
+            )
+        return cls(Tokenizer(folder), processor, seq_len, _video_sampling(folder))
 
     @property
     def tokens_per_tile(self) -> int:
