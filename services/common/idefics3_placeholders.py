@@ -51,6 +51,7 @@ class Idefics3Placeholders:
         self.video_token_id: int | None = (
             tokenizer.backend.token_to_id("<video>") if video is not None else None
         )
+        self.added = frozenset(tokenizer.backend.get_added_tokens_decoder())  # where text runs end
 
     @classmethod
     def from_model_dir(cls, folder: str | Path, cfg: dict[str, Any]) -> Idefics3Placeholders:
@@ -93,17 +94,35 @@ class Idefics3Placeholders:
                 f"images: the prompt has {n_img} image and {n_vid} video placeholder(s) for {len(images)} "
                 f"image(s) and {len(videos)} video(s)"
             )
+        return self._expand_markers(list(token_ids), iter(images), iter(videos))
+
+    def _expand_markers(
+        self, token_ids: list[int], images: Iterator[Image.Image], videos: Iterator[VideoClip]
+    ) -> tuple[list[int], list[PlacedImage]]:
+        """A video's prompt begins and ends in text: it is tokenized with the text around its marker (back
+        and forward to the nearest added token), so the ids equal HF's text-level replacement."""
         out: list[int] = []
         placed: list[PlacedImage] = []
-        pending: dict[int | None, Iterator[Media]] = {
-            self.token_id: iter(images),
-            self.video_token_id: iter(videos),
-        }
-        for t in token_ids:
-            if t not in pending or not media:
+        i = 0
+        while i < len(token_ids):
+            t = token_ids[i]
+            i += 1
+            if t == self.token_id:
+                ids, item = self._item(next(images))
+            elif t == self.video_token_id:
+                start = len(out)
+                while start and out[start - 1] not in self.added:
+                    start -= 1
+                end = i
+                while end < len(token_ids) and token_ids[end] not in self.added:
+                    end += 1
+                before, after = self._decode(out[start:]), self._decode(token_ids[i:end])
+                del out[start:]
+                ids, item = self._video(next(videos), before, after)
+                i = end
+            else:
                 out.append(t)
                 continue
-            ids, item = self._item(next(pending[t]))
             placed.append(_shifted(item, len(out)))
             out.extend(ids)
         return out, placed
@@ -127,12 +146,13 @@ class Idefics3Placeholders:
     def _global(self) -> list[int]:
         return [self.fake, self.global_img, *[self.token_id] * self.seq_len, self.fake]
 
-    def _video(self, clip: VideoClip) -> tuple[list[int], PlacedImage]:
-        """SmolVLM's frame prompt; the span runs from the first frame's image to the last one's."""
+    def _video(self, clip: VideoClip, before: str = "", after: str = "") -> tuple[list[int], PlacedImage]:
+        """SmolVLM's frame prompt between the texts ``before`` and ``after`` it; the span runs from the first
+        frame's image to the last one's (the intro and the text around it are plain tokens)."""
         assert self.video_sampling is not None
         edge = self.video_sampling.longest_edge
         pixels = np.stack([self.processor.frame(Image.fromarray(f), edge) for f in clip.frames])
-        text = (
+        text = before + (
             f"You are provided the following series of {number_words(len(pixels))} frames from a "
             f"{timedelta(seconds=int(clip.duration))} [H:MM:SS] video.\n"
         )
@@ -142,7 +162,7 @@ class Idefics3Placeholders:
             text = ""
             ids += self._global()
         begin, end = ids.index(self.fake), len(ids)
-        return ids + self._text("\n\n"), self._placed(ids, begin, end, pixels)
+        return ids + self._text("\n\n" + after), self._placed(ids, begin, end, pixels)
 
     def _placed(self, ids: list[int], start: int, end: int, pixels: Any) -> PlacedImage:
         is_embed = tuple(t == self.token_id for t in ids[start:end])
@@ -156,11 +176,11 @@ class Idefics3Placeholders:
             cursor = 0
             for m in group:
                 ids, item = self._item(m)
-                at = _find(token_ids, ids, cursor)
+                at = _find(token_ids, ids[item.start : item.start + item.length], cursor)
                 if at < 0:
                     raise ValueError("images: the prompt's expanded image tokens do not match the images")
-                placed.append(_shifted(item, at))
-                cursor = at + len(ids)
+                placed.append(_shifted(item, at - item.start))
+                cursor = at + item.length
         return token_ids, sorted(placed, key=lambda p: p.start)
 
     def _row_col(self, r: int, c: int) -> int:
@@ -171,6 +191,9 @@ class Idefics3Placeholders:
 
     def _text(self, text: str) -> list[int]:
         return list(self.tok.backend.encode(text, add_special_tokens=False).ids)
+
+    def _decode(self, ids: list[int]) -> str:
+        return str(self.tok.backend.decode(ids, skip_special_tokens=False)) if ids else ""
 
 
 def _shifted(item: PlacedImage, offset: int) -> PlacedImage:

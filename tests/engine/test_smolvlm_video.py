@@ -100,9 +100,18 @@ def test_frame_pixels_and_prompt_equal_hf(smolvlm_dir: Path) -> None:
     np.testing.assert_allclose([ours.frame(Image.fromarray(f), 32) for f in clip.frames], expected, atol=1e-6)
     placeholders = media_placeholders(smolvlm_dir)
     assert placeholders is not None and placeholders.video_sampling == SAMPLING
-    ids, placed = placeholders.expand(Tokenizer(smolvlm_dir).encode(PROMPT, add_special_tokens=False), [clip])
-    assert ids == _hf_prompt_ids(smolvlm_dir, clip, PROMPT)
-    assert placed[0].is_embed is not None and sum(placed[0].is_embed) == 6 * 16
+    for prompt in (
+        PROMPT,
+        "User: <video>what happens? the dog",
+        "<video> and then",
+    ):  # text merges at both ends
+        ids, placed = placeholders.expand(
+            Tokenizer(smolvlm_dir).encode(prompt, add_special_tokens=False), [clip]
+        )
+        assert ids == _hf_prompt_ids(smolvlm_dir, clip, prompt), prompt
+        assert placed[0].is_embed is not None and sum(placed[0].is_embed) == 6 * 16
+        again, found = placeholders.expand(ids, [clip])  # expanded ids (as the router sends them) are found
+        assert again == ids and [p.span() for p in found] == [p.span() for p in placed]
 
 
 @pytest.mark.parametrize("kw", [{}, {"max_num_batched_tokens": 24}])
