@@ -8,13 +8,16 @@ import io
 import numpy as np
 
 
-def clip_bytes(frames: int, fps: int = 10, size: tuple[int, int] = (48, 32), seed: int = 0) -> bytes:
-    """An mp4 of ``frames`` frames of ``size`` (w, h): a moving bar over a per-seed colour ramp."""
+def clip_bytes(
+    frames: int, fps: int = 10, size: tuple[int, int] = (48, 32), seed: int = 0, flat: bool = False
+) -> bytes:
+    """An mp4 of ``frames`` frames of ``size`` (w, h): a moving bar over per-seed noise (``flat``: one
+    colour, which compresses to almost nothing)."""
     import av
 
     w, h = size
     rng = np.random.default_rng(seed)
-    base = rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
+    base = np.full((h, w, 3), 90, np.uint8) if flat else rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
     buf = io.BytesIO()
     with av.open(buf, "w", format="mp4") as container:
         stream = container.add_stream("mpeg4", rate=fps)

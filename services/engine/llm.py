@@ -130,9 +130,12 @@ def _split_prompt(prompt: Prompt) -> tuple[str | list[int], list[Any]]:
     data = prompt.get("multi_modal_data") or {}
     if set(data) - {"image", "video"}:
         raise ValueError(f"multi_modal_data: only 'image' and 'video' are supported, got {sorted(data)}")
-    images, videos = ([] if (v := data.get(k)) is None else v for k in ("image", "video"))
-    images = list(images) if isinstance(images, (list, tuple)) else [images]
-    videos = list(videos) if isinstance(videos, (list, tuple)) else [videos]
+    images, videos = (_items(data.get("image", [])), _items(data.get("video", [])))
     if any(not isinstance(v, VideoClip) for v in videos):
         raise ValueError("multi_modal_data: each video must be a VideoClip (services.common.video_inputs)")
     return text, images + videos
+
+
+def _items(value: Any) -> list[Any]:
+    """One item or a list of them."""
+    return list(value) if isinstance(value, (list, tuple)) else [value]

@@ -27,10 +27,20 @@ def smolvlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def hf(smolvlm_dir: Path):
-    from transformers import Idefics3Processor, SmolVLMForConditionalGeneration
+    from transformers import SmolVLMForConditionalGeneration
 
     model = SmolVLMForConditionalGeneration.from_pretrained(str(smolvlm_dir), dtype=torch.float32).eval()
-    return model, Idefics3Processor.from_pretrained(str(smolvlm_dir))
+    return model, hf_processor(smolvlm_dir)
+
+
+def hf_processor(folder: Path):  # noqa: ANN201 - HF's Idefics3Processor
+    """HF's processor with its PIL image backend (the torchvision one, where installed, resizes otherwise)."""
+    from transformers import Idefics3Processor
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    return Idefics3Processor.from_pretrained(
+        str(folder), image_processor=Idefics3ImageProcessorPil.from_pretrained(str(folder))
+    )
 
 
 def _image(seed: int, w: int, h: int) -> Image.Image:
@@ -119,12 +129,12 @@ def test_prefix_cache_follows_the_image(smolvlm_dir: Path, hf) -> None:
 
 def test_idefics3_architecture_equals_hf(tmp_path: Path) -> None:
     """The same model saved as Idefics3ForConditionalGeneration (model_type idefics3) runs the same."""
-    from transformers import Idefics3ForConditionalGeneration, Idefics3Processor
+    from transformers import Idefics3ForConditionalGeneration
 
     folder = build_idefics3(tmp_path / "idefics3", "idefics3", seed=1)
     ref = (
         Idefics3ForConditionalGeneration.from_pretrained(str(folder), dtype=torch.float32).eval(),
-        Idefics3Processor.from_pretrained(str(folder)),
+        hf_processor(folder),
     )
     text, images = CASES[1]
     out = LLM(model=str(folder), dtype="float32", num_kv_blocks=64).generate(

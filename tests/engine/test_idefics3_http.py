@@ -113,6 +113,11 @@ def test_bad_media_are_400s_naming_the_part(smolvlm_dir: Path, tmp_path: Path) -
             (engine, [clip, clip], "2 videos is over this server's limit of 1"),
             (engine, ["https://example.com/a.mp4"], "fetching http(s) URLs is disabled"),
             (engine, [f"file://{tmp_path}/elsewhere.mp4"], "outside --allowed-local-media-path"),
+            (
+                engine,
+                [data_url(clip_bytes(1, size=(3856, 2176), flat=True))],
+                "frames are over 8294400 pixels",
+            ),
             (images_only, [clip], "videos need a model that takes videos; this one does not"),
         ]
         for server, videos, message in cases:
