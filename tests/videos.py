@@ -9,18 +9,23 @@ import numpy as np
 
 
 def clip_bytes(
-    frames: int, fps: int = 10, size: tuple[int, int] = (48, 32), seed: int = 0, flat: bool = False
+    frames: int,
+    fps: int = 10,
+    size: tuple[int, int] = (48, 32),
+    seed: int = 0,
+    flat: bool = False,
+    container_format: str = "mp4",
 ) -> bytes:
-    """An mp4 of ``frames`` frames of ``size`` (w, h): a moving bar over per-seed noise (``flat``: one
-    colour, which compresses to almost nothing)."""
+    """An mp4 (or ``container_format``: webm gets VP8) of ``frames`` frames of ``size`` (w, h): a moving bar
+    over per-seed noise (``flat``: one colour, which compresses to almost nothing)."""
     import av
 
     w, h = size
     rng = np.random.default_rng(seed)
     base = np.full((h, w, 3), 90, np.uint8) if flat else rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
     buf = io.BytesIO()
-    with av.open(buf, "w", format="mp4") as container:
-        stream = container.add_stream("mpeg4", rate=fps)
+    with av.open(buf, "w", format=container_format) as container:
+        stream = container.add_stream("libvpx" if container_format == "webm" else "mpeg4", rate=fps)
         stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
         for i in range(frames):
             frame = base.copy()

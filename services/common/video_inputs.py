@@ -9,6 +9,7 @@ import binascii
 import io
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -64,7 +65,7 @@ def decode_video(data: bytes, sampling: VideoSampling, max_frames: int = MAX_VID
     import av
 
     try:
-        with av.open(io.BytesIO(data)) as container:
+        with av.open(io.BytesIO(data), mode="r") as container:
             if not container.streams.video:
                 raise ValueError("video_url: the file has no video stream")
             stream = container.streams.video[0]
@@ -73,10 +74,13 @@ def decode_video(data: bytes, sampling: VideoSampling, max_frames: int = MAX_VID
                 raise ValueError(
                     f"video_url: {stream.width}x{stream.height} frames are over {MAX_FRAME_PIXELS} pixels"
                 )
+            if total <= 0:  # webm and others do not say: count the packets (no decoding), then rewind
+                total = _count_packets(container, stream, max_frames)
+                container.seek(0)
             if total > max_frames:
                 raise ValueError(f"video_url: {total} frames is over this server's limit of {max_frames}")
             if total <= 0 or fps <= 0:
-                raise ValueError("video_url: the video does not say its frame count and rate")
+                raise ValueError("video_url: the video has no frames, or does not say its frame rate")
             wanted = sampling.indices(total, fps)
             frames = _frames(container, set(wanted), wanted[-1])
     except av.FFmpegError as exc:
@@ -86,6 +90,16 @@ def decode_video(data: bytes, sampling: VideoSampling, max_frames: int = MAX_VID
             f"video_url: the video has fewer frames than it says ({len(frames)} of {len(wanted)})"
         )
     return VideoClip(np.stack(frames), tuple(i / fps for i in wanted), total / fps)
+
+
+def _count_packets(container: Any, stream: Any, limit: int) -> int:
+    """The stream's frame count from its packets, counting stops past ``limit``."""
+    count = 0
+    for packet in container.demux(stream):
+        count += 1 if packet.size else 0
+        if count > limit:
+            break
+    return count
 
 
 def _frames(container: object, wanted: set[int], last: int) -> list[np.ndarray]:

@@ -138,6 +138,13 @@ def test_video_greedy_equals_hf(smolvlm_dir: Path, kw: dict) -> None:
     assert out.outputs[0].token_ids == ref[0, len(hf_ids) :].tolist()
 
 
+def test_a_webm_without_a_frame_count_is_sampled_alike() -> None:
+    """WebM headers carry no frame count: it is counted from the packets, and sampling is the same."""
+    mp4, webm = (decode_video(clip_bytes(45, container_format=f), SAMPLING) for f in ("mp4", "webm"))
+    assert webm.timestamps == mp4.timestamps and webm.duration == mp4.duration
+    assert webm.frames.shape == mp4.frames.shape
+
+
 def test_bad_videos_are_clear_errors() -> None:
     """(Frames over the pixel limit: tests/engine/test_idefics3_http.py.)"""
     with pytest.raises(ValueError, match="video_url: the video cannot be decoded"):
