@@ -27,11 +27,13 @@ def encode_messages(
     add_generation_prompt: bool,
     tools: list[dict[str, Any]] | None = None,
     image_marker: str | None = None,
+    video_marker: str | None = None,
 ) -> list[int]:
     """The chat template applied to ``messages`` (and ``tools``), encoded; 400 (param ``messages``) when the
-    template refuses, or when a text model (no ``image_marker``) gets images."""
+    template refuses, or when a model without the marker gets images (videos)."""
     try:
-        return tokenizer.encode_chat(conversation(messages, image_marker), add_generation_prompt, tools)
+        chat = conversation(messages, image_marker, video_marker)
+        return tokenizer.encode_chat(chat, add_generation_prompt, tools)
     except ChatTemplateError as exc:
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
     except ValueError as exc:
@@ -43,15 +45,23 @@ def image_urls(body: ChatCompletionRequest) -> list[str]:
     return [url for m in body.messages for url in m.image_urls()]
 
 
+def video_urls(body: ChatCompletionRequest) -> list[str]:
+    """Every video part's URL, in message order."""
+    return [url for m in body.messages for url in m.video_urls()]
+
+
 def chat_prompt_ids(
     tokenizer: Tokenizer,
     body: ChatCompletionRequest,
     tools: list[dict[str, Any]] | None = None,
     image_marker: str | None = None,
+    video_marker: str | None = None,
 ) -> list[int]:
     """The prompt ids of a chat completions request (``tools``: what its template shows the model;
-    ``image_marker``: the placeholder of a vision-language model, one per image part)."""
-    return encode_messages(tokenizer, body.messages, body.add_generation_prompt, tools, image_marker)
+    ``image_marker`` / ``video_marker``: a vision-language model's placeholders, one per image / video part)."""
+    return encode_messages(
+        tokenizer, body.messages, body.add_generation_prompt, tools, image_marker, video_marker
+    )
 
 
 def chat_top_logprobs(body: ChatCompletionRequest) -> int | None:

@@ -19,6 +19,7 @@ from PIL import Image, UnidentifiedImageError
 
 from services.common.hashing import MMSpan
 from services.common.image_processor import ImageProcessor
+from services.common.video_inputs import VideoSampling
 
 MAX_IMAGE_BYTES = 20 * 2**20  # an encoded image larger than this is refused
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
@@ -26,12 +27,15 @@ FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
 
 @dataclass(frozen=True)
 class PlacedImage:
-    """One image in the expanded ids: positions [start, start + length), its hash and pixels [C, H, W]."""
+    """One image (or video) in the expanded ids: positions [start, start + length), its hash and pixels
+    ([C, H, W], or [tiles or frames, C, H, W]); ``is_embed`` marks the positions its features fill (None: all;
+    the others keep their token's embedding: a family's tile separators)."""
 
     start: int
     length: int
     content_hash: str
     pixels: np.ndarray
+    is_embed: tuple[bool, ...] | None = None
 
     def span(self) -> MMSpan:
         return MMSpan(start=self.start, end=self.start + self.length, content_hash=self.content_hash)
@@ -46,6 +50,9 @@ def content_hash(pixels: np.ndarray) -> str:
 
 class ImagePlaceholders:
     """The placeholder token, the features per image and the preprocessing of one model."""
+
+    video_token_id: int | None = None  # LLaVA takes images only
+    video_sampling: VideoSampling | None = None
 
     def __init__(self, token_id: int, tokens_per_image: int, processor: ImageProcessor) -> None:
         self.token_id, self.tokens_per_image, self.processor = token_id, tokens_per_image, processor
@@ -63,13 +70,13 @@ class ImagePlaceholders:
         token = cfg.get("image_token_index", cfg.get("image_token_id", 32000))
         return cls(token, patches + full, ImageProcessor.from_folder(folder, vision["image_size"]))
 
-    def expand(
-        self, token_ids: Sequence[int], images: Sequence[Image.Image]
-    ) -> tuple[list[int], list[PlacedImage]]:
+    def expand(self, token_ids: Sequence[int], images: Sequence[Any]) -> tuple[list[int], list[PlacedImage]]:
         """Each placeholder -> ``tokens_per_image`` copies; ValueError when they do not match the images.
 
         Ids already expanded (every run of placeholders a multiple of ``tokens_per_image`` long, as the
         router sends them) are kept as they are, the images placed in the runs in order."""
+        if any(not isinstance(image, Image.Image) for image in images):
+            raise ValueError("videos: this model takes images only")
         found = sum(1 for t in token_ids if t == self.token_id)
         if (
             found == len(images) * self.tokens_per_image

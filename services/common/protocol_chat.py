@@ -54,7 +54,22 @@ class ImageUrlContentPart(RequestModel):
     image_url: ImageUrl
 
 
-ContentPart = Annotated[TextContentPart | ImageUrlContentPart, Field(discriminator="type")]
+class VideoUrl(RequestModel):
+    """Where a video is: a ``data:video/...;base64,`` URL (or ``file://`` where the server allows it)."""
+
+    url: Annotated[str, Field(min_length=1)]
+
+
+class VideoUrlContentPart(RequestModel):
+    """A ``{"type": "video_url", "video_url": {"url": ...}}`` content part (models that take videos)."""
+
+    type: Literal["video_url"]
+    video_url: VideoUrl
+
+
+ContentPart = Annotated[
+    TextContentPart | ImageUrlContentPart | VideoUrlContentPart, Field(discriminator="type")
+]
 
 
 class ChatMessage(RequestModel):
@@ -78,30 +93,38 @@ class ChatMessage(RequestModel):
             raise field_error("tool_calls", "only assistant messages carry tool_calls")
         return self
 
-    def text(self, image_marker: str | None = None) -> str:
-        """The content as one string (parts joined by newlines, as vLLM does); an image part is the model's
-        placeholder ``image_marker`` (ValueError without one: a text model)."""
+    def text(self, image_marker: str | None = None, video_marker: str | None = None) -> str:
+        """The content as one string (parts joined by newlines, as vLLM does); an image (video) part is the
+        model's placeholder ``image_marker`` (``video_marker``); ValueError without one."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        parts = []
+        parts: list[str | None] = []
         for part in self.content:
             if isinstance(part, TextContentPart):
                 parts.append(part.text)
-            elif image_marker is None:
+            elif isinstance(part, ImageUrlContentPart) and image_marker is None:
                 raise ValueError(
                     "image_url content parts need a vision-language model; this one takes text only"
                 )
+            elif isinstance(part, VideoUrlContentPart) and video_marker is None:
+                raise ValueError("video_url content parts need a model that takes videos; this one does not")
             else:
-                parts.append(image_marker)
-        return "\n".join(parts)
+                parts.append(image_marker if isinstance(part, ImageUrlContentPart) else video_marker)
+        return "\n".join(p for p in parts if p is not None)
 
     def image_urls(self) -> list[str]:
         """The URLs of its image parts, in order."""
         if not isinstance(self.content, list):
             return []
         return [p.image_url.url for p in self.content if isinstance(p, ImageUrlContentPart)]
+
+    def video_urls(self) -> list[str]:
+        """The URLs of its video parts, in order."""
+        if not isinstance(self.content, list):
+            return []
+        return [p.video_url.url for p in self.content if isinstance(p, VideoUrlContentPart)]
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -154,14 +177,16 @@ class ChatCompletionRequest(SamplingRequest):
         return conversation(self.messages)
 
 
-def conversation(messages: Sequence[ChatMessage], image_marker: str | None = None) -> list[dict[str, Any]]:
+def conversation(
+    messages: Sequence[ChatMessage], image_marker: str | None = None, video_marker: str | None = None
+) -> list[dict[str, Any]]:
     """Messages as chat-template dicts: ``{"role", "content"}`` plus ``tool_calls`` (arguments parsed to
     objects, as HF templates expect) and ``tool_call_id``; ``developer`` is rendered as ``system``;
-    image parts as ``image_marker`` (the model's placeholder token)."""
+    image (video) parts as ``image_marker`` (``video_marker``), the model's placeholder tokens."""
     out: list[dict[str, Any]] = []
     for m in messages:
         role = "system" if m.role == "developer" else m.role
-        item: dict[str, Any] = {"role": role, "content": m.text(image_marker)}
+        item: dict[str, Any] = {"role": role, "content": m.text(image_marker, video_marker)}
         if m.tool_calls:
             item["tool_calls"] = [
                 {

@@ -59,9 +59,12 @@ Prompt = Annotated[PromptInput, PlainValidator(_check_prompt, json_schema_input_
 
 
 class MultiModalData(RequestModel):
-    """Images of a completions prompt (URLs, as in chat ``image_url`` parts)."""
+    """Images and videos of a completions prompt (URLs, as in chat ``image_url`` / ``video_url`` parts)."""
 
     image: Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=64)] = Field(
+        default_factory=list
+    )
+    video: Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=16)] = Field(
         default_factory=list
     )
 
@@ -79,8 +82,9 @@ class CompletionRequest(SamplingRequest):
 
     @model_validator(mode="after")
     def _check_images(self) -> CompletionRequest:
-        if self.multi_modal_data is not None and self.multi_modal_data.image and len(self.prompts()) != 1:
-            raise field_error("multi_modal_data", "images go with exactly one prompt")
+        data = self.multi_modal_data
+        if data is not None and (data.image or data.video) and len(self.prompts()) != 1:
+            raise field_error("multi_modal_data", "images and videos go with exactly one prompt")
         return self
 
     @model_validator(mode="after")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
+from services.common.video_inputs import VideoClip
 from services.engine.core.config import EngineConfig
 from services.engine.core.pooling_params import PoolingParams
 from services.engine.core.sampling_params import SamplingParams
@@ -116,7 +117,8 @@ class LLM:
 
 
 def _split_prompt(prompt: Prompt) -> tuple[str | list[int], list[Any]]:
-    """(text or token ids, images) of a prompt; a dict prompt carries vLLM's ``multi_modal_data``."""
+    """(text or token ids, images and videos) of a prompt; a dict prompt carries vLLM's ``multi_modal_data``
+    (``image``: PIL images; ``video``: VideoClips, services.common.video_inputs)."""
     if not isinstance(prompt, dict):
         return prompt, []
     unknown = set(prompt) - {"prompt", "prompt_token_ids", "multi_modal_data"}
@@ -126,7 +128,14 @@ def _split_prompt(prompt: Prompt) -> tuple[str | list[int], list[Any]]:
     if text is None:
         raise ValueError("prompt: a dict prompt needs 'prompt' or 'prompt_token_ids'")
     data = prompt.get("multi_modal_data") or {}
-    if set(data) - {"image"}:
-        raise ValueError(f"multi_modal_data: only 'image' is supported, got {sorted(data)}")
-    images = data.get("image", [])
-    return text, list(images) if isinstance(images, (list, tuple)) else [images]
+    if set(data) - {"image", "video"}:
+        raise ValueError(f"multi_modal_data: only 'image' and 'video' are supported, got {sorted(data)}")
+    images, videos = (_items(data.get("image", [])), _items(data.get("video", [])))
+    if any(not isinstance(v, VideoClip) for v in videos):
+        raise ValueError("multi_modal_data: each video must be a VideoClip (services.common.video_inputs)")
+    return text, images + videos
+
+
+def _items(value: Any) -> list[Any]:
+    """One item or a list of them."""
+    return list(value) if isinstance(value, (list, tuple)) else [value]

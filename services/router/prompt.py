@@ -12,14 +12,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from services.common.chat_prompt import chat_prompt_ids, chat_top_logprobs, image_urls
+from services.common.chat_prompt import chat_prompt_ids, chat_top_logprobs, image_urls, video_urls
 from services.common.chat_tools import ChatPlan, ToolSettings, plan_chat
 from services.common.errors import bad_request
 from services.common.hashing import BlockHasher, BlockHashExtras, MMSpan
-from services.common.image_inputs import ImagePlaceholders, load_image
+from services.common.image_inputs import load_image
+from services.common.mm_placeholders import MediaPlaceholders
 from services.common.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from services.common.protocol_structured import CONSTRAINT_FIELDS, spec_request_fields
 from services.common.tokenizer import Tokenizer
+from services.common.video_inputs import load_video
 
 Kind = Literal["completion", "chat"]
 
@@ -77,7 +79,7 @@ class PromptPreparer:
         tokenizer: Tokenizer,
         hasher: BlockHasher,
         tools: ToolSettings | None = None,
-        images: ImagePlaceholders | None = None,
+        images: MediaPlaceholders | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.hasher = hasher
@@ -95,10 +97,12 @@ class PromptPreparer:
         ):  # as the engine says; hashing would overflow first
             raise bad_request(f"token ids must be in [0, {vocab})", "prompt")
         engine = _base_body(body)
-        urls = body.multi_modal_data.image if body.multi_modal_data is not None else []
-        prompts[0], spans = self._expand(prompts[0], urls, "multi_modal_data")
+        data = body.multi_modal_data
+        urls = data.image if data is not None else []
+        videos = data.video if data is not None else []
+        prompts[0], spans = self._expand(prompts[0], urls, videos, "multi_modal_data")
         engine["prompt"] = prompts[0] if len(prompts) == 1 else prompts
-        if body.echo and isinstance(body.prompts()[0], str) and not urls:
+        if body.echo and isinstance(body.prompts()[0], str) and not urls and not videos:
             engine["prompt"] = body.prompt  # echo returns the caller's text, not text decoded from the ids
         return self._prepared("completion", body, prompts, engine, lora_name, spans)
 
@@ -106,13 +110,12 @@ class PromptPreparer:
         """Chat template (with the tools it should show), then the same completions body; logprobs asked as
         completions logprobs; a tool_choice the engine must enforce becomes its output constraint."""
         plan = plan_chat(body, self.tools)
-        marker = self.tokenizer.id_to_token(self.images.token_id) if self.images is not None else None
-        ids = chat_prompt_ids(self.tokenizer, body, plan.template_tools, marker)
-        urls = image_urls(body)
-        ids, spans = self._expand(ids, urls, "messages")
+        ids = chat_prompt_ids(self.tokenizer, body, plan.template_tools, *self._markers())
+        urls, videos = image_urls(body), video_urls(body)
+        ids, spans = self._expand(ids, urls, videos, "messages")
         engine = _base_body(body)
-        if urls:
-            engine["multi_modal_data"] = {"image": urls}
+        if urls or videos:
+            engine["multi_modal_data"] = {"image": urls, "video": videos}
         for key in (*_CHAT_ONLY, *CONSTRAINT_FIELDS):
             engine.pop(key, None)
         if plan.constraint is not None:
@@ -134,15 +137,35 @@ class PromptPreparer:
         prepared.chat_plan = plan
         return prepared
 
-    def _expand(self, ids: list[int], urls: list[str], param: str) -> tuple[list[int], tuple[MMSpan, ...]]:
-        """The ids with each image's placeholders expanded (as the engine expands them), and the images'
-        block-hash keys; the engine gets these ids and the image URLs."""
-        if not urls:
+    def _markers(self) -> tuple[str | None, str | None]:
+        """The image and video placeholders' text (None where the pool's model takes no such media)."""
+        if self.images is None:
+            return None, None
+        video = self.images.video_token_id
+        return self.tokenizer.id_to_token(self.images.token_id), (
+            self.tokenizer.id_to_token(video) if video is not None else None
+        )
+
+    def _expand(
+        self, ids: list[int], urls: list[str], videos: list[str], param: str
+    ) -> tuple[list[int], tuple[MMSpan, ...]]:
+        """The ids with each image's (video's) placeholders expanded as the engine expands them, and their
+        block-hash keys; the engine gets these ids and the URLs."""
+        if not urls and not videos:
             return ids, ()
         if self.images is None:
             raise bad_request("images need a vision-language model; this pool serves text only", param)
+        sampling = self.images.video_sampling
+        media = _decode_images(urls, param)
+        for i, url in enumerate(videos):
+            if sampling is None:
+                raise bad_request("videos need a model that takes videos; this pool's does not", param)
+            try:
+                media.append(load_video(url, sampling))
+            except ValueError as exc:
+                raise bad_request(f"video {i}: {exc}", param) from exc
         try:
-            expanded, placed = self.images.expand(ids, _decode_images(urls, param))
+            expanded, placed = self.images.expand(ids, media)
         except ValueError as exc:
             raise bad_request(str(exc), param) from exc
         return expanded, tuple(p.span() for p in placed)

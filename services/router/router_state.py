@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from services.common.chat_tools import ToolSettings, check_tool_settings
 from services.common.hashing import HASH_VERSION, BlockHasher
-from services.common.image_inputs import ImagePlaceholders
+from services.common.mm_placeholders import media_placeholders
 from services.common.prefix_index import AsyncPrefixIndex
 from services.common.tokenizer import Tokenizer
 from services.router.context_limit import pool_max_model_len
@@ -86,7 +86,7 @@ class RouterState:
             settings,
             tokenizer,
             metrics,
-            PromptPreparer(tokenizer, hasher, tools, ImagePlaceholders.from_model_dir(settings.tokenizer)),
+            PromptPreparer(tokenizer, hasher, tools, media_placeholders(settings.tokenizer)),
             poller,
             client,
             index,

@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 
 from services.common.image_processor import ImageProcessor
+from services.common.video_inputs import VideoClip
 from services.engine import LLM, SamplingParams
 from tests.checkpoints import build_llava
 
@@ -120,8 +121,13 @@ def test_bad_image_input_is_a_clear_error(llava_dir: Path, llama_dir: Path) -> N
     marker = _marker(llava_dir)
     with pytest.raises(ValueError, match="1 image placeholder\\(s\\) .* for 2 image\\(s\\)"):
         llm.generate({"prompt_token_ids": [1, marker], "multi_modal_data": {"image": [_image(1, 9, 9)] * 2}})
-    with pytest.raises(ValueError, match="only 'image' is supported"):
-        llm.generate({"prompt_token_ids": [1, marker], "multi_modal_data": {"video": []}})
+    clip = VideoClip(np.zeros((1, 8, 8, 3), np.uint8), (0.0,), 1.0)
+    with pytest.raises(ValueError, match="videos: this model takes images only"):
+        llm.generate(
+            {"prompt_token_ids": [1, marker], "multi_modal_data": {"image": _image(1, 9, 9), "video": clip}}
+        )
+    with pytest.raises(ValueError, match="only 'image' and 'video' are supported"):
+        llm.generate({"prompt_token_ids": [1, marker], "multi_modal_data": {"audio": []}})
     with pytest.raises(ValueError, match="is over 40000000 pixels"):
         llm.generate(
             {"prompt_token_ids": [1, marker], "multi_modal_data": {"image": Image.new("RGB", (8000, 6000))}}

@@ -8,13 +8,19 @@ from typing import Any
 
 @dataclass(frozen=True)
 class MMInput:
-    """The prompt positions [start, start + length) hold this image's features; ``data`` is its
-    preprocessed pixels (opaque here) and ``content_hash`` their hash (encoder cache and block keys)."""
+    """The prompt positions [start, start + length) hold this image's (or video's) features; ``data`` is its
+    preprocessed pixels (opaque here) and ``content_hash`` their hash (encoder cache and block keys).
+    ``is_embed`` marks the positions features fill, in order (None: all; the others are text tokens)."""
 
     start: int
     length: int
     content_hash: str
     data: Any
+    is_embed: tuple[bool, ...] | None = None
+
+    @property
+    def num_embeds(self) -> int:
+        return self.length if self.is_embed is None else sum(self.is_embed)
 
     @property
     def end(self) -> int:

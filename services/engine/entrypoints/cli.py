@@ -7,7 +7,6 @@ passes a factory per ``--role`` value.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
@@ -33,7 +32,7 @@ if TYPE_CHECKING:
     from services.engine.core.config import EngineConfig
     from services.engine.core.spec_config import SpeculativeConfig
     from services.engine.entrypoints.role import EngineRole
-    from services.engine.entrypoints.serving import ServerSettings
+    from services.engine.entrypoints.serving import MediaLimits, ServerSettings
 
 RoleFactory = Callable[[argparse.Namespace], "EngineRole"]
 _BACKSTOP_S = 5.0
@@ -167,21 +166,27 @@ def _add_lora_flags(add: Callable[..., object]) -> None:
         "--limit-mm-per-prompt",
         default=None,
         metavar="JSON",
-        help="vision models: most images per request, e.g. '{\"image\": 4}' (the default)",
+        help='vision models: most images and videos per request, e.g. \'{"image": 4, "video": 1}\' '
+        "(the defaults)",
     )
 
 
-def _image_limit(text: str | None) -> int:
-    """--limit-mm-per-prompt '{"image": N}' -> N (4 without the flag); other modalities are not served."""
+def _media_limits(text: str | None) -> MediaLimits:
+    """--limit-mm-per-prompt '{"image": N, "video": M}' (either may be left out: 4 images, 1 video)."""
+    from pydantic import ValidationError
+
+    from services.engine.entrypoints.serving import MediaLimits
+
     if text is None:
-        return 4
+        return MediaLimits()
     try:
-        limits = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--limit-mm-per-prompt: not JSON ({exc.msg})") from exc
-    if not isinstance(limits, dict) or set(limits) - {"image"} or not isinstance(limits.get("image", 4), int):
-        raise ValueError('--limit-mm-per-prompt: expected {"image": N} (images are the only modality served)')
-    return int(limits.get("image", 4))
+        return MediaLimits.model_validate_json(text)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "value"
+        raise ValueError(
+            f'--limit-mm-per-prompt: expected {{"image": N, "video": M}} ({where}: {first["msg"]})'
+        ) from exc
 
 
 def _speculative(text: str | None) -> SpeculativeConfig | None:
@@ -278,7 +283,7 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
         reasoning_parser=args.reasoning_parser,
         chat_template=read_chat_template(args.chat_template),
         allowed_local_media_path=args.allowed_local_media_path,
-        limit_images_per_prompt=_image_limit(args.limit_mm_per_prompt),
+        limit_mm_per_prompt=_media_limits(args.limit_mm_per_prompt),
     )
     check_tool_settings(
         ToolSettings(args.enable_auto_tool_choice, args.tool_call_parser, args.reasoning_parser)

@@ -22,6 +22,15 @@ from services.engine.worker.structured.grammars import GrammarError
 MAX_N = 128  # most choices one request may ask for (SamplingParams' own limit)
 
 
+class MediaLimits(BaseModel):
+    """--limit-mm-per-prompt: the most images and videos one request may carry (vision-language models)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    image: int = Field(4, ge=0, le=64)
+    video: int = Field(1, ge=0, le=16)
+
+
 class ServerSettings(BaseModel):
     """HTTP-side settings of one engine server (engine settings live in EngineConfig)."""
 
@@ -33,7 +42,7 @@ class ServerSettings(BaseModel):
     chat_template: str | None = None  # template text (from --chat-template FILE) replacing the model's
     allow_runtime_lora_updating: bool = False  # POST /v1/load_lora_adapter and /v1/unload_lora_adapter
     allowed_local_media_path: Path | None = None  # vision models: file:// image URLs under this folder
-    limit_images_per_prompt: int = Field(4, ge=0, le=64)  # vision models: --limit-mm-per-prompt's image
+    limit_mm_per_prompt: MediaLimits = MediaLimits()  # vision models: images / videos per request
 
     api_key: str | None = None
     request_timeout: float | None = Field(None, gt=0)

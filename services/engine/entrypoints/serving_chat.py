@@ -9,7 +9,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from services.common.chat_prompt import chat_prompt_ids, chat_top_logprobs, image_urls
+from services.common.chat_prompt import chat_prompt_ids, chat_top_logprobs, image_urls, video_urls
 from services.common.chat_tools import ChatDeltas, ChatPlan, finish_reason, plan_chat
 from services.common.errors import OpenAIError
 from services.common.protocol_chat import (
@@ -26,7 +26,12 @@ from services.common.sse import SSE_DONE, sse_event
 from services.engine.entrypoints.generation import Generation, RequestOptions
 from services.engine.entrypoints.lifecycle import SSEResponse, cancel_on_disconnect
 from services.engine.entrypoints.serving import OutputShape, ServingContext, checked_constraint, fan_out
-from services.engine.entrypoints.serving_images import image_marker, request_images
+from services.engine.entrypoints.serving_images import (
+    image_marker,
+    request_images,
+    request_videos,
+    video_marker,
+)
 from services.engine.entrypoints.serving_logprobs import chat_logprobs, prompt_logprobs_json
 from services.engine.llm_engine import CompletionOutput, RequestOutput
 
@@ -39,8 +44,11 @@ async def create_chat_completion(
     lora_name = ctx.check_model(body.model)
     ctx.check_generates()
     plan = plan_chat(body, ctx.tools)
-    images = request_images(ctx, image_urls(body), "messages")
-    prompt_ids = chat_prompt_ids(ctx.llm.tokenizer, body, plan.template_tools, image_marker(ctx))
+    media = request_images(ctx, image_urls(body), "messages") + request_videos(
+        ctx, video_urls(body), "messages"
+    )
+    markers = image_marker(ctx), video_marker(ctx)
+    prompt_ids = chat_prompt_ids(ctx.llm.tokenizer, body, plan.template_tools, *markers)
     structured = await checked_constraint(ctx, plan.constraint)
     subs = fan_out(
         body,
@@ -52,7 +60,7 @@ async def create_chat_completion(
         _shape(ctx, plan, structured is not None),
     )
     kv_params = await ctx.role.admit(body.kv_transfer_params, len(subs), lora_name)
-    options = RequestOptions(request_id, body.cache_salt, body.priority, kv_params, lora_name, tuple(images))
+    options = RequestOptions(request_id, body.cache_salt, body.priority, kv_params, lora_name, tuple(media))
     gen = Generation(ctx, subs, options)
     stream = StreamContext(
         "chat", lora_name or ctx.model_name, body.include_usage_in_stream(), id=f"chatcmpl-{request_id}"

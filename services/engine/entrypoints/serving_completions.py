@@ -22,7 +22,7 @@ from services.engine.core.outputs import Logprobs
 from services.engine.entrypoints.generation import Generation, RequestOptions
 from services.engine.entrypoints.lifecycle import SSEResponse, cancel_on_disconnect
 from services.engine.entrypoints.serving import ServingContext, SubRequest, checked_constraint, fan_out
-from services.engine.entrypoints.serving_images import request_images
+from services.engine.entrypoints.serving_images import request_images, request_videos
 from services.engine.entrypoints.serving_logprobs import completion_logprobs, prompt_logprobs_json
 from services.engine.llm_engine import RequestOutput
 
@@ -58,8 +58,13 @@ async def create_completion(
     subs = fan_out(
         body, [p.ids for p in prompts], ctx, body.logprobs, body.engine_prompt_logprobs(), structured
     )
-    urls = body.multi_modal_data.image if body.multi_modal_data is not None else []
-    images = tuple(request_images(ctx, urls, "multi_modal_data"))
+    data = body.multi_modal_data
+    images = tuple(
+        request_images(ctx, data.image, "multi_modal_data")
+        + request_videos(ctx, data.video, "multi_modal_data")
+        if data is not None
+        else ()
+    )
     kv_params = await ctx.role.admit(body.kv_transfer_params, len(subs), lora_name)
     options = RequestOptions(request_id, body.cache_salt, body.priority, kv_params, lora_name, images)
     gen = Generation(ctx, subs, options)

@@ -28,6 +28,9 @@ class VisionTower(BaseModel):
     select_strategy: str = "default"  # default: drop the CLS position; full: keep it
     projector_act: str = "gelu"
     projector_bias: bool = True
+    scale_factor: int = (
+        1  # Idefics3 / SmolVLM: the connector's pixel shuffle (tokens per tile = patches / s^2)
+    )
 
     @property
     def tokens_per_image(self) -> int:
@@ -187,17 +190,20 @@ def _windowed_layers(cfg: dict[str, Any]) -> tuple[int, ...]:
 
 def _vision(cfg: dict[str, Any]) -> VisionTower:
     v = cfg["vision_config"]
-    layer = cfg.get("vision_feature_layer", -2)
+    siglip = cfg.get("model_type") in ("idefics3", "smolvlm")  # the whole SigLIP tower, then the connector
+    layer = cfg.get("vision_feature_layer", -1 if siglip else -2)
     if not isinstance(layer, int):
         raise ValueError(f"vision_feature_layer={layer!r}: only one feature layer is supported")
     return VisionTower(
         hidden_size=v["hidden_size"], intermediate_size=v["intermediate_size"],
         num_hidden_layers=v["num_hidden_layers"], num_attention_heads=v["num_attention_heads"],
         image_size=v["image_size"], patch_size=v["patch_size"], num_channels=v.get("num_channels", 3),
-        layer_norm_eps=v.get("layer_norm_eps", 1e-5), hidden_act=v.get("hidden_act", "quick_gelu"),
+        layer_norm_eps=v.get("layer_norm_eps", 1e-6 if siglip else 1e-5),
+        hidden_act=v.get("hidden_act", "gelu_pytorch_tanh" if siglip else "quick_gelu"),
         image_token_index=cfg.get("image_token_index", cfg.get("image_token_id", 32000)), feature_layer=layer,
         select_strategy=cfg.get("vision_feature_select_strategy", "default"),
         projector_act=cfg.get("projector_hidden_act", "gelu"), projector_bias=cfg.get("multimodal_projector_bias", True),
+        scale_factor=cfg.get("scale_factor", 2) if siglip else 1,
     )  # fmt: skip
 
 

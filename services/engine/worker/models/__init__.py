@@ -8,6 +8,7 @@ from types import MappingProxyType
 from torch import nn
 
 from services.engine.worker.models.bert import BertModel
+from services.engine.worker.models.idefics3 import Idefics3ForConditionalGeneration
 from services.engine.worker.models.llama import LlamaForCausalLM
 from services.engine.worker.models.llava import LlavaForConditionalGeneration
 
@@ -22,6 +23,8 @@ _REGISTRY: MappingProxyType[str, type[nn.Module]] = MappingProxyType(
         "Qwen2MoeForCausalLM": LlamaForCausalLM,
         "Qwen3MoeForCausalLM": LlamaForCausalLM,
         "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
+        "Idefics3ForConditionalGeneration": Idefics3ForConditionalGeneration,
+        "SmolVLMForConditionalGeneration": Idefics3ForConditionalGeneration,
     }
 )
 # Encoders: no KV cache, no logits; they serve embeddings only (see services.engine.worker.pooling).

@@ -10,11 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.engine.worker.attention import AttentionMetadata
-from services.engine.worker.attention import ComputeBackend as Backend
 from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models.clip_vision import CLIPVisionTower
-from services.engine.worker.models.llama import LlamaForCausalLM
+from services.engine.worker.models.vision_language import VisionLanguageModel
 
 
 class Projector(nn.Module):
@@ -38,49 +36,18 @@ def _unsupported(act: str) -> torch.Tensor:
     raise ValueError(f"projector_hidden_act {act!r} is not supported (gelu, silu)")
 
 
-class LlavaForConditionalGeneration(nn.Module):
+class LlavaForConditionalGeneration(VisionLanguageModel):
     """The LM runs as any Llama-family model; ``encode_images`` feeds ``merge`` its placeholder rows."""
 
     def __init__(self, cfg: ModelConfig, max_positions: int, dtype: torch.dtype) -> None:
-        super().__init__()
-        if cfg.vision is None:
-            raise ValueError("LlavaForConditionalGeneration needs a vision_config")
-        self.cfg = cfg
-        self.language_model = LlamaForCausalLM(cfg.model_copy(update={"vision": None}), max_positions, dtype)
+        super().__init__(cfg, max_positions, dtype)
+        assert cfg.vision is not None
         self.vision_tower = CLIPVisionTower(cfg.vision)
         self.multi_modal_projector = Projector(cfg)
-
-    @property
-    def cos_sin_cache(self) -> torch.Tensor:
-        return self.language_model.cos_sin_cache
-
-    @cos_sin_cache.setter
-    def cos_sin_cache(self, value: torch.Tensor) -> None:  # the loader builds it after to_empty
-        self.language_model.cos_sin_cache = value
-
-    def build_rope_cache(self, dtype: torch.dtype) -> torch.Tensor:
-        return self.language_model.build_rope_cache(dtype)
 
     def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
         """[N, C, H, W] -> [N, tokens_per_image, hidden] in the LM's dtype."""
         return self.multi_modal_projector(self.vision_tower(pixels))
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.language_model.embed_tokens(input_ids)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        backend: Backend,
-        inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        return self.language_model(input_ids, positions, kv_cache, meta, backend, inputs_embeds=inputs_embeds)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.language_model.compute_logits(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """HF LLaVA names (transformers 4 or 5 layout): the tower and projector here, the rest to the LM."""

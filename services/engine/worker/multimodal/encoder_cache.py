@@ -38,11 +38,12 @@ class EncoderCache:
             self.hits += 1
             self.entries.move_to_end(mm.content_hash)
             return found
-        pixels = torch.from_numpy(np.asarray(mm.data)).to(device)[None]
-        feats = model.encode_images(pixels)[0]
-        if feats.shape[0] != mm.length:
+        pixels = torch.from_numpy(np.asarray(mm.data)).to(device)
+        # one image [C, H, W] (LLaVA), or its tiles / a video's frames [N, C, H, W]: features of all, in order
+        feats = model.encode_images(pixels if pixels.ndim == 4 else pixels[None]).flatten(0, 1)
+        if feats.shape[0] != mm.num_embeds:
             raise ValueError(
-                f"image: the encoder gave {feats.shape[0]} features for {mm.length} placeholders"
+                f"image: the encoder gave {feats.shape[0]} features for {mm.num_embeds} placeholders"
             )
         self.entries[mm.content_hash] = feats
         self.bytes += feats.numel() * feats.element_size()
@@ -72,5 +73,15 @@ def merged_embeddings(
     for off, start, end, mm in spans:
         lo, hi = max(start, mm.start), min(end, mm.end)
         feats = cache.features(model, mm, input_ids.device)
-        embeds[off + lo - start : off + hi - start] = feats[lo - mm.start : hi - mm.start].to(embeds.dtype)
+        if mm.is_embed is None:
+            embeds[off + lo - start : off + hi - start] = feats[lo - mm.start : hi - mm.start].to(
+                embeds.dtype
+            )
+            continue
+        window = mm.is_embed[lo - mm.start : hi - mm.start]
+        first = sum(mm.is_embed[: lo - mm.start])  # features before this step's window
+        targets = [off + lo - start + i for i, e in enumerate(window) if e]
+        if targets:
+            index = torch.tensor(targets, device=embeds.device)
+            embeds[index] = feats[first : first + len(targets)].to(embeds.dtype)
     return embeds

@@ -5,32 +5,35 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-
-from PIL import Image
+from typing import Any
 
 from services.common.hashing import MMSpan
-from services.common.image_inputs import ImagePlaceholders
+from services.common.mm_placeholders import MediaPlaceholders, media_placeholders
 from services.engine.core.mm_input import MMInput
 
 
 class ImageInputs:
-    """Turns (prompt token ids, images) into (expanded token ids, MMInputs) for one vision model."""
+    """Turns (prompt token ids, images and videos) into (expanded token ids, MMInputs) for one vision model."""
 
     def __init__(self, model_dir: str | Path) -> None:
-        placeholders = ImagePlaceholders.from_model_dir(model_dir)
+        placeholders = media_placeholders(model_dir)
         if placeholders is None:
             raise ValueError(f"{model_dir}: not a vision-language checkpoint (no vision_config)")
-        self.placeholders = placeholders
+        self.placeholders: MediaPlaceholders = placeholders
 
     @property
     def token_id(self) -> int:
         return self.placeholders.token_id
 
-    def expand(
-        self, token_ids: list[int], images: Sequence[Image.Image]
-    ) -> tuple[list[int], tuple[MMInput, ...]]:
-        ids, placed = self.placeholders.expand(token_ids, images)
-        return ids, tuple(MMInput(p.start, p.length, p.content_hash, p.pixels) for p in placed)
+    @property
+    def video_token_id(self) -> int | None:
+        """The video marker (None: the family takes images only)."""
+        return self.placeholders.video_token_id
+
+    def expand(self, token_ids: list[int], media: Sequence[Any]) -> tuple[list[int], tuple[MMInput, ...]]:
+        """``media``: PIL images and VideoClips, each in prompt order within its kind."""
+        ids, placed = self.placeholders.expand(token_ids, media)
+        return ids, tuple(MMInput(p.start, p.length, p.content_hash, p.pixels, p.is_embed) for p in placed)
 
 
 def mm_spans(mm_inputs: Sequence[MMInput]) -> tuple[MMSpan, ...]:
