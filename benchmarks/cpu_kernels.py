@@ -204,7 +204,9 @@ def paged_decode_row(
     out_rows = torch.empty_like(q)
 
     def run_per_row() -> torch.Tensor:  # the same build with the shared prefix attended row by row
-        return kc.paged_attention(out_rows, q, key_cache, value_cache, tables, qsl, lens, scale, cascade=False)
+        return kc.paged_attention(
+            out_rows, q, key_cache, value_cache, tables, qsl, lens, scale, cascade=False
+        )
 
     if shared_tokens > 0:
         fns.append(run_per_row)
