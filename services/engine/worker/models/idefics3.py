@@ -3,9 +3,6 @@ connector with a linear projection, and a Llama-family LM that takes the feature
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
-
 import torch
 from torch import nn
 
@@ -44,30 +41,12 @@ class Idefics3ForConditionalGeneration(VisionLanguageModel):
         """Tiles [N, C, H, W] -> [N, seq_len, hidden]."""
         return self.connector(self.vision_model(pixels))
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """HF Idefics3 / SmolVLM names: the tower and connector here, ``model.text_model.*`` to the LM."""
-        own = dict(self.named_parameters())
-        filled: set[str] = set()
+    def vision_target(self, name: str) -> str | None:
+        return _vision_name(name)
 
-        def language() -> Iterable[tuple[str, Any]]:
-            for name, tensor in weights:
-                target = _vision_name(name)
-                if target is None:
-                    yield name.removeprefix("model.").removeprefix("text_model."), tensor
-                    continue
-                if target not in own:
-                    raise ValueError(f"checkpoint tensor {name!r} has no place in {self.cfg.architecture}")
-                if own[target].shape != tensor.shape:
-                    raise ValueError(
-                        f"weight shape mismatch for {name}: {tuple(own[target].shape)} vs {tuple(tensor.shape)}"
-                    )
-                own[target].data.copy_(tensor.to(own[target].dtype))
-                filled.add(target)
-
-        self.language_model.load_weights(language())
-        missing = [n for n in own if not n.startswith("language_model.") and n not in filled]
-        if missing:
-            raise ValueError(f"checkpoint is missing tensors for: {', '.join(missing[:8])}")
+    def language_name(self, name: str) -> str:
+        """HF Idefics3 / SmolVLM: ``model.text_model.*``."""
+        return name.removeprefix("model.").removeprefix("text_model.")
 
 
 def _vision_name(name: str) -> str | None:

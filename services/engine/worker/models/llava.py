@@ -3,9 +3,6 @@ input embeddings take the projected image features at the image placeholder posi
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -44,41 +41,23 @@ class LlavaForConditionalGeneration(VisionLanguageModel):
         assert cfg.vision is not None
         self.vision_tower = CLIPVisionTower(cfg.vision)
         self.multi_modal_projector = Projector(cfg)
+        self._own_names = frozenset(n for n, _ in self.named_parameters())
 
     def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
         """[N, C, H, W] -> [N, tokens_per_image, hidden] in the LM's dtype."""
         return self.multi_modal_projector(self.vision_tower(pixels))
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """HF LLaVA names (transformers 4 or 5 layout): the tower and projector here, the rest to the LM."""
-        own = dict(self.named_parameters())
-        filled: set[str] = set()
+    def vision_target(self, name: str) -> str | None:
+        """HF LLaVA names (transformers 4 or 5 layout); tower layers past the feature layer are never run."""
+        target = _vision_name(name)
+        if target == "vision_tower.unused" or (
+            target is not None and target.startswith("vision_tower.layers.") and target not in self._own_names
+        ):
+            return ""
+        return target
 
-        def language() -> Iterable[tuple[str, Any]]:
-            for name, tensor in weights:
-                target = _vision_name(name)
-                if target is None:
-                    yield _language_name(name), tensor
-                    continue
-                if target == "vision_tower.unused" or (
-                    target.startswith("vision_tower.layers.") and target not in own
-                ):
-                    continue  # past the feature layer (later layers, the post-norm): never run
-                if target not in own:
-                    raise ValueError(
-                        f"checkpoint tensor {name!r} has no place in LlavaForConditionalGeneration"
-                    )
-                if own[target].shape != tensor.shape:
-                    raise ValueError(
-                        f"weight shape mismatch for {name}: {tuple(own[target].shape)} vs {tuple(tensor.shape)}"
-                    )
-                own[target].data.copy_(tensor.to(own[target].dtype))
-                filled.add(target)
-
-        self.language_model.load_weights(language())
-        missing = [n for n in own if not n.startswith("language_model.") and n not in filled]
-        if missing:
-            raise ValueError(f"checkpoint is missing tensors for: {', '.join(missing[:8])}")
+    def language_name(self, name: str) -> str:
+        return _language_name(name)
 
 
 def _vision_name(name: str) -> str | None:

@@ -3,6 +3,9 @@ image placeholders' embeddings replaced by the family's image features) and the 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -49,3 +52,39 @@ class VisionLanguageModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.language_model.compute_logits(hidden)
+
+    def vision_target(self, name: str) -> str | None:
+        """Our name of a checkpoint's tower / projector tensor; None: the LM's tensor; "": one never read."""
+        raise NotImplementedError
+
+    def language_name(self, name: str) -> str:
+        """A checkpoint's LM tensor name as the Llama loader's."""
+        return name
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """The tower and projector here (vision_target), the rest to the LM (ValueError naming a stray,
+        misshapen or missing tensor)."""
+        own = dict(self.named_parameters())
+        filled: set[str] = set()
+
+        def language() -> Iterable[tuple[str, Any]]:
+            for name, tensor in weights:
+                target = self.vision_target(name)
+                if target is None:
+                    yield self.language_name(name), tensor
+                    continue
+                if not target:
+                    continue
+                if target not in own:
+                    raise ValueError(f"checkpoint tensor {name!r} has no place in {self.cfg.architecture}")
+                if own[target].shape != tensor.shape:
+                    raise ValueError(
+                        f"weight shape mismatch for {name}: {tuple(own[target].shape)} vs {tuple(tensor.shape)}"
+                    )
+                own[target].data.copy_(tensor.to(own[target].dtype))
+                filled.add(target)
+
+        self.language_model.load_weights(language())
+        missing = [n for n in own if not n.startswith("language_model.") and n not in filled]
+        if missing:
+            raise ValueError(f"checkpoint is missing tensors for: {', '.join(missing[:8])}")
