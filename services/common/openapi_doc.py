@@ -21,7 +21,7 @@ from services.common.sse import SSE_CONTENT_TYPE
 
 _ERRORS = {
     "400": "Invalid request (body, field or value)",
-    "401": "Missing or wrong API key (servers started with keys, /v1 routes)",
+    "401": "Missing or wrong API key (servers started with keys, /v1 routes) or pool secret (/kv/ routes)",
     "404": "Unknown model or adapter",
     "409": "Remote KV this engine cannot take (kv_transfer_params)",
     "503": "Not ready, draining, or no engine could serve the request",
