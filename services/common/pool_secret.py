@@ -9,6 +9,8 @@ when a process is started with ``--pool-secret-file``; callers send it in ``X-Kv
 from __future__ import annotations
 
 import hmac
+import os
+import secrets
 from pathlib import Path
 
 from pydantic import SecretStr
@@ -39,6 +41,15 @@ def read_pool_secret(path: str | Path | None, flag: str = "--pool-secret-file") 
     if any(c.isspace() or not c.isprintable() for c in text):
         raise ValueError(f"{flag}: {path} must hold one token (printable, no spaces or line breaks)")
     return SecretStr(text)
+
+
+def write_pool_secret(path: Path) -> Path:
+    """A fresh random token in a new file only its owner can read (``kvferry up``'s per-stack secret)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as sink:
+        sink.write(secrets.token_urlsafe(32) + "\n")
+    return path
 
 
 def secret_matches(presented: str | bytes | None, secret: SecretStr) -> bool:
