@@ -39,6 +39,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: ["configmaps", "services", "serviceaccounts"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# the pool secret: created once with a random token, never read back (the pods mount it)
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "patch"]
