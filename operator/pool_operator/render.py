@@ -122,7 +122,8 @@ class PoolRenderer:
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
             "metadata": self._meta(self.names.child("router"), "router"),
-            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+            # discovery lists the pool's pods by label, then watches them: nothing more
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}],
         }
         binding = {
             "apiVersion": "rbac.authorization.k8s.io/v1",
