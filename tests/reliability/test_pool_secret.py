@@ -117,6 +117,8 @@ def test_the_handshake_needs_the_secret_and_other_routes_do_not(
     assert httpx.get(f"{prefill.url}/health", timeout=10).status_code == 200  # probes need no secret
     assert httpx.get(f"{prefill.url}/v1/models", timeout=10).status_code == 200  # the API has its own keys
     assert SECRET not in prefill.log_text()
+    answers = httpx.get(f"{prefill.url}/openapi.json", timeout=10).json()["paths"][HANDSHAKE_PATH]["get"]
+    assert {"200", "401", "404"} <= set(answers["responses"])  # the schema says what the route answers
 
 
 def _completion(url: str, prompt: list[int], max_tokens: int = 10) -> str:

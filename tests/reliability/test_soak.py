@@ -5,7 +5,7 @@ RSS stays within 10%; idle again, no KV block in use and no file descriptor left
 is printed. By default ~2 minutes aggregated (an adaptive warm-up, then 40 s measured) and ~75 s P/D (20 s of
 warm-up and 20 s measured: too short for its prefill engine's RSS to level, ~60 s here, so flat RSS is held
 in the slow run only and reported by default); 30 minutes (5-minute windows) each in the slow run (`make test-reliability`).
-The figures of a run go to $KVFERRY_SOAK_JSON when it is set."""
+With $KVFERRY_SOAK_DIR set, each run writes its figures there (soak-TOPOLOGY-LENGTH.json)."""
 
 from __future__ import annotations
 
@@ -178,14 +178,15 @@ def _pd_figures(soak: Soak) -> dict:
     }
 
 
-def _save(name: str, figures: dict) -> None:
-    path = os.environ.get("KVFERRY_SOAK_JSON")
-    if path:
-        Path(path).write_text(json.dumps({"topology": name, **figures}, indent=1) + "\n")
+def _save(name: str, length: str, figures: dict) -> None:
+    folder = os.environ.get("KVFERRY_SOAK_DIR")
+    if folder:
+        path = Path(folder) / f"soak-{name}-{length}.json"
+        path.write_text(json.dumps({"topology": name, "length": length, **figures}, indent=1) + "\n")
 
 
 def test_a_short_soak(soak: Soak) -> None:
-    _save("aggregated", _run(soak, warmup_s=90, duration_s=40, window_s=10))
+    _save("aggregated", "short", _run(soak, warmup_s=90, duration_s=40, window_s=10))
 
 
 def test_a_short_pd_soak_with_the_kvstore(pd_soak: Soak) -> None:
@@ -194,17 +195,17 @@ def test_a_short_pd_soak_with_the_kvstore(pd_soak: Soak) -> None:
     moved = _pd_figures(pd_soak)
     print("pd:", json.dumps(moved))
     assert moved["nixl_blocks_received"] > 0 and moved["kvstore_puts"] > 0  # P/D and the tier were used
-    _save("pd-kvstore", {**figures, **moved})
+    _save("pd-kvstore", "short", {**figures, **moved})
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(2700)
 def test_a_thirty_minute_soak(soak: Soak) -> None:
-    _save("aggregated", _run(soak, warmup_s=300, duration_s=1800, window_s=300))
+    _save("aggregated", "30min", _run(soak, warmup_s=300, duration_s=1800, window_s=300))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(2700)
 def test_a_thirty_minute_pd_soak_with_the_kvstore(pd_soak: Soak) -> None:
     figures = _run(pd_soak, warmup_s=300, duration_s=1800, window_s=300)
-    _save("pd-kvstore", {**figures, **_pd_figures(pd_soak)})
+    _save("pd-kvstore", "30min", {**figures, **_pd_figures(pd_soak)})
