@@ -3,30 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import json
-import os
 import shlex
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.common.errors import config_problem
+from services.common.pool_secret import write_pool_secret
 from services.common.roles import RoleName
-from services.scrape_targets import ScrapeTargets
-
-HOST = "127.0.0.1"
-_PR_SET_PDEATHSIG = 1
+from services.local_stack import HOST, LocalStack, free_port
 
 
 class UpSettings(BaseModel):
@@ -59,105 +50,6 @@ class UpSettings(BaseModel):
     @property
     def name(self) -> str:
         return self.served_name or self.model.name.removesuffix(".gguf")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    """Runs in each child before exec: SIGTERM it if ``kvferry up`` itself dies (no orphans, Linux)."""
-    os.setsid()  # Ctrl-C reaches only us; we stop the children in order
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-@dataclass
-class Child:
-    """One child process with a health URL (or a readiness check) and its log file."""
-
-    name: str
-    proc: subprocess.Popen
-    log: Path
-    health_url: str | None = None
-
-    def ready(self) -> bool:
-        if self.health_url is None:
-            return True
-        try:
-            return httpx.get(self.health_url, timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-
-@dataclass
-class LocalStack:
-    """Starts the children in order, waits for each to be healthy, stops them in reverse order."""
-
-    settings: UpSettings
-    log_dir: Path
-    children: list[Child] = field(default_factory=list)
-    stopping: bool = False
-    scrape: ScrapeTargets = field(default_factory=ScrapeTargets)
-
-    def spawn(self, name: str, cmd: list[str], health_url: str | None = None) -> Child:
-        log = self.log_dir / f"{name}.log"
-        with log.open("wb") as sink:
-            proc = subprocess.Popen(
-                cmd,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - single-threaded here
-                env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
-            )
-        child = Child(name, proc, log, health_url)
-        self.children.append(child)
-        return child
-
-    def wait_ready(self, children: list[Child]) -> None:
-        """Block until every child is healthy; raise when one exits, on a signal, or at the timeout."""
-        t0 = time.monotonic()
-        pending = list(children)
-        while pending:
-            if self.stopping:
-                raise KeyboardInterrupt
-            for child in list(pending):
-                if child.proc.poll() is not None:
-                    tail = child.log.read_text(errors="replace")[-2000:]
-                    raise RuntimeError(
-                        f"{child.name} exited with {child.proc.returncode}; log {child.log}:\n{tail}"
-                    )
-                if child.ready():
-                    pending.remove(child)
-                    print(
-                        f"  {child.name:<10} ready   ({time.monotonic() - t0:5.1f}s)  log: {child.log}",
-                        flush=True,
-                    )
-            if time.monotonic() - t0 > self.settings.startup_timeout_s:
-                raise RuntimeError(
-                    f"not healthy after {self.settings.startup_timeout_s:.0f}s: "
-                    f"{', '.join(c.name for c in pending)}"
-                )
-            time.sleep(0.25)
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM the children newest first (router, engines, Redis), then SIGKILL what is left."""
-        for child in reversed(self.children):
-            if child.proc.poll() is None:
-                child.proc.send_signal(signal.SIGTERM)
-                try:
-                    child.proc.wait(timeout_s)
-                except subprocess.TimeoutExpired:
-                    print(f"  {child.name} did not stop in {timeout_s:.0f}s; killing it", flush=True)
-                    child.proc.kill()
-                    child.proc.wait(5)
-            print(f"  {child.name:<10} stopped", flush=True)
-
-    def first_exited(self) -> Child | None:
-        return next((c for c in self.children if c.proc.poll() is not None), None)
 
 
 def _kvferry(*args: str) -> list[str]:
@@ -202,7 +94,7 @@ def start_redis(stack: LocalStack) -> str:
             time.sleep(0.05)
 
 
-def start_kvstore(stack: LocalStack, redis_url: str) -> str:
+def start_kvstore(stack: LocalStack, redis_url: str, capacity_gb: float) -> str:
     """The shared KV tier; returns its grpc:// URL once it answers."""
     from services.common.kvstore_client import KVStoreClient, KVStoreUnavailable
 
@@ -218,9 +110,10 @@ def start_kvstore(stack: LocalStack, redis_url: str) -> str:
             "--metrics-port",
             str(metrics_port),
             "--capacity-gb",
-            str(stack.settings.kvstore_capacity_gb),
+            str(capacity_gb),
             "--redis-url",
             redis_url,
+            *stack.secret_args(),
         ),
     )
     url = f"grpc://{HOST}:{port}"
@@ -243,9 +136,8 @@ def engine_plan(s: UpSettings) -> list[tuple[str, RoleName]]:
     return [(f"engine-{i}", "both") for i in range(s.engines)]
 
 
-def start_pool(stack: LocalStack, redis_url: str, kvstore_url: str | None) -> str:
+def start_pool(stack: LocalStack, s: UpSettings, redis_url: str, kvstore_url: str | None) -> str:
     """Engines (concurrently), then the router once they are healthy; returns the router's URL."""
-    s = stack.settings
     tier = ["--kvstore-url", kvstore_url] if kvstore_url else []
     engines: list[tuple[str, RoleName]] = []
     children = []
@@ -269,6 +161,7 @@ def start_pool(stack: LocalStack, redis_url: str, kvstore_url: str | None) -> st
             str(s.block_size),
             *(["--role", role] if role != "both" else []),
             *tier,
+            *stack.secret_args(),
             *s.serve_args,
         )
         children.append(stack.spawn(name, cmd, f"{url}/health"))
@@ -323,7 +216,8 @@ def run_stack(s: UpSettings) -> int:
     """Start everything, serve until Ctrl-C/SIGTERM or a child dies, stop everything."""
     log_dir = s.log_dir or Path(tempfile.mkdtemp(prefix="kvferry-up-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    stack = LocalStack(s, log_dir)
+    secret = write_pool_secret(log_dir / "pool-secret")  # this stack's side-channel token
+    stack = LocalStack(log_dir, s.startup_timeout_s, pool_secret_file=secret)
 
     def on_signal(_sig: int, _frame: FrameType | None) -> None:
         stack.stopping = True
@@ -335,8 +229,8 @@ def run_stack(s: UpSettings) -> int:
         print(f"kvferry up: {s.name} - logs in {log_dir}", flush=True)
         stack.scrape.write(s.prometheus_targets)  # empty yet: a bad path fails before any engine loads
         redis_url = s.redis_url or start_redis(stack)
-        kvstore_url = start_kvstore(stack, redis_url) if s.kvstore else None
-        url = start_pool(stack, redis_url, kvstore_url)
+        kvstore_url = start_kvstore(stack, redis_url, s.kvstore_capacity_gb) if s.kvstore else None
+        url = start_pool(stack, s, redis_url, kvstore_url)
         stack.scrape.write(s.prometheus_targets)
         print(_banner(s, url), flush=True)
         while not stack.stopping:

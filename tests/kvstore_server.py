@@ -16,10 +16,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 @dataclass(frozen=True)
 class KVStoreProcess:
-    """A started store: its gRPC ``host:port`` and ``http://host:port`` of /metrics and /health (None when off)."""
+    """A started store: its gRPC ``host:port``, ``http://host:port`` of /metrics and /health (None when off),
+    and its process id."""
 
     target: str
     metrics_url: str | None
+    pid: int = 0
 
 
 @contextmanager
@@ -47,7 +49,7 @@ def kvstore_process(*args: str, capacity_gb: str = "0.01") -> Iterator[KVStorePr
         metrics_line = proc.stdout.readline()
         assert "metrics" in metrics_line, metrics_line
         metrics_url = metrics_line.split()[-1].removesuffix("/metrics") if " on " in metrics_line else None
-        yield KVStoreProcess(line.split()[-1], metrics_url)
+        yield KVStoreProcess(line.split()[-1], metrics_url, proc.pid)
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0

@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 
 from pool_operator.images import ImageSet
+from pool_operator.pool_secret import new_token
 from pool_operator.poolfile import PoolFileError, load_pools
 from pool_operator.render import PoolRenderer
 
@@ -27,8 +28,15 @@ def render_command(args: argparse.Namespace) -> int:
             pool = pool.model_copy(
                 update={"metadata": pool.metadata.model_copy(update={"namespace": args.namespace})}
             )
-        documents += PoolRenderer(pool, images).render()
+        renderer = PoolRenderer(pool, images)
+        documents += [renderer.pool_secret(new_token()), *renderer.render()]
     sys.stdout.write(yaml.safe_dump_all(documents, sort_keys=False, width=120))
+    print(
+        "kvferry render: each pool's Secret holds a NEW random side-channel token on every run: create it "
+        "once (kubectl create), and drop it from later renders, or the pods started before and after a "
+        "re-apply disagree (their KV hand-offs fail and are recomputed) until they restart",
+        file=sys.stderr,
+    )
     return 0
 
 

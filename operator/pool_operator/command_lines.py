@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from pool_operator import pool_secret
 from pool_operator.models import InferencePool
 from pool_operator.naming import HTTP_PORT, KVSTORE_PORT, REDIS_PORT, PoolNames
 from services.common.pod_labels import POOL_LABEL, selector_string
@@ -85,6 +86,7 @@ class CommandLines:
         args += ["--redis-url", self.redis_url()]
         if self.spec.kvstore.enabled:
             args += ["--kvstore-url", f"grpc://{self.names.service_host('kvstore')}:{KVSTORE_PORT}"]
+        args += pool_secret.flag()  # the /kv/ handshake and the kvstore calls between the pool's pods
         return args + list(engine.extra_args)
 
     def speculative_args(self, role: EnginePodRole) -> list[str]:

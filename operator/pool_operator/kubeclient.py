@@ -17,6 +17,7 @@ import kopf
 KINDS: dict[str, tuple[str, str]] = {
     "ServiceAccount": ("v1", "serviceaccounts"),
     "ConfigMap": ("v1", "configmaps"),
+    "Secret": ("v1", "secrets"),  # only created (the pool secret), never read, listed or patched
     "Service": ("v1", "services"),
     "Pod": ("v1", "pods"),
     "Role": ("rbac.authorization.k8s.io/v1", "roles"),
@@ -149,6 +150,22 @@ class KubeClient:
             body=manifest,
             content_type="application/apply-patch+yaml",
         )
+
+    async def create(self, manifest: dict[str, Any], field_manager: str) -> bool:
+        """Create one object; False (nothing changed) when it exists already."""
+        meta = manifest["metadata"]
+        try:
+            await self._request(
+                "POST",
+                resource_path(manifest["kind"], meta["namespace"]),
+                params={"fieldManager": field_manager},
+                body=manifest,
+            )
+        except KubeApiError as error:
+            if error.status == 409 and error.reason == "AlreadyExists":
+                return False
+            raise
+        return True
 
     async def list(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         """Objects of a kind in a namespace matching a label selector."""

@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from pool_operator import pool_secret
 from pool_operator.config import FIELD_MANAGER, OperatorConfig
 from pool_operator.kubeclient import CHILD_KINDS, OPTIONAL_KINDS, KubeApiError, KubeClient
 from pool_operator.models import InferencePool
@@ -88,10 +89,12 @@ class Reconciler:
     ) -> ReconcileResult:
         """Apply changed children in dependency order, then prune stale ones."""
         names = PoolNames(pool.metadata.name, pool.metadata.namespace)
-        manifests = PoolRenderer(pool, self.config.images).render()
+        renderer = PoolRenderer(pool, self.config.images)
+        manifests = renderer.render()
         live = await self.live_children(names)
         self.check_immutable(manifests, live, names)
         result = ReconcileResult()
+        await self._ensure_secret(renderer, result)
         for manifest in manifests:
             key = manifest_key(manifest)
             label = f"{key[0]}/{key[1]}"
@@ -106,6 +109,12 @@ class Reconciler:
             result.pruned.append(f"{kind}/{name}")
         logger.info(f"reconciled pool {names.namespace}/{names.pool}: {result.summary()}")
         return result
+
+    async def _ensure_secret(self, renderer: PoolRenderer, result: ReconcileResult) -> None:
+        """Create the pool secret with a fresh token unless it exists: an existing token is never rotated."""
+        label = f"Secret/{pool_secret.secret_name(renderer.names)}"
+        created = await self.client.create(renderer.pool_secret(pool_secret.new_token()), FIELD_MANAGER)
+        (result.applied if created else result.unchanged).append(label)
 
     async def _apply(self, manifest: dict[str, Any]) -> None:
         try:

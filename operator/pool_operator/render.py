@@ -6,6 +6,7 @@ import hashlib
 import json
 from typing import Any
 
+from pool_operator import pool_secret
 from pool_operator.gie_pool import GiePoolBuilder
 from pool_operator.images import ImageSet
 from pool_operator.models import API_VERSION, KIND, InferencePool
@@ -77,7 +78,17 @@ class PoolRenderer:
             self._stamp(item)
         return sorted(items, key=lambda m: (KIND_ORDER.index(m["kind"]), m["metadata"]["name"]))
 
+    def pool_secret(self, token: str) -> Manifest:
+        """The pool's side-channel Secret holding ``token`` (not part of ``render``: the reconciler creates
+        it once, and it carries no content hash, which would be a hash of the token)."""
+        return self._owned(pool_secret.secret_manifest(self.names, token))
+
     def _stamp(self, item: Manifest) -> None:
+        meta = self._owned(item)["metadata"]
+        meta["annotations"] = {**meta.get("annotations", {}), APPLIED_HASH_ANNOTATION: content_hash(item)}
+
+    def _owned(self, item: Manifest) -> Manifest:
+        """``item`` with the pool as its controlling owner (when the pool has a uid: live pools do)."""
         meta = item["metadata"]
         if self.pool.metadata.uid:
             meta["ownerReferences"] = [
@@ -90,7 +101,7 @@ class PoolRenderer:
                     "blockOwnerDeletion": True,
                 }
             ]
-        meta["annotations"] = {**meta.get("annotations", {}), APPLIED_HASH_ANNOTATION: content_hash(item)}
+        return item
 
     def _meta(self, name: str, role: str | None) -> dict[str, Any]:
         return {"name": name, "namespace": self.names.namespace, "labels": self.names.labels(role)}
@@ -111,7 +122,8 @@ class PoolRenderer:
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
             "metadata": self._meta(self.names.child("router"), "router"),
-            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+            # discovery lists the pool's pods by label, then watches them: nothing more
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}],
         }
         binding = {
             "apiVersion": "rbac.authorization.k8s.io/v1",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from pool_operator import pool_secret
 from pool_operator.command_lines import API_KEY_MOUNT, MODEL_MOUNT, CommandLines
 from pool_operator.images import ImageSet
 from pool_operator.models import InferencePool, Resources, RoleSpec
@@ -212,11 +213,16 @@ class WorkloadBuilder:
                 {"name": "tmp", "mountPath": "/tmp"},
                 {"name": "shm", "mountPath": "/dev/shm"},
                 {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True},
+                pool_secret.volume_mount(),
             ],
             **_resources(role_spec.resources, gpus=self.pool.spec.engine.tensor_parallel_size),
             "securityContext": _container_security(RUN_AS),
         }
-        volumes = [{"name": "shm", "emptyDir": {"medium": "Memory"}}, self._model_volume()]
+        volumes = [
+            {"name": "shm", "emptyDir": {"medium": "Memory"}},
+            self._model_volume(),
+            pool_secret.volume(self.names),
+        ]
         pod = self._pod(container, volumes, "engine", role=role_spec)
         pod["terminationGracePeriodSeconds"] = 120
         strategy = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
@@ -280,6 +286,7 @@ class WorkloadBuilder:
             f"{capacity_gb:g}",
             "--redis-url",
             self.cmd.redis_url(),
+            *pool_secret.flag(),
         ]
         container = {
             "name": "kvstore",
@@ -293,13 +300,13 @@ class WorkloadBuilder:
             ],
             "readinessProbe": _tcp_probe("grpc", 5),
             "livenessProbe": _tcp_probe("grpc", 10),
-            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, pool_secret.volume_mount()],
             "resources": {"requests": {"memory": f"{memory_mib}Mi"}, "limits": {"memory": f"{memory_mib}Mi"}},
             "securityContext": _container_security(RUN_AS),
         }
         return self._deployment(
             "kvstore",
-            self._pod(container, [], "engine"),
+            self._pod(container, [pool_secret.volume(self.names)], "engine"),
             kvstore.replicas,
             self._annotations(port=KVSTORE_METRICS_PORT),
         )

@@ -6,8 +6,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Self, TypeVar
 
 import grpc
-from pydantic import BaseModel, NonNegativeInt
+from pydantic import BaseModel, NonNegativeInt, SecretStr
 
+from services.common.pool_secret import auth_metadata
 from services.common.proto import kvstore_pb2, kvstore_pb2_grpc
 
 DEFAULT_BATCH_BYTES = 1 << 20
@@ -66,12 +67,22 @@ def batched_by_bytes(
 
 
 class KVStoreClient:
-    """Blocking client; every call raises KVStoreUnavailable on transport errors or ``timeout_s``."""
+    """Blocking client; every call raises KVStoreUnavailable on transport errors or ``timeout_s``.
 
-    def __init__(self, target: str, batch_bytes: int = DEFAULT_BATCH_BYTES, timeout_s: float = 10.0) -> None:
+    ``pool_secret``: sent with every call (the store's ``--pool-secret-file``); a store that refuses it
+    answers UNAUTHENTICATED, raised as KVStoreUnavailable like any other failure."""
+
+    def __init__(
+        self,
+        target: str,
+        batch_bytes: int = DEFAULT_BATCH_BYTES,
+        timeout_s: float = 10.0,
+        pool_secret: SecretStr | None = None,
+    ) -> None:
         self.target = target.removeprefix("grpc://")
         self.batch_bytes = batch_bytes
         self.timeout_s = timeout_s
+        self._metadata = auth_metadata(pool_secret)
         self._channel = grpc.insecure_channel(self.target, options=GRPC_OPTIONS + CLIENT_OPTIONS)
         self._stub = kvstore_pb2_grpc.KVStoreStub(self._channel)
 
@@ -101,11 +112,13 @@ class KVStoreClient:
         try:
             return [
                 block.data
-                for batch in self._stub.Get(request, timeout=self.timeout_s)
+                for batch in self._stub.Get(request, timeout=self.timeout_s, metadata=self._metadata)
                 for block in batch.blocks
             ]
         except grpc.RpcError as exc:
-            raise KVStoreUnavailable(f"kvstore get at {self.target} failed: {exc.code().name}") from exc
+            raise KVStoreUnavailable(
+                f"kvstore get at {self.target} failed: {exc.code().name} {exc.details()}"
+            ) from exc
 
     def exists(self, hashes: Sequence[bytes]) -> int:
         """How many leading ``hashes`` the store holds."""
@@ -136,7 +149,7 @@ class KVStoreClient:
 
     def _call(self, what: str, method: grpc.UnaryUnaryMultiCallable, request: object) -> Any:
         try:
-            return method(request, timeout=self.timeout_s)
+            return method(request, timeout=self.timeout_s, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise KVStoreUnavailable(
                 f"kvstore {what} at {self.target} failed: {exc.code().name} {exc.details()}"

@@ -15,14 +15,15 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from services.common.errors import ErrorResponse
+from services.common.pool_secret import SIDE_CHANNEL_PREFIX
 from services.common.protocol_chat import ChatCompletionResponse
 from services.common.protocol_completions import CompletionResponse
 from services.common.sse import SSE_CONTENT_TYPE
 
 _ERRORS = {
     "400": "Invalid request (body, field or value)",
-    "401": "Missing or wrong API key (servers started with keys, /v1 routes)",
-    "404": "Unknown model or adapter",
+    "401": "Missing or wrong API key (servers started with keys, /v1 routes) or pool secret (/kv/ routes)",
+    "404": "Unknown model or adapter (/kv/ routes: this engine has no NIXL agent)",
     "409": "Remote KV this engine cannot take (kv_transfer_params)",
     "503": "Not ready, draining, or no engine could serve the request",
     "504": "The request ran past the server's request timeout",
@@ -63,6 +64,8 @@ def _rewrite_operation(doc: dict[str, Any], path: str, op: dict[str, Any], error
         codes += ["400", "404", "409", "504"]
     if path.startswith("/v1/"):
         codes.append("401")
+    if path.startswith(SIDE_CHANNEL_PREFIX):  # the pool secret; 404: no NIXL agent to hand over
+        codes += ["401", "404"]
     for code in sorted(codes):
         responses[code] = {"description": _ERRORS[code], "content": _json(error)}
     ok = responses.setdefault("200", {"description": "Successful Response"})

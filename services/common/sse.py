@@ -20,16 +20,23 @@ SSE_DONE = b"data: [DONE]\n\n"
 SSE_CONTENT_TYPE = "text/event-stream"
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
+# Line ends to str.splitlines (and so to httpx's aiter_lines and similar consumers) that JSON may carry
+# unescaped inside strings; SSE only ends lines at CR/LF, but escaping them costs nothing and keeps such
+# readers from cutting an event in two (a random-weight model emits them; the soak found it).
+_SPLITLINES_ONLY = str.maketrans({c: f"\\u{ord(c):04x}" for c in "\x85\u2028\u2029"})
 
 
 def sse_event(payload: BaseModel | Mapping[str, Any] | str) -> bytes:
-    """One ``data:`` event; models and dicts become compact JSON, as OpenAI sends them."""
+    """One ``data:`` event; models and dicts become compact JSON, as OpenAI sends them.
+
+    U+0085, U+2028 and U+2029 leave as JSON escapes (they can only occur inside JSON strings, so the
+    document means the same); a ``str`` payload is escaped the same way when it is JSON."""
     if isinstance(payload, BaseModel):
-        text = payload.model_dump_json()
+        text = payload.model_dump_json().translate(_SPLITLINES_ONLY)
     elif isinstance(payload, str):
-        text = payload
+        text = payload.translate(_SPLITLINES_ONLY) if payload.startswith(("{", "[")) else payload
     else:
-        text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+        text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).translate(_SPLITLINES_ONLY)
     lines = text.split("\n")
     return "".join(f"data: {line}\n" for line in lines).encode("utf-8") + b"\n"
 

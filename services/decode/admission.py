@@ -6,9 +6,11 @@ import logging
 from typing import Any
 
 import httpx
+from pydantic import SecretStr
 
 from services.common.errors import OpenAIError
 from services.common.kv_transfer import HANDSHAKE_PATH, KVIncompatibleError, KVTransferError, KVTransferParams
+from services.common.pool_secret import auth_headers
 from services.decode.pull_connector import PullConnector
 from services.engine.entrypoints.role import kv_incompatible, parse_kv_transfer_params
 from services.engine.kv_transfer.nixl_transfer import NixlTransfer
@@ -19,10 +21,15 @@ _HANDSHAKE_TIMEOUT_S = 5.0
 
 
 class DecodeAdmission:
-    """Runs on the HTTP side: handshakes are HTTP calls, so they happen before the engine sees the request."""
+    """Runs on the HTTP side: handshakes are HTTP calls, so they happen before the engine sees the request.
 
-    def __init__(self, transfer: NixlTransfer | None, connector: PullConnector) -> None:
+    ``pool_secret``: sent on every handshake (prefill engines started with --pool-secret-file require it)."""
+
+    def __init__(
+        self, transfer: NixlTransfer | None, connector: PullConnector, pool_secret: SecretStr | None = None
+    ) -> None:
         self.transfer, self.connector = transfer, connector
+        self._headers = auth_headers(pool_secret)
 
     async def admit(
         self, raw: dict[str, Any] | None, n: int, lora_name: str | None = None
@@ -55,7 +62,7 @@ class DecodeAdmission:
         rid = params.remote_request_id or "?"
         try:
             async with httpx.AsyncClient(timeout=_HANDSHAKE_TIMEOUT_S) as client:
-                reply = await client.get(url)
+                reply = await client.get(url, headers=self._headers)
                 reply.raise_for_status()
             peer = transfer.add_peer(reply.content, address=params.address)
         except KVIncompatibleError as exc:

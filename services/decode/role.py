@@ -26,7 +26,7 @@ class DecodeRole:
     def connectors(self, ctx: KVTransferContext) -> Sequence[KVConnector]:
         transfer = ctx.transfer(purpose=self.name)
         pull = PullConnector(transfer, ctx.block_size)
-        self._admission = DecodeAdmission(transfer, pull)
+        self._admission = DecodeAdmission(transfer, pull, ctx.config.pool_secret)
         return [pull, *ctx.kvstore(offload=False)]  # prefill already offloaded the prompt
 
     def routes(self) -> Sequence[APIRouter]:

@@ -10,6 +10,7 @@ import threading
 from types import FrameType
 
 from services.common.errors import config_problem
+from services.common.pool_secret import read_pool_secret
 from services.kvstore.server import KVStoreServer, KVStoreSettings
 
 log = logging.getLogger("kvferry.kvstore")
@@ -50,6 +51,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="serve no NIXL region: engines put and get blocks over gRPC only",
     )
     add("--redis-url", default=None, help="prefix index to report stored blocks to (tier kvstore)")
+    add(
+        "--pool-secret-file",
+        default=None,
+        help="a file holding the pool's secret token: every gRPC call must carry it (default: open)",
+    )
     add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
     return p
@@ -71,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
             slot_bytes=args.slot_bytes,
             nixl=args.nixl,
             metrics_port=args.metrics_port,
+            pool_secret=read_pool_secret(args.pool_secret_file),
         )
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
         print(f"kvferry kvstore: error: {config_problem(exc)}", file=sys.stderr)

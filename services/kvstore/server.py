@@ -11,13 +11,15 @@ from concurrent import futures
 from typing import NoReturn, Self
 
 import grpc
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from services.common.kv_event_publisher import KVEventPublisher
 from services.common.kv_events import BlockRemoved, BlockStored
 from services.common.kv_transfer import KVCompat, KVTransferError
 from services.common.kvstore_client import DEFAULT_BATCH_BYTES, GRPC_OPTIONS, batched_by_bytes
+from services.common.pool_secret import describe
 from services.common.proto import kvstore_pb2, kvstore_pb2_grpc
+from services.kvstore.auth import PoolSecretInterceptor
 from services.kvstore.block_store import BlockStore
 from services.kvstore.metrics import KvstoreMetrics
 from services.kvstore.metrics_http import MetricsHttpServer
@@ -55,6 +57,9 @@ class KVStoreSettings(BaseModel):
         ge=0,
         le=65535,
         description="HTTP port of GET /metrics and /health: None is port + 1 (any free port when port is 0), 0 is off",
+    )
+    pool_secret: SecretStr | None = Field(
+        None, description="every RPC must carry this token (--pool-secret-file); None: open"
     )
 
     @model_validator(mode="after")
@@ -183,10 +188,13 @@ class KVStoreServer:
         self.publisher: KVEventPublisher | None = None
         self.store = store or BlockStore(settings.capacity_bytes, on_evict=self._evicted, arena=arena)
         self.metrics = KvstoreMetrics(self.store.stats)
+        interceptors: list[grpc.ServerInterceptor] = [self.metrics.interceptor()]  # refusals count as errors
+        if settings.pool_secret is not None:
+            interceptors.append(PoolSecretInterceptor(settings.pool_secret))
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=settings.workers),
             options=GRPC_OPTIONS,
-            interceptors=[self.metrics.interceptor()],
+            interceptors=interceptors,
         )
         self.port = self._server.add_insecure_port(f"{settings.host}:{settings.port}")
         if self.port == 0:
@@ -217,6 +225,7 @@ class KVStoreServer:
             settings.capacity_bytes,
             f"on port {self.metrics_port}" if self.metrics_port else "off",
         )
+        log.info(describe(settings.pool_secret, "gRPC"))
 
     def region_for(self, compat: KVCompat) -> NixlRegion:
         """The NIXL region; the first engine's handshake creates it (slots of its bytes per block) when

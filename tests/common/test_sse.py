@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
 from hypothesis import given
@@ -77,3 +78,13 @@ def test_aiter_sse() -> None:
         return [event async for event in aiter_sse(chunks())]
 
     assert asyncio.run(collect()) == parse_sse(RAW)
+
+
+def test_splitlines_line_ends_leave_as_json_escapes() -> None:
+    """U+0085/U+2028/U+2029 end lines for str.splitlines (httpx's aiter_lines): a random model's text held
+    one and cut a soak client's event in two. Escaped, the event is one line and decodes to the same text."""
+    text = "a\x85b\u2028c\u2029d"
+    for payload in ({"t": text}, json.dumps({"t": text}, ensure_ascii=False)):
+        raw = sse_event(payload)
+        assert raw.decode().splitlines() == [raw.decode().removesuffix("\n\n"), ""]  # one data line
+        assert parse_sse(raw)[0].json() == {"t": text}

@@ -28,6 +28,7 @@ RESOURCES: dict[str, dict[str, Any]] = {
     "v1/namespaces": {"kind": "Namespace", "namespaced": False, "subresources": {"status"}},
     "v1/pods": {"kind": "Pod", "namespaced": True, "subresources": {"status"}},
     "v1/configmaps": {"kind": "ConfigMap", "namespaced": True},
+    "v1/secrets": {"kind": "Secret", "namespaced": True},
     "v1/services": {"kind": "Service", "namespaced": True, "subresources": {"status"}},
     "v1/serviceaccounts": {"kind": "ServiceAccount", "namespaced": True},
     "v1/events": {"kind": "Event", "namespaced": True},

@@ -130,6 +130,8 @@ def test_engine_and_router_command_lines_follow_the_cli_contract():
         "$(KVFERRY_REDIS_URL)",
         "--kvstore-url",
         "grpc://llama-pd-kvstore.llm.svc:50051",
+        "--pool-secret-file",
+        "/etc/kvferry/pool-secret/token",
         "--log-level",
         "info",
     ]

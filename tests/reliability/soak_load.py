@@ -9,7 +9,6 @@ a process's RSS and open file descriptors from /proc.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import time
@@ -17,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from services.common.sse import aiter_sse
 
 BAD_BODIES = [
     b'{"model": "MODEL", "prompt": "hi", "temperature": -1}',
@@ -118,14 +119,11 @@ class SoakLoad:
                 return Outcome(
                     "dropped" if drop_after else "valid-stream", False, at, detail=str(r.status_code)
                 )
-            async for line in r.aiter_lines():
-                data = line.removeprefix("data:").strip()
-                if not line.startswith("data:"):
-                    continue
-                if data == "[DONE]":
+            async for event in aiter_sse(r.aiter_bytes()):  # CR/LF line ends only, as SSE defines them
+                if event.is_done:
                     done = True
-                elif "error" in (event := json.loads(data)):
-                    error = event["error"]
+                elif "error" in (data := event.json()):
+                    error = data["error"]
                 else:
                     chunks += 1
                     ttft = ttft if ttft is not None else time.monotonic() - start

@@ -88,6 +88,11 @@ def test_up_serves_and_stops_cleanly(llama_dir: Path, tmp_path: Path) -> None:
     while _pids_alive(children) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _pids_alive(children)
+    secret = tmp_path / "pool-secret"  # one token per stack, readable by its owner only
+    assert secret.stat().st_mode & 0o777 == 0o600 and len(secret.read_text().strip()) >= 32
+    for child in ("kvstore", "engine-0"):
+        log = (tmp_path / f"{child}.log").read_text()
+        assert "callers must present the pool secret" in log and secret.read_text().strip() not in log
 
 
 def test_up_rejects_half_a_pd_pool(llama_dir: Path) -> None:

@@ -28,40 +28,55 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s/kvferry-operator:%s" .Values.image.registry (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
-{{/* The kinds the operator manages, and no more. */}}
+{{/* What the operator calls, and no more (tests/operator/test_rbac.py holds it to the calls it makes).
+Children are listed by label, written with server-side apply (create + patch) and pruned: never read one
+by one, never watched. */}}
 {{- define "kvferry.rules" -}}
+# kopf: watches pools, patches their finalizer and progress annotations, and their status
 - apiGroups: ["kvferry.dev"]
   resources: ["inferencepools"]
-  verbs: ["get", "list", "watch", "patch", "update"]
+  verbs: ["list", "watch", "patch"]
 - apiGroups: ["kvferry.dev"]
   resources: ["inferencepools/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["patch"]
+# children carry blockOwnerDeletion: where OwnerReferencesPermissionEnforcement is on (OpenShift) that
+# needs update on the owner's finalizers
+- apiGroups: ["kvferry.dev"]
+  resources: ["inferencepools/finalizers"]
+  verbs: ["update"]
 - apiGroups: [""]
   resources: ["configmaps", "services", "serviceaccounts"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "create", "patch", "delete"]
+# the pool secret: created once with a random token, never read back (the pods mount it)
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
+# the autoscaler lists and annotates pods; watch because the router's Role grants it, and Kubernetes
+# lets only a holder of a permission grant it
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch", "patch"]
+# kopf's events on the pool
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "create", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "create", "patch", "delete"]
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "create", "patch", "delete"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "create", "patch", "delete"]
 # spec.monitoring (the Prometheus Operator's kinds; harmless where its CRDs are not installed).
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors", "servicemonitors", "prometheusrules"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "create", "patch", "delete"]
 - apiGroups: ["inference.networking.k8s.io"]
   resources: ["inferencepools"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "create", "patch", "delete"]
 {{- end -}}

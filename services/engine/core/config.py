@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
 
 from services.engine.core.spec_config import Quantization, SpeculativeConfig
 
@@ -47,6 +47,9 @@ class EngineConfig(BaseModel):
     speculative_config: SpeculativeConfig | None = None  # draft tokens verified in one target pass
     kvstore_url: str | None = None  # grpc://host:port of the shared kvstore tier
     use_nixl: bool = True  # False: KV moves between engines through the kvstore only
+    # The pool's side-channel token (--pool-secret-file): required on this engine's /kv/ routes, sent to
+    # prefill's and to the kvstore. None: side channels are open, as without the flag.
+    pool_secret: SecretStr | None = None
 
     @field_validator("pipeline_parallel_size")
     @classmethod

@@ -15,6 +15,7 @@ from services.common.chat_tools import ToolSettings, check_tool_settings
 from services.common.errors import not_ready
 from services.common.http_middleware import RequestContextMiddleware, install_error_handlers
 from services.common.openapi_doc import document_answers
+from services.common.pool_secret import SideChannelAuth
 from services.common.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -162,6 +163,7 @@ def build_app(llm: AsyncLLM, settings: ServerSettings, role: EngineRole | None =
 
     app = FastAPI(title="kvferry engine", version=version(), lifespan=lifespan)
     app.state.ctx = ctx
+    app.add_middleware(SideChannelAuth, secret=llm.config.pool_secret)  # /kv/: the pool's pods only
     app.add_middleware(RequestContextMiddleware, api_keys=[settings.api_key] if settings.api_key else [])
     install_error_handlers(app, log)
     app.include_router(_openai_routes(ctx))

@@ -23,6 +23,7 @@ import uvicorn
 from services.common.chat_tools import ToolSettings, check_tool_settings, read_chat_template
 from services.common.errors import config_problem
 from services.common.http_protocol import HeaderDeadlineH11
+from services.common.pool_secret import describe, read_pool_secret
 from services.common.roles import RoleName, parse_role_name
 
 if TYPE_CHECKING:
@@ -233,6 +234,12 @@ def _add_pool_flags(add: Callable[..., object]) -> None:
         default=None,
         help="URL routers use for this engine, as listed in the index (default: http://host:port)",
     )
+    add(
+        "--pool-secret-file",
+        default=None,
+        help="a file holding the pool's secret token: this engine's /kv/ side channel requires it, and the "
+        "engine sends it to prefill engines and the kvstore (default: side channels open)",
+    )
 
 
 def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
@@ -266,6 +273,7 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
         seed=args.seed,
         kvstore_url=args.kvstore_url,
         use_nixl=args.use_nixl,
+        pool_secret=read_pool_secret(args.pool_secret_file),
         enable_lora=args.enable_lora,
         max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank,
@@ -351,6 +359,7 @@ def build(args: argparse.Namespace, roles: Mapping[str, RoleFactory]) -> tuple[F
         llm = AsyncLLM(engine_config, publisher=_publisher(args), connectors=role.connectors)
     except (ValueError, OSError) as exc:
         raise ServeError(1, f"cannot load {engine_config.model}: {exc}") from exc
+    log.info(describe(engine_config.pool_secret, "side channels (/kv/*, kvstore calls)"))
     return build_app(llm, settings, role), settings
 
 

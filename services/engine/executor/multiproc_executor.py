@@ -52,9 +52,10 @@ class MultiprocExecutor:
         ctx = mp.get_context("spawn")
         self.procs: list[BaseProcess] = []
         self.conns: list[Connection] = []
+        shard_config = config.model_copy(update={"pool_secret": None})  # ranks never talk to other pods
         for rank in range(1, self.size):
             spec = WorkerSpec(
-                config, rank, self.size, store.port, COLLECTIVE_TIMEOUT_S, max_model_len,
+                shard_config, rank, self.size, store.port, COLLECTIVE_TIMEOUT_S, max_model_len,
                 str(dtype).removeprefix("torch."), backend,
             )  # fmt: skip
             parent, child = ctx.Pipe()

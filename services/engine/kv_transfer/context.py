@@ -61,7 +61,13 @@ class KVTransferContext:
             log.warning("kvstore %s failed (%s): %s", what, reason, detail)
             stats.add_failure(reason)
 
-        tier = KVStoreTier(self.config.kvstore_url, self.kv_cache, on_failure, transfer=self.transfer())
+        tier = KVStoreTier(
+            self.config.kvstore_url,
+            self.kv_cache,
+            on_failure,
+            transfer=self.transfer(),
+            pool_secret=self.config.pool_secret,
+        )
         return [KVStoreConnector(tier, self.block_size, stats, offload=offload)]
 
 

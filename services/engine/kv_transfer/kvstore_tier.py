@@ -23,6 +23,8 @@ from services.common.kv_transfer import KVTransferError
 from services.common.kvstore_client import KVStoreClient, KVStoreUnavailable
 
 if TYPE_CHECKING:
+    from pydantic import SecretStr
+
     from services.engine.kv_transfer.nixl_transfer import NixlTransfer
 
 log = logging.getLogger(__name__)
@@ -67,12 +69,13 @@ class KVStoreTier:
         on_failure: Callable[[str, str, str | None], None],
         timeout_s: float = 2.0,
         transfer: NixlTransfer | None = None,
+        pool_secret: SecretStr | None = None,
     ) -> None:
         self.url = url
         self._transfer = transfer
         self._store_peer: str | None = None  # the store's NIXL engine id once handshaken
         self._next_handshake = 0.0
-        self._client = KVStoreClient(url, timeout_s=timeout_s)
+        self._client = KVStoreClient(url, timeout_s=timeout_s, pool_secret=pool_secret)
         self._cache_bytes = kv_cache.view(kv_cache.shape[0], -1).view(torch.uint8)
         self._on_failure = on_failure
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
