@@ -201,7 +201,9 @@ def test_ui_state_shows_engines_history_and_decisions(router_state: tuple[Router
     assert len(client.get("/ui/state").json()["decisions"]) == 3
 
 
-@pytest.mark.parametrize("query", ["decisions=-1", "decisions=101", "decisions=many"])
+@pytest.mark.parametrize(
+    "query", ["decisions=-1", "decisions=101", "decisions=many", "decisions[x]=1", "decision=3"]
+)
 def test_ui_state_rejects_bad_queries_with_a_clear_400(
     router_state: tuple[RouterState, TestClient], query: str
 ) -> None:

@@ -63,9 +63,15 @@ def ui_routes(state: RouterState) -> APIRouter:
 
     @router.get("/state")
     async def ui_state(
+        request: Request,
         decisions: Annotated[int, Query(ge=0, le=DECISIONS_KEPT)] = DECISIONS_SHOWN,
     ) -> PoolView:
         """Engines, the last ``decisions`` routing decisions (newest first) and the router's settings."""
+        unknown = sorted(set(request.query_params) - {"decisions"})
+        if unknown:  # e.g. decisions[x]=1: a misspelt or misshapen parameter is an error, not the default
+            raise HTTPException(
+                400, f"unknown query parameter(s) {', '.join(unknown)}; /ui/state takes decisions=N"
+            )
         return pool_view(state, decisions)
 
     return router
