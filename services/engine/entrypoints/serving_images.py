@@ -4,7 +4,7 @@ refuses videos)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from services.common.errors import bad_request
@@ -31,20 +31,12 @@ def video_marker(ctx: ServingContext) -> str | None:
 
 def request_images(ctx: ServingContext, urls: Sequence[str], param: str) -> list[Any]:
     """The images at ``urls``, decoded; 400 for a text model, too many images, or an image that fails."""
-    if not urls:
-        return []
-    if ctx.llm.engine.image_inputs is None:
+    if urls and ctx.llm.engine.image_inputs is None:
         raise bad_request("images need a vision-language model; this one takes text only", param)
-    limit = ctx.settings.limit_mm_per_prompt.image
-    if len(urls) > limit:
-        raise bad_request(f"{len(urls)} images is over this server's limit of {limit} per request", param)
-    images = []
-    for i, url in enumerate(urls):
-        try:
-            images.append(load_image(url, ctx.settings.allowed_local_media_path))
-        except ValueError as exc:
-            raise bad_request(f"image {i}: {exc}", param) from exc
-    return images
+    folder = ctx.settings.allowed_local_media_path
+    return _load_each(
+        "image", urls, ctx.settings.limit_mm_per_prompt.image, lambda u: load_image(u, folder), param
+    )
 
 
 def request_videos(ctx: ServingContext, urls: Sequence[str], param: str) -> list[Any]:
@@ -56,13 +48,21 @@ def request_videos(ctx: ServingContext, urls: Sequence[str], param: str) -> list
     sampling = inputs.placeholders.video_sampling if inputs is not None else None
     if sampling is None:
         raise bad_request("videos need a model that takes videos; this one does not", param)
+    folder = ctx.settings.allowed_local_media_path
     limit = ctx.settings.limit_mm_per_prompt.video
+    return _load_each("video", urls, limit, lambda u: load_video(u, sampling, folder), param)
+
+
+def _load_each(
+    kind: str, urls: Sequence[str], limit: int, load: Callable[[str], Any], param: str
+) -> list[Any]:
+    """load(url) for each of at most ``limit`` urls; a 400 naming the item for one that fails."""
     if len(urls) > limit:
-        raise bad_request(f"{len(urls)} videos is over this server's limit of {limit} per request", param)
-    videos = []
+        raise bad_request(f"{len(urls)} {kind}s is over this server's limit of {limit} per request", param)
+    items = []
     for i, url in enumerate(urls):
         try:
-            videos.append(load_video(url, sampling, ctx.settings.allowed_local_media_path))
+            items.append(load(url))
         except ValueError as exc:
-            raise bad_request(f"video {i}: {exc}", param) from exc
-    return videos
+            raise bad_request(f"{kind} {i}: {exc}", param) from exc
+    return items

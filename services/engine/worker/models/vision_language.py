@@ -3,6 +3,7 @@ image placeholders' embeddings replaced by the family's image features) and the 
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Iterable
 from typing import Any
 
@@ -15,7 +16,7 @@ from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models.llama import LlamaForCausalLM
 
 
-class VisionLanguageModel(nn.Module):
+class VisionLanguageModel(nn.Module, abc.ABC):
     """The LM part; a family adds its tower and ``encode_images`` ([N, C, H, W] -> [N, tokens, hidden])."""
 
     def __init__(self, cfg: ModelConfig, max_positions: int, dtype: torch.dtype) -> None:
@@ -53,9 +54,9 @@ class VisionLanguageModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.language_model.compute_logits(hidden)
 
+    @abc.abstractmethod
     def vision_target(self, name: str) -> str | None:
         """Our name of a checkpoint's tower / projector tensor; None: the LM's tensor; "": one never read."""
-        raise NotImplementedError
 
     def language_name(self, name: str) -> str:
         """A checkpoint's LM tensor name as the Llama loader's."""
