@@ -1,10 +1,12 @@
-"""Tensor parallelism on CPU: the same 12-layer h768 random Llama at tensor_parallel_size 1 and 2 (gloo,
-two processes), same run: output tok/s, decode step time, and rank 0's time in collectives per step.
+"""Tensor and pipeline parallelism on CPU: the same 12-layer h768 random Llama with one rank, with
+tensor_parallel_size 2 and with pipeline_parallel_size 2 (gloo, two processes), same run: output tok/s,
+decode step time, and rank 0's time in collectives (or stage hand-offs) per step.
 
 Workloads: batch 1, 128 -> 128 tokens, and batch 16, 128 -> 64, greedy, fp32. On a 2-core machine TP=2
 gives each rank one core of the two TP=1 already uses, and adds two all-reduces per layer plus a logits
-all-gather per step: no gain is expected here; the table says how much it costs. Interleaved repeats,
-medians. Prints a table, writes benchmarks/results/tp.json.
+all-gather per step; PP=2 runs its two stages one after the other (no micro-batching), each on one
+core, plus a hand-off and a logits broadcast per step: no gain is expected here; the table says how
+much each costs. Interleaved repeats, medians. Prints a table, writes benchmarks/results/tp.json.
 
     python benchmarks/tp.py [--repeats 3]
 """
@@ -27,6 +29,7 @@ from tests.checkpoints import build_checkpoint  # noqa: E402
 
 VOCAB = 32000
 WORKLOADS = {"batch 1, 128 -> 128": (1, 128), "batch 16, 128 -> 64": (16, 64)}
+LAYOUTS = {"1": {}, "TP=2": {"tensor_parallel_size": 2}, "PP=2": {"pipeline_parallel_size": 2}}
 
 
 def model_dir() -> Path:
@@ -37,21 +40,23 @@ def model_dir() -> Path:
 
 
 class CollectiveClock:
-    """Seconds rank 0 spends in its group's collectives (wraps the TPGroup's methods in place)."""
+    """Seconds rank 0 spends in its groups' collectives and sends (wraps their methods in place)."""
 
     def __init__(self, llm: LLM) -> None:
         self.seconds = 0.0
-        tp = llm.engine.core.tp
-        if tp is None:
-            return
-        for name in ("all_reduce", "all_gather_last"):
-            method = getattr(tp, name)
-            object.__setattr__(tp, name, self._timed(method))  # a frozen dataclass: set on the instance
+        core = llm.engine.core
+        for group, names in (
+            (core.tp, ("all_reduce", "all_gather_last")),
+            (core.pp, ("send_hidden", "share_logits")),
+        ):
+            for name in names if group is not None else ():
+                method = getattr(group, name)
+                object.__setattr__(group, name, self._timed(method))  # frozen dataclass: set on the instance
 
     def _timed(self, method):  # noqa: ANN001, ANN202 - wraps a bound method
-        def timed(x):  # noqa: ANN001, ANN202
+        def timed(*args):  # noqa: ANN002, ANN202
             start = time.perf_counter()
-            out = method(x)
+            out = method(*args)
             self.seconds += time.perf_counter() - start
             return out
 
@@ -78,28 +83,28 @@ def main() -> None:
     args = ap.parse_args()
     path = model_dir()
     llms = {
-        tp: LLM(model=str(path), dtype="float32", num_kv_blocks=1024, tensor_parallel_size=tp)
-        for tp in (1, 2)
+        name: LLM(model=str(path), dtype="float32", num_kv_blocks=1024, **kw) for name, kw in LAYOUTS.items()
     }
-    clocks = {tp: CollectiveClock(llm) for tp, llm in llms.items()}
-    for tp, llm in llms.items():
-        run(llm, clocks[tp], 1, 8, 0)  # warm-up
-    results: dict[str, dict[int, list[dict[str, float]]]] = {w: {1: [], 2: []} for w in WORKLOADS}
+    clocks = {name: CollectiveClock(llm) for name, llm in llms.items()}
+    for name, llm in llms.items():
+        run(llm, clocks[name], 1, 8, 0)  # warm-up
+    results: dict[str, dict[str, list[dict[str, float]]]] = {w: {n: [] for n in LAYOUTS} for w in WORKLOADS}
     for r in range(args.repeats):
         for name, (batch, new) in WORKLOADS.items():
-            for tp, llm in llms.items():
-                results[name][tp].append(run(llm, clocks[tp], batch, new, r))
-    llms[2].shutdown()
+            for layout, llm in llms.items():
+                results[name][layout].append(run(llm, clocks[layout], batch, new, r))
+    for llm in llms.values():
+        llm.shutdown()
     rows = []
-    for name, by_tp in results.items():
-        for tp, runs in by_tp.items():
+    for name, by_layout in results.items():
+        for layout, runs in by_layout.items():
             med = {k: sorted(x[k] for x in runs)[len(runs) // 2] for k in runs[0]}
-            rows.append({"workload": name, "tp": tp, **med})
+            rows.append({"workload": name, "ranks": layout, **med})
     print(f"12-layer h768 Llama, fp32, CPU (gloo), median of {args.repeats}")
-    print(f"{'workload':<22}{'TP':>4}{'tok/s':>10}{'ms/step':>10}{'collectives ms/step':>21}{'vs TP=1':>9}")
+    print(f"{'workload':<22}{'ranks':>6}{'tok/s':>10}{'ms/step':>10}{'collectives ms/step':>21}{'vs 1':>9}")
     for r in rows:
-        base = next(x for x in rows if x["workload"] == r["workload"] and x["tp"] == 1)["tok_s"]
-        print(f"{r['workload']:<22}{r['tp']:>4}{r['tok_s']:>10.1f}{r['ms_per_step']:>10.1f}"
+        base = next(x for x in rows if x["workload"] == r["workload"] and x["ranks"] == "1")["tok_s"]
+        print(f"{r['workload']:<22}{r['ranks']:>6}{r['tok_s']:>10.1f}{r['ms_per_step']:>10.1f}"
               f"{r['collective_ms_per_step']:>21.2f}{r['tok_s'] / base:>8.2f}x")  # fmt: skip
     out = ROOT / "benchmarks" / "results" / "tp.json"
     out.write_text(json.dumps({"rows": rows}, indent=2))

@@ -74,6 +74,8 @@ class CommandLines:
             "--tensor-parallel-size",
             str(engine.tensor_parallel_size),
         ]
+        if engine.pipeline_parallel_size > 1:  # only then: an upgrade does not restart every pool
+            args += ["--pipeline-parallel-size", str(engine.pipeline_parallel_size)]
         if engine.gpu_memory_utilization is not None:
             args += ["--gpu-memory-utilization", f"{engine.gpu_memory_utilization:g}"]
         if not engine.prefix_caching:

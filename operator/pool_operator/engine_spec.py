@@ -59,9 +59,11 @@ class EngineSpec(CrdModel):
             "blockSize is immutable: cached KV blocks and their hashes depend on it",
         ),
         CelRule(
-            "self.tensorParallelSize == 1 || !has(self.speculative)",
-            "tensorParallelSize > 1 does not run speculative decoding yet",
-            lambda s: s.tensor_parallel_size == 1 or s.speculative is None,
+            "(self.tensorParallelSize == 1 && self.pipelineParallelSize == 1) || !has(self.speculative)",
+            "tensorParallelSize > 1 or pipelineParallelSize > 1 does not run speculative decoding yet",
+            lambda s: (
+                (s.tensor_parallel_size == 1 and s.pipeline_parallel_size == 1) or s.speculative is None
+            ),
         ),
         CelRule(
             "!self.enableAutoToolChoice || has(self.toolCallParser)",
@@ -92,7 +94,14 @@ class EngineSpec(CrdModel):
         ge=1,
         le=16,
         description="tensor-parallel ranks per engine (one process each; the pod's nvidia.com/gpu, when "
-        "its resources name GPUs, is set to this)",
+        "its resources name GPUs, is set to tensorParallelSize x pipelineParallelSize)",
+    )
+    pipeline_parallel_size: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="pipeline stages per engine: the decoder layers split into this many contiguous runs, "
+        "each on its own ranks (no more stages than the model has layers)",
     )
     prefix_caching: bool = True
     task: Literal["generate", "embed"] = Field(
@@ -112,3 +121,8 @@ class EngineSpec(CrdModel):
     )
     extra_args: list[str] = Field(default_factory=list)
     env: list[EnvVar] = Field(default_factory=list)
+
+    @property
+    def ranks(self) -> int:
+        """Processes (and GPUs, on GPU pods) per engine: tensor-parallel ranks x pipeline stages."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size

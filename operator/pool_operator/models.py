@@ -194,14 +194,14 @@ class InferencePoolSpec(CrdModel):
             lambda s: s.mode != "Disaggregated" or s.prefill is not None,
         ),
         CelRule(
-            "!has(self.engine) || self.engine.tensorParallelSize == 1 || (self.mode == 'Aggregated' && "
+            "!has(self.engine) || (self.engine.tensorParallelSize == 1 && self.engine.pipelineParallelSize == 1)"
+            " || (self.mode == 'Aggregated' && "
             "(!has(self.kvstore) || !has(self.kvstore.enabled) || !self.kvstore.enabled) && "
             "(!has(self.loras) || size(self.loras) == 0))",
-            "engine.tensorParallelSize > 1 needs mode Aggregated, no kvstore and no loras (P/D, the kvstore "
-            "tier and LoRA over sharded engines are not built yet)",
+            "engine.tensorParallelSize > 1 or engine.pipelineParallelSize > 1 needs mode Aggregated, no kvstore "
+            "and no loras (P/D, the kvstore tier and LoRA over sharded engines are not built yet)",
             lambda s: (
-                s.engine.tensor_parallel_size == 1
-                or (s.mode == "Aggregated" and not s.kvstore.enabled and not s.loras)
+                s.engine.ranks == 1 or (s.mode == "Aggregated" and not s.kvstore.enabled and not s.loras)
             ),
         ),
         CelRule(

@@ -215,7 +215,7 @@ class WorkloadBuilder:
                 {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True},
                 pool_secret.volume_mount(),
             ],
-            **_resources(role_spec.resources, gpus=self.pool.spec.engine.tensor_parallel_size),
+            **_resources(role_spec.resources, gpus=self.pool.spec.engine.ranks),
             "securityContext": _container_security(RUN_AS),
         }
         volumes = [

@@ -33,7 +33,7 @@ from services.engine.worker.model_runner import ModelRunner, bytes_per_block, kv
 from services.engine.worker.models import is_encoder_architecture
 from services.engine.worker.models.interface import CausalLM, EmbeddingModel
 from services.engine.worker.models.moe import expert_token_counts, moe_layers
-from services.engine.worker.parallel.tp_group import shard_config
+from services.engine.worker.parallel.groups import rank_kv_config
 from services.engine.worker.pooling import (
     detect_task,
     pooling_config_for,
@@ -104,11 +104,14 @@ class EngineCore:
                 f"quantization {self.quant.describe()} on {self.device.type} needs --attention-backend triton"
             )
         self._parallel: MultiprocExecutor | None = None
-        if config.tensor_parallel_size > 1:
+        if config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1:
             check_tensor_parallel(config, cfg, self.quant.quantized, self.task == "generate")
-            self._parallel = MultiprocExecutor(config, self.max_model_len, self.dtype, backend.name)
-        self.tp = self._parallel.group if self._parallel is not None else None
-        self.kv_config = shard_config(cfg, self.tp) if self.tp is not None else cfg  # this rank's KV heads
+            self._parallel = MultiprocExecutor(
+                config, self.max_model_len, self.dtype, backend.name, cfg.num_hidden_layers
+            )
+        groups = self._parallel.groups if self._parallel is not None else None
+        self.tp, self.pp = (groups.tp, groups.pp) if groups is not None else (None, None)
+        self.kv_config = rank_kv_config(cfg, groups)  # this rank's KV heads and layers
         try:
             model, kv_cache = self._load_model()  # the KV cache is sized after the weights are in memory
         except BaseException:
@@ -151,9 +154,7 @@ class EngineCore:
         self.connector: KVConnector = compose(list(connectors(self.kv_transfer)))
         if self._parallel is not None and not isinstance(self.connector, NullConnector):
             self.shutdown()
-            raise ValueError(
-                unsupported(self.tp.size if self.tp else 1, "--role prefill/decode (sharded KV)")
-            )
+            raise ValueError(unsupported(config, "--role prefill/decode (sharded KV)"))
         batched = config.max_num_batched_tokens or _DEFAULT_BATCHED_TOKENS
         if self.task == "embed":  # whole prompts per step: the budget must hold the longest
             batched = max(batched, self.max_model_len)
@@ -237,7 +238,7 @@ class EngineCore:
         if self.task == "embed":
             model: CausalLM | EmbeddingModel = load_embedding_model(*args)
         else:
-            model = load_model(*args, tp=self.tp)
+            model = load_model(*args, tp=self.tp, pp=self.pp)
         self.num_blocks = self._num_blocks()
         if self.encoder:
             return model, torch.empty(0, dtype=self.dtype, device=self.device)

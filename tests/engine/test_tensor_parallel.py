@@ -102,8 +102,6 @@ def test_unsupported_settings_are_refused(llama_dir: Path, family_dir) -> None:
         LLM(model=str(llama_dir), tensor_parallel_size=2, quantization="int8")
     with pytest.raises(ValueError, match="does not divide the model's num_attention_heads=4"):
         LLM(model=str(llama_dir), tensor_parallel_size=3)
-    with pytest.raises(ValueError, match="pipeline parallelism is not built yet"):
-        LLM(model=str(llama_dir), pipeline_parallel_size=2)
 
 
 def test_a_killed_rank_fails_requests_and_health(llama_dir: Path) -> None:

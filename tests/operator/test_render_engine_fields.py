@@ -111,6 +111,7 @@ _ENGINE_FIELD_VALUES = {
     "max_num_batched_tokens": 3000,
     "gpu_memory_utilization": 0.8,
     "tensor_parallel_size": 2,
+    "pipeline_parallel_size": 2,
     "prefix_caching": False,
     "task": "embed",
     "enable_auto_tool_choice": True,
@@ -127,6 +128,23 @@ def _engines(body: dict) -> list[dict]:
     return [
         m["spec"]["template"]["spec"] for m in rendered if m["kind"] == "Deployment" and "--role" in _args(m)
     ]
+
+
+def test_pipeline_parallel_size_sets_the_flag_and_the_gpu_count():
+    """--pipeline-parallel-size 2, and nvidia.com/gpu = tensor x pipeline ranks on GPU pods; refused
+    with P/D like tensor parallelism."""
+    body = load_example("aggregated-pool.yaml")
+    body["spec"]["engine"]["tensorParallelSize"] = 2
+    body["spec"]["engine"]["pipelineParallelSize"] = 3
+    (pod,) = _engines(body)
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--pipeline-parallel-size") + 1] == "3"
+    res = pod["containers"][0]["resources"]
+    assert res["limits"]["nvidia.com/gpu"] == res["requests"]["nvidia.com/gpu"] == "6"
+    pd = load_example("disaggregated-pool.yaml")
+    pd["spec"]["engine"]["pipelineParallelSize"] = 2
+    with pytest.raises(ValueError, match="pipelineParallelSize > 1 needs mode Aggregated"):
+        parse_pool(pd)
 
 
 def test_every_engine_field_reaches_the_engines():
@@ -162,7 +180,9 @@ def test_tensor_parallel_size_sets_the_flag_and_the_gpu_count():
     assert "nvidia.com/gpu" not in str(_engines(cpu)[0]["containers"][0]["resources"])
     pd = load_example("disaggregated-pool.yaml")
     pd["spec"]["engine"]["tensorParallelSize"] = 2
-    with pytest.raises(ValueError, match="tensorParallelSize > 1 needs mode Aggregated"):
+    with pytest.raises(
+        ValueError, match="tensorParallelSize > 1 or engine.pipelineParallelSize > 1 needs mode"
+    ):
         parse_pool(pd)
     spec = copy.deepcopy(body)
     spec["spec"]["engine"]["speculative"] = {"method": "ngram", "numSpeculativeTokens": 3}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from services.engine.core.spec_config import Quantization, SpeculativeConfig
 
@@ -33,7 +33,7 @@ class EngineConfig(BaseModel):
     # sizes the KV cache from what is free after loading. CPU engines size it with kv_cache_memory_gb.
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     tensor_parallel_size: int = Field(1, ge=1, le=64)  # ranks, one process each (gloo on CPU, NCCL)
-    pipeline_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1, le=64)  # stages of layers, ranks = tensor x pipeline
     seed: int = 0
     attention_backend: Literal["cpu", "torch", "triton"] | None = None
     task: Literal["auto", "generate", "embed"] = (
@@ -50,16 +50,6 @@ class EngineConfig(BaseModel):
     # The pool's side-channel token (--pool-secret-file): required on this engine's /kv/ routes, sent to
     # prefill's and to the kvstore. None: side channels are open, as without the flag.
     pool_secret: SecretStr | None = None
-
-    @field_validator("pipeline_parallel_size")
-    @classmethod
-    def _one_stage(cls, v: int, info: ValidationInfo) -> int:
-        if v != 1:
-            raise ValueError(
-                f"{info.field_name}={v}: pipeline parallelism is not built yet; shard a model that does not "
-                "fit one device with tensor_parallel_size"
-            )
-        return v
 
     @field_validator("model")
     @classmethod

@@ -85,7 +85,13 @@ def add_parser(
         default=1,
         help="tensor-parallel ranks (a process each: gloo on CPU, NCCL on GPUs)",
     )
-    add("--pipeline-parallel-size", "-pp", type=int, default=1, help="pipeline stages (only 1 for now)")
+    add(
+        "--pipeline-parallel-size",
+        "-pp",
+        type=int,
+        default=1,
+        help="pipeline stages: the decoder layers split into this many contiguous runs, one process each (x --tensor-parallel-size)",
+    )
     _add_serving_flags(add)
     _add_lora_flags(add)
     _add_pool_flags(add)

@@ -1,4 +1,5 @@
-"""MultiprocExecutor: rank 0 in the engine process, one spawned worker process per other rank.
+"""MultiprocExecutor: rank 0 in the engine process, one spawned worker process per other rank
+(tensor_parallel_size x pipeline_parallel_size ranks; see ParallelGroups for the grid).
 
 Every step's scheduler output goes to each worker over a local pipe (spawned children of this process:
 nothing from the network is unpickled), all ranks run it in lockstep (their collectives meet), and
@@ -31,6 +32,8 @@ from services.engine.executor.worker_messages import (
     WorkerSpec,
 )
 from services.engine.worker.model_runner import ModelRunner
+from services.engine.worker.parallel.groups import ParallelGroups
+from services.engine.worker.parallel.pp_stage import PPStage
 from services.engine.worker.parallel.tp_group import TPGroup
 from services.engine.worker.structured.manager import StepConstraints
 
@@ -41,10 +44,12 @@ _START_TIMEOUT_S = 900.0  # loading a shard of a large checkpoint
 
 
 class MultiprocExecutor:
-    """Tensor parallelism over ``size`` ranks: starts the workers and joins the group as rank 0."""
+    """Tensor and pipeline parallelism over ``size`` ranks: starts the workers and joins as rank 0."""
 
-    def __init__(self, config: EngineConfig, max_model_len: int, dtype: torch.dtype, backend: str) -> None:
-        self.size = config.tensor_parallel_size
+    def __init__(
+        self, config: EngineConfig, max_model_len: int, dtype: torch.dtype, backend: str, num_layers: int
+    ) -> None:
+        self.size = config.tensor_parallel_size * config.pipeline_parallel_size
         self.runner: ModelRunner | None = None
         self.device = rank_device(config.device, 0)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.size))
@@ -64,10 +69,24 @@ class MultiprocExecutor:
             child.close()
             self.procs.append(proc)
             self.conns.append(parent)
-        self.group = TPGroup.over(store, 0, self.size, self.device.type == "cuda", COLLECTIVE_TIMEOUT_S)
+        self.groups = ParallelGroups.join(
+            store, 0, config.tensor_parallel_size, config.pipeline_parallel_size, num_layers,
+            self.device.type == "cuda", COLLECTIVE_TIMEOUT_S,
+        )  # fmt: skip
         self._store = store  # kept alive: the workers' store connections end at rank 0
-        log.info("tensor parallelism: %d ranks (%s), worker pids %s", self.size,
+        log.info("parallelism: %d ranks (tensor %d x pipeline %d, %s), worker pids %s", self.size,
+                 config.tensor_parallel_size, config.pipeline_parallel_size,
                  "nccl" if self.device.type == "cuda" else "gloo", [p.pid for p in self.procs])  # fmt: skip
+
+    @property
+    def group(self) -> TPGroup | None:
+        """Rank 0's tensor-parallel group (None without tensor parallelism)."""
+        return self.groups.tp
+
+    @property
+    def stage(self) -> PPStage | None:
+        """Rank 0's pipeline stage, the first (None without pipeline parallelism)."""
+        return self.groups.pp
 
     def attach(self, runner: ModelRunner, num_blocks: int) -> None:
         """Rank 0's runner; the workers allocate ``num_blocks`` KV blocks too, then report Ready."""

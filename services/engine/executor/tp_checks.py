@@ -1,4 +1,4 @@
-"""What tensor parallelism supports yet: everything else is refused at start-up, naming the setting."""
+"""What tensor and pipeline parallelism support yet: everything else is refused at start-up, naming it."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ import torch
 from services.engine.core.config import EngineConfig
 from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models import get_model_class
+from services.engine.worker.parallel.pp_stage import layer_split
 from services.engine.worker.parallel.tp_group import check_divisible
 
 
 def check_tensor_parallel(config: EngineConfig, cfg: ModelConfig, quantized: bool, generate: bool) -> None:
-    """ValueError naming the first setting that tensor_parallel_size > 1 cannot serve (yet)."""
-    size = config.tensor_parallel_size
+    """ValueError naming the first setting that tensor_parallel_size / pipeline_parallel_size > 1
+    cannot serve (yet)."""
+    tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
     refused = {
         "task": not generate,  # encoders / embeddings
         "quantization": quantized,
@@ -25,21 +27,44 @@ def check_tensor_parallel(config: EngineConfig, cfg: ModelConfig, quantized: boo
     }
     for name, bad in refused.items():
         if bad:
-            raise ValueError(unsupported(size, name))
-    check_divisible(cfg, size)
-    cls = get_model_class(cfg.architecture)
-    if "tp" not in inspect.signature(cls.__init__).parameters:
+            raise ValueError(unsupported(config, name))
+    if tp > 1:
+        check_divisible(cfg, tp)
+    if pp > 1:
+        layer_split(cfg.num_hidden_layers, pp)
+    params = inspect.signature(get_model_class(cfg.architecture).__init__).parameters
+    for name, size, arg in (("tensor_parallel_size", tp, "tp"), ("pipeline_parallel_size", pp, "pp")):
+        if size > 1 and arg not in params:
+            raise ValueError(f"{name}={size}: the model class of {cfg.architecture} takes no `{arg}` shard")
+    if config.device.startswith("cuda") and torch.cuda.device_count() < tp * pp:
         raise ValueError(
-            f"tensor_parallel_size={size}: the model class of {cfg.architecture} takes no `tp` shard"
-        )
-    if config.device.startswith("cuda") and torch.cuda.device_count() < size:
-        raise ValueError(
-            f"tensor_parallel_size={size} needs {size} CUDA devices; {torch.cuda.device_count()} are visible"
+            f"{setting(config)} needs {tp * pp} CUDA devices; {torch.cuda.device_count()} are visible"
         )
 
 
-def unsupported(size: int, what: str) -> str:
+def setting(config: EngineConfig) -> str:
+    """The parallel sizes in force, as the user named them."""
+    parts = [
+        f"{name}={size}"
+        for name, size in (
+            ("tensor_parallel_size", config.tensor_parallel_size),
+            ("pipeline_parallel_size", config.pipeline_parallel_size),
+        )
+        if size > 1
+    ]
+    return " with ".join(parts) or "tensor_parallel_size=1"
+
+
+def unsupported(config: EngineConfig, what: str) -> str:
+    kinds = " and ".join(
+        kind
+        for kind, size in (
+            ("tensor parallelism", config.tensor_parallel_size),
+            ("pipeline parallelism", config.pipeline_parallel_size),
+        )
+        if size > 1
+    )
     return (
-        f"tensor_parallel_size={size}: {what} is not supported with tensor parallelism yet (it serves "
-        "generation of float checkpoints, aggregated)"
+        f"{setting(config)}: {what} is not supported with {kinds} yet (it serves generation of float "
+        "checkpoints, aggregated)"
     )

@@ -1,4 +1,4 @@
-"""The process of one tensor-parallel rank > 0: joins the group, loads its shard, runs rank 0's steps.
+"""The process of one parallel rank > 0: joins its groups, loads its shard or stage, runs rank 0's steps.
 
 Every rank runs the whole step (inputs, forward, sampling from the all-gathered logits) on the same
 scheduler output, so each keeps the same request state without tokens being sent back; rank 0 checks
@@ -17,7 +17,8 @@ from services.engine.executor.worker_messages import STOP, KVCacheSize, Ready, S
 from services.engine.worker.attention import select_backend
 from services.engine.worker.loader.model_loader import load_model, load_model_config
 from services.engine.worker.model_runner import ModelRunner, kv_cache_shape
-from services.engine.worker.parallel.tp_group import TPGroup, shard_config
+from services.engine.worker.parallel.groups import ParallelGroups, rank_kv_config
+from services.engine.worker.parallel.tp_group import TPGroup
 
 log = logging.getLogger(__name__)
 
@@ -34,14 +35,17 @@ def _build_runner(spec: WorkerSpec, conn: Connection) -> ModelRunner:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     store = TPGroup.store(spec.size, spec.timeout_s, port=spec.store_port)
-    tp = TPGroup.over(store, spec.rank, spec.size, device.type == "cuda", spec.timeout_s)
     cfg = load_model_config(spec.config.model)
+    groups = ParallelGroups.join(
+        store, spec.rank, spec.config.tensor_parallel_size, spec.config.pipeline_parallel_size,
+        cfg.num_hidden_layers, device.type == "cuda", spec.timeout_s,
+    )  # fmt: skip
     dtype = getattr(torch, spec.dtype)
-    model = load_model(spec.config.model, cfg, dtype, device, spec.max_model_len, tp=tp)
+    model = load_model(spec.config.model, cfg, dtype, device, spec.max_model_len, tp=groups.tp, pp=groups.pp)
     size = conn.recv()
     if not isinstance(size, KVCacheSize):
         raise RuntimeError(f"expected the KV cache size, got {type(size).__name__}")
-    shard = shard_config(cfg, tp)  # this rank's KV heads
+    shard = rank_kv_config(cfg, groups)  # this rank's KV heads and layers
     shape = kv_cache_shape(shard, size.num_blocks, spec.config.block_size)
     kv_cache = torch.zeros(shape, dtype=dtype, device=device)
     backend = select_backend(device, spec.backend)
@@ -60,7 +64,7 @@ def _build_runner(spec: WorkerSpec, conn: Connection) -> ModelRunner:
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     """Entry point of a spawned rank: build, say Ready, then run steps until told to stop."""
     logging.basicConfig(
-        level=logging.INFO, format=f"%(asctime)s %(levelname)s tp{spec.rank} %(name)s: %(message)s"
+        level=logging.INFO, format=f"%(asctime)s %(levelname)s rank{spec.rank} %(name)s: %(message)s"
     )
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.size))
     try:

@@ -105,9 +105,9 @@ def test_half_precision_runs_close_to_fp32(llama_dir: Path, dtype: str) -> None:
     assert half[0].outputs[0].token_ids[:3] == fp32[0].outputs[0].token_ids[:3]
 
 
-def test_pipeline_parallel_size_other_than_one_is_refused_by_name(llama_dir: Path) -> None:
-    with pytest.raises(ValueError, match="pipeline_parallel_size=2: pipeline parallelism is not built yet"):
-        LLM(model=str(llama_dir), pipeline_parallel_size=2)
+def test_pipeline_parallel_size_past_the_layers_is_refused_by_name(llama_dir: Path) -> None:
+    with pytest.raises(ValueError, match="pipeline_parallel_size=4 exceeds the model's num_hidden_layers=2"):
+        LLM(model=str(llama_dir), pipeline_parallel_size=4)
 
 
 def test_gpu_memory_utilization_on_a_cpu_engine_says_it_does_not_apply(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import cast
 
@@ -18,6 +18,7 @@ from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models import get_model_class, is_encoder_architecture
 from services.engine.worker.models.eagle import EagleHead
 from services.engine.worker.models.interface import CausalLM, EmbeddingModel
+from services.engine.worker.parallel.pp_stage import PPStage
 from services.engine.worker.parallel.tp_group import TPGroup
 from services.engine.worker.quantization.quant_config import QuantConfig, detect
 from services.engine.worker.quantization.quant_plan import QuantPlan, dense_stream
@@ -48,13 +49,17 @@ def _safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
-def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_safetensors(
+    folder: Path, wanted: Callable[[str], bool] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of the folder's safetensors files (``wanted``: only those it accepts are read)."""
     from safetensors import safe_open
 
     for path in _safetensors_files(folder):
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
-                yield name, f.get_tensor(name)
+                if wanted is None or wanted(name):
+                    yield name, f.get_tensor(name)
 
 
 def load_model_config(path: str | Path) -> ModelConfig:
@@ -75,16 +80,20 @@ def load_model(
     quant: QuantConfig | None = None,
     kernels: str = "cpu",
     tp: TPGroup | None = None,
+    pp: PPStage | None = None,
 ) -> CausalLM:
     """Instantiate the registered class for ``cfg.architecture`` and fill it with the checkpoint
-    (``tp``: only this tensor-parallel rank's slices, read tensor by tensor)."""
+    (``tp``: only this tensor-parallel rank's slices, read tensor by tensor; ``pp``: only this pipeline
+    stage's layers, the others' tensors are not read)."""
     if is_encoder_architecture(cfg.architecture):
         raise ValueError(
             f"{cfg.architecture} is an encoder (embedding-only) model: load it with load_embedding_model"
         )
     return cast(
         CausalLM,
-        _build_and_load(path, cfg, dtype, device, max_positions, quant or QuantConfig(), kernels, tp=tp),
+        _build_and_load(
+            path, cfg, dtype, device, max_positions, quant or QuantConfig(), kernels, tp=tp, pp=pp
+        ),
     )
 
 
@@ -127,11 +136,13 @@ def _build_and_load(
     kernels: str,
     cls: type[nn.Module] | None = None,
     tp: TPGroup | None = None,
+    pp: PPStage | None = None,
 ) -> nn.Module:
     """``kernels``: which quantized layers to build, "cpu" (torch's packed CPU ops) or "triton"."""
     cls = cls or get_model_class(cfg.architecture)
+    shards = {name: group for name, group in (("tp", tp), ("pp", pp)) if group is not None}
     with torch.device("meta"):
-        model = cls(cfg, max_positions, dtype) if tp is None else cls(cfg, max_positions, dtype, tp=tp)
+        model = cls(cfg, max_positions, dtype, **shards)
     plan = (
         QuantPlan(model, quant, dtype, kernels) if quant.quantized else None
     )  # before any float weight exists
@@ -140,7 +151,8 @@ def _build_and_load(
     if build_rope_cache is not None:  # rotary models: the table is not a checkpoint tensor
         model.cos_sin_cache = build_rope_cache(dtype).to(device)
     p = Path(path)
-    tensors = plan.filter(checkpoint_tensors(p)) if plan else dense_stream(checkpoint_tensors(p))
+    wanted = pp.reads if pp is not None else None
+    tensors = plan.filter(checkpoint_tensors(p)) if plan else dense_stream(checkpoint_tensors(p, wanted))
     total = sum(1 for _ in model.parameters())
     bar = tqdm(tensors, desc=f"loading {p.name}", unit="tensor", leave=False, disable=None, total=None)
     cast(EmbeddingModel, model).load_weights(bar)
@@ -159,22 +171,28 @@ def _build_and_load(
     return model
 
 
-def checkpoint_tensors(path: Path) -> Iterator[tuple[str, object]]:
-    """The checkpoint's tensors under HF names: floats, or GroupQuantWeight for packed / block layers."""
+def checkpoint_tensors(
+    path: Path, wanted: Callable[[str], bool] | None = None
+) -> Iterator[tuple[str, object]]:
+    """The checkpoint's tensors under HF names: floats, or GroupQuantWeight for packed / block layers
+    (``wanted``: only the names it accepts; a plain safetensors folder does not even read the others)."""
     if path.suffix == ".gguf":
         from services.engine.worker.loader.gguf import GGUFCheckpoint
 
-        return GGUFCheckpoint(path).tensors(keep_quantized=True)
-    source = detect(path)
-    if source.method in ("gptq", "awq"):
-        from services.engine.worker.quantization.gptq_awq import iter_packed
+        stream: Iterator[tuple[str, object]] = GGUFCheckpoint(path).tensors(keep_quantized=True)
+    else:
+        source = detect(path)
+        if source.method in ("gptq", "awq"):
+            from services.engine.worker.quantization.gptq_awq import iter_packed
 
-        return iter_packed(iter_safetensors(path), source)
-    if source.method == "fp8":
-        from services.engine.worker.quantization.fp8 import iter_fp8
+            stream = iter_packed(iter_safetensors(path), source)
+        elif source.method == "fp8":
+            from services.engine.worker.quantization.fp8 import iter_fp8
 
-        return iter_fp8(iter_safetensors(path))
-    return iter_safetensors(path)
+            stream = iter_fp8(iter_safetensors(path))
+        else:
+            return iter(iter_safetensors(path, wanted))
+    return stream if wanted is None else ((n, t) for n, t in stream if wanted(n))
 
 
 def weight_bytes(model: nn.Module) -> int:

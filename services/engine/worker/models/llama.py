@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -15,6 +15,7 @@ from services.engine.worker.attention import AttentionMetadata
 from services.engine.worker.attention import ComputeBackend as Backend
 from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models.moe import MoEBlock, expert_shard, moe_name
+from services.engine.worker.parallel.pp_stage import PPStage, stage_layers
 from services.engine.worker.parallel.tp_group import TPGroup, shard_config
 from services.engine.worker.parallel.tp_shard import TPShard
 
@@ -34,9 +35,11 @@ class RMSNorm(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int, cache_idx: int | None = None) -> None:
+        """``cache_idx``: this layer's index in the KV cache (a pipeline stage holds only its layers')."""
         super().__init__()
         self.layer_idx = layer_idx
+        self.cache_idx = layer_idx if cache_idx is None else cache_idx
         self.hq, self.hkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.q_size, self.kv_size = self.hq * self.d, self.hkv * self.d
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
@@ -56,7 +59,7 @@ class LlamaAttention(nn.Module):
             k = self.k_norm(k.reshape(t * self.hkv, self.d), backend)[0]
         q, k = backend.rotary(q.reshape(t, self.hq, self.d), k.reshape(t, self.hkv, self.d), rope)
         v = v.view(t, self.hkv, self.d)
-        out = backend.attention(q, k, v, kv_cache, self.layer_idx, meta, self.scale, self.window)
+        out = backend.attention(q, k, v, kv_cache, self.cache_idx, meta, self.scale, self.window)
         return self.o_proj(out.reshape(t, self.q_size))
 
 
@@ -74,11 +77,13 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     """Attention and MLP; under tensor parallelism each ends with the all-reduce of its partial sums."""
 
-    def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup | None = None) -> None:
+    def __init__(
+        self, cfg: ModelConfig, layer_idx: int, tp: TPGroup | None = None, cache_idx: int | None = None
+    ) -> None:
         super().__init__()
         self.tp = tp
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = LlamaAttention(cfg, layer_idx)
+        self.self_attn = LlamaAttention(cfg, layer_idx, cache_idx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp: nn.Module = LlamaMLP(cfg)
         if cfg.is_moe_layer(layer_idx):
@@ -117,6 +122,10 @@ PACKED_MODULES: Mapping[str, tuple[str, ...]] = MappingProxyType(
 )
 
 
+class OtherStage(nn.Module):
+    """A part of the model another pipeline stage holds: no parameters here, never called."""
+
+
 class LlamaForCausalLM(nn.Module):
     """The Llama family. Weights use HF names except fused qkv_proj / gate_up_proj (see load_weights)."""
 
@@ -124,19 +133,31 @@ class LlamaForCausalLM(nn.Module):
     packed_modules_mapping = PACKED_MODULES
 
     def __init__(
-        self, cfg: ModelConfig, max_positions: int, dtype: torch.dtype, tp: TPGroup | None = None
+        self,
+        cfg: ModelConfig,
+        max_positions: int,
+        dtype: torch.dtype,
+        tp: TPGroup | None = None,
+        pp: PPStage | None = None,
     ) -> None:
-        """``tp``: this rank's tensor-parallel group; the layers then hold its shard (``shard_config``)."""
+        """``tp``: this rank's tensor-parallel group; the layers then hold its shard (``shard_config``).
+        ``pp``: this rank's pipeline stage; only its layers (and the embedding on the first stage, the
+        final norm and LM head on the last) exist here, the others are ``OtherStage`` placeholders."""
         super().__init__()
-        self.tp, self.vocab_size = tp, cfg.vocab_size
+        self.tp, self.pp, self.vocab_size = tp, pp, cfg.vocab_size
         self.shard = TPShard(cfg, tp) if tp is not None else None
         cfg = shard_config(cfg, tp) if tp is not None else cfg
         self.cfg = cfg
         self.vocab_start = tp.vocab_rows(self.vocab_size)[0] if tp is not None else 0
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, tp) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        first, last = pp is None or pp.is_first, pp is None or pp.is_last
+        owned = stage_layers(cfg.num_hidden_layers, pp)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size) if first else OtherStage()
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(cfg, i, tp, i - owned.start) if i in owned else OtherStage()
+            for i in range(cfg.num_hidden_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if last else OtherStage()
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) if last else OtherStage()
         self.max_positions = max_positions
         self.register_buffer("cos_sin_cache", self.build_rope_cache(dtype), persistent=False)
 
@@ -152,12 +173,21 @@ class LlamaForCausalLM(nn.Module):
         backend: Backend,
         inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``inputs_embeds``: the step's input embeddings when they are not only tokens' (images)."""
-        x = self._embed(input_ids) if inputs_embeds is None else inputs_embeds
+        """``inputs_embeds``: the step's input embeddings when they are not only tokens' (images).
+        A pipeline stage before the last returns its hidden states after sending them on."""
+        pp, residual = self.pp, None
+        if pp is not None and not pp.is_first:
+            like = cast(LlamaDecoderLayer, self.layers[pp.start]).input_layernorm.weight
+            x, residual = pp.recv_hidden(input_ids.shape[0], self.cfg.hidden_size, like.dtype, like.device)
+        else:
+            x = self._embed(input_ids) if inputs_embeds is None else inputs_embeds
         rope = backend.rope_inputs(positions, self.cos_sin_cache)
-        residual = None
-        for layer in self.layers:
-            x, residual = layer(x, residual, rope, kv_cache, meta, backend)
+        for i in stage_layers(len(self.layers), pp):
+            x, residual = self.layers[i](x, residual, rope, kv_cache, meta, backend)
+        if pp is not None and not pp.is_last:
+            assert residual is not None  # every stage holds a layer
+            pp.send_hidden(x, residual)
+            return x
         return self.norm(x, backend, residual)[0]
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -171,15 +201,21 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits over the whole vocabulary (vocab-parallel: every rank gathers every shard, so each
-        samples the same tokens from the same logits)."""
+        samples the same tokens from the same logits; pipeline stages get the last stage's)."""
+        if self.pp is not None and not self.pp.is_last:
+            return self.pp.share_logits(None, hidden.shape[0], self.vocab_size, hidden.device)
         logits = self.lm_head(hidden)
         if self.tp is not None:
             logits = self.tp.all_gather_last(logits)[:, : self.vocab_size]
+        if self.pp is not None:
+            return self.pp.share_logits(logits.float(), hidden.shape[0], self.vocab_size, hidden.device)
         return logits.float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load HF-named tensors, fusing q/k/v and gate/up; every parameter must be filled."""
-        load_llama_weights(self, weights, self.cfg, tp_shard=self.shard)
+        if self.pp is not None:
+            weights = ((n, t) for n, t in weights if self.pp.reads(n))
+        load_llama_weights(self, weights, self.cfg, tp_shard=self.shard, staged=self.pp is not None)
 
 
 def load_llama_weights(
@@ -188,10 +224,12 @@ def load_llama_weights(
     cfg: ModelConfig,
     optional: tuple[str, ...] = (),
     tp_shard: TPShard | None = None,
+    staged: bool = False,
 ) -> None:
     """Copy HF-named tensors into ``module`` (q/k/v and gate/up fused); every parameter not in ``optional``
     must be filled (ValueError naming the missing ones). ``tp_shard``: a tensor-parallel rank's slices
-    (``cfg`` is then the rank's shard config)."""
+    (``cfg`` is then the rank's shard config). ``staged``: a pipeline stage, which skips the tensors of
+    the embedding, final norm and LM head that another stage holds."""
     params = dict(module.named_parameters())
     filled = dict.fromkeys(params, 0)  # elements copied into each parameter
     for name, tensor in weights:
@@ -208,11 +246,13 @@ def load_llama_weights(
         target, shard = _map_name(name, cfg)
         if target is None:
             continue
-        if target not in params:
+        tied_head = target == "embed_tokens.weight" and cfg.tie_word_embeddings and "lm_head.weight" in params
+        if target not in params and not (staged and "layers." not in target):
             raise ValueError(f"checkpoint tensor {name!r} has no place in {cfg.architecture}")
-        _copy_shard(params[target], tensor, shard, cfg)
-        filled[target] += tensor.numel()
-        if target == "embed_tokens.weight" and cfg.tie_word_embeddings and "lm_head.weight" in params:
+        if target in params:
+            _copy_shard(params[target], tensor, shard, cfg)
+            filled[target] += tensor.numel()
+        if tied_head:
             _copy_shard(params["lm_head.weight"], tensor, None, cfg)
             filled["lm_head.weight"] += tensor.numel()
     missing = [n for n, p in params.items() if n not in optional and filled[n] < p.numel()]

@@ -32,11 +32,7 @@ class TPGroup:
     @classmethod
     def over(cls, store: Any, rank: int, size: int, cuda: bool, timeout_s: float) -> TPGroup:
         """This rank's group (blocks until every rank joined): NCCL between GPUs, gloo on CPUs."""
-        if cuda:
-            options = dist.ProcessGroupNCCL.Options()
-            options._timeout = timedelta(seconds=timeout_s)
-            return cls(rank, size, dist.ProcessGroupNCCL(store, rank, size, options))
-        return cls(rank, size, dist.ProcessGroupGloo(store, rank, size, timedelta(seconds=timeout_s)))
+        return cls(rank, size, process_group(store, rank, size, cuda, timeout_s))
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum over ranks of each rank's partial ``x`` (in place)."""
@@ -61,6 +57,16 @@ class TPGroup:
         """(first row, rows) of the embedding / LM head on this rank (the last shard padded)."""
         per = -(-vocab_size // self.size)
         return self.rank * per, per
+
+
+def process_group(store: Any, rank: int, size: int, cuda: bool, timeout_s: float) -> Any:
+    """A process group of ``size`` ranks meeting at ``store`` (blocks until all joined): NCCL between
+    GPUs, gloo on CPUs; every collective fails after ``timeout_s`` instead of hanging."""
+    if cuda:
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timedelta(seconds=timeout_s)
+        return dist.ProcessGroupNCCL(store, rank, size, options)
+    return dist.ProcessGroupGloo(store, rank, size, timedelta(seconds=timeout_s))
 
 
 def check_divisible(cfg: ModelConfig, size: int) -> None:
