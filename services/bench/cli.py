@@ -14,7 +14,7 @@ _HELP = {
     "url": "base URL of the OpenAI-compatible server (with or without /v1)",
     "model": "model name to request (default: the first one /v1/models lists)",
     "endpoint": "API to drive",
-    "dataset": "random prompts, or prompts in groups sharing a prefix",
+    "dataset": "random prompts, prompts in groups sharing a prefix, or both alternating (mixed)",
     "num_prompts": "number of requests to send",
     "input_len": "random tokens per prompt (after the prefix)",
     "output_len": "tokens to generate per request (max_tokens, ignore_eos)",
@@ -29,6 +29,11 @@ _HELP = {
     "timeout": "per-request timeout in seconds",
     "result_json": "write the summary and per-request timings here",
     "plot": "write a PNG of the latency distributions here",
+    "duration": "soak: --max-concurrency closed-loop clients send requests until this many seconds passed",
+    "stream_fraction": "soak: fraction of the valid requests that stream (the rest get one JSON answer)",
+    "disconnect_fraction": "soak: fraction of requests whose client disconnects mid-stream",
+    "bad_fraction": "soak: fraction of invalid requests (each must be answered with a 4xx)",
+    "window": "report requests, failures and p99 TTFT per window of this many seconds",
 }
 
 
@@ -41,7 +46,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add("--url", default="http://127.0.0.1:8000", help=_HELP["url"])
     add("--model", default=None, help=_HELP["model"])
     add("--endpoint", choices=["completions", "chat"], default="completions", help=_HELP["endpoint"])
-    add("--dataset", choices=["random", "shared-prefix"], default="random", help=_HELP["dataset"])
+    add("--dataset", choices=["random", "shared-prefix", "mixed"], default="random", help=_HELP["dataset"])
     for name, kind, default in (
         ("num_prompts", int, 100),
         ("input_len", int, 1024),
@@ -53,6 +58,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         ("seed", int, 0),
         ("vocab_size", int, 256),
         ("timeout", float, 600.0),
+        ("duration", float, None),
+        ("stream_fraction", float, 1.0),
+        ("disconnect_fraction", float, 0.0),
+        ("bad_fraction", float, 0.0),
+        ("window", float, None),
     ):
         add(f"--{name.replace('_', '-')}", type=kind, default=default, help=_HELP[name])
     for name in ("tokenizer", "api_key", "result_json", "plot"):
@@ -64,7 +74,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    """Run the benchmark; exit 0 if any request succeeded, 1 if all failed, 2 on bad options."""
+    """Run the benchmark; exit 0 if any request succeeded (a soak, --duration: if every request got the
+    answer it must), 1 otherwise, 2 on bad options."""
     options = {k: v for k, v in vars(args).items() if k not in ("command", "bench_command", "func")}
     try:
         config = BenchConfig(**options)
@@ -83,4 +94,6 @@ def run_serve(args: argparse.Namespace) -> int:
         from services.bench.plot import plot_latencies
 
         plot_latencies(outcome.run, config.plot)
+    if config.duration is not None:
+        return 0 if outcome.summary.completed and not outcome.summary.failed else 1
     return 0 if outcome.summary.completed else 1

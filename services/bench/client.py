@@ -72,6 +72,7 @@ class RequestResult:
     itl: list[float] = field(default_factory=list)
     start: float = 0.0
     error: str = ""
+    kind: str = "stream"  # soak mixes: "stream", "json", "dropped" (disconnected mid-stream), "bad"
 
 
 @dataclass(frozen=True)
@@ -91,14 +92,16 @@ def _chunk_text(data: dict[str, Any], endpoint: Endpoint) -> str:
     return (choices[0].get("delta") or {}).get("content") or ""
 
 
-def _error_message(status: int, body: bytes) -> str:
+def error_message(status: int, body: bytes) -> str:
     try:
         return f"HTTP {status}: {json.loads(body)['error']['message']}"
     except (ValueError, KeyError, TypeError):
         return f"HTTP {status}: {body[:200].decode('utf-8', 'replace')}"
 
 
-async def _consume(response: httpx.Response, result: RequestResult, endpoint: Endpoint, t0: float) -> None:
+async def consume_stream(
+    response: httpx.Response, result: RequestResult, endpoint: Endpoint, t0: float
+) -> None:
     """Read the SSE stream into ``result``; raises ValueError on an error event or a cut stream."""
     last, chunks, done = t0, 0, False
     async for event in aiter_sse(response.aiter_bytes()):
@@ -130,9 +133,9 @@ async def send_request(client: httpx.AsyncClient, target: Target, request: Bench
     try:
         async with client.stream("POST", target.url, json=target.payload(request)) as response:
             if response.status_code != 200:
-                result.error = _error_message(response.status_code, await response.aread())
+                result.error = error_message(response.status_code, await response.aread())
                 return result
-            await _consume(response, result, target.endpoint, t0)
+            await consume_stream(response, result, target.endpoint, t0)
         result.success = True
     except Exception as exc:  # a benchmark reports failures, it does not stop on them
         result.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -18,6 +18,7 @@ from services.bench.datasets import (
     synthetic_dataset,
     tokenizer_token_space,
 )
+from services.bench.soak import Mix, run_soak
 from services.bench.stats import BenchSummary, summarize
 
 
@@ -29,7 +30,7 @@ class BenchConfig(BaseModel):
     url: str = "http://127.0.0.1:8000"
     model: str | None = None
     endpoint: Literal["completions", "chat"] = "completions"
-    dataset: Literal["random", "shared-prefix"] = "random"
+    dataset: Literal["random", "shared-prefix", "mixed"] = "random"
     num_prompts: int = Field(100, ge=1)
     input_len: int = Field(1024, ge=0)
     output_len: int = Field(128, ge=1)
@@ -45,14 +46,37 @@ class BenchConfig(BaseModel):
     result_json: Path | None = None
     plot: Path | None = None
     progress: bool = True
+    # A soak: --max-concurrency closed-loop clients for this many seconds (the prompts reused in turn)
+    duration: float | None = Field(None, gt=0)
+    stream_fraction: float = Field(1.0, ge=0, le=1)  # of the valid requests, streamed (else one JSON answer)
+    disconnect_fraction: float = Field(0.0, ge=0, le=1)  # streams the client leaves mid-way
+    bad_fraction: float = Field(0.0, ge=0, le=1)  # invalid requests, each must be answered with a 4xx
+    window: float | None = Field(None, gt=0)  # report requests, failures and p99 TTFT per window (s)
 
     @model_validator(mode="after")
     def _check_dataset(self) -> BenchConfig:
-        if self.dataset == "shared-prefix" and self.prefix_len < 1:
-            raise ValueError("the shared-prefix dataset needs --prefix-len >= 1")
+        if self.dataset in ("shared-prefix", "mixed") and self.prefix_len < 1:
+            raise ValueError(f"the {self.dataset} dataset needs --prefix-len >= 1")
         if self.input_len + self.prefix_len < 1:
             raise ValueError("prompts need at least one token: raise --input-len or --prefix-len")
         return self
+
+    @model_validator(mode="after")
+    def _check_soak(self) -> BenchConfig:
+        mixed = self.stream_fraction != 1.0 or self.disconnect_fraction or self.bad_fraction
+        if mixed and self.duration is None:
+            raise ValueError("--stream-fraction, --disconnect-fraction and --bad-fraction need --duration")
+        if self.duration is not None and (self.max_concurrency is None or self.request_rate != math.inf):
+            raise ValueError(
+                "--duration runs --max-concurrency closed-loop clients: set it, and no --request-rate"
+            )
+        if self.bad_fraction + self.disconnect_fraction > 1:
+            raise ValueError("--bad-fraction + --disconnect-fraction must be at most 1")
+        return self
+
+    @property
+    def mix(self) -> Mix:
+        return Mix(self.bad_fraction, self.disconnect_fraction, self.stream_fraction)
 
 
 class BenchResult(BaseModel):
@@ -85,7 +109,23 @@ def token_space(config: BenchConfig) -> TokenSpace:
 
 
 def build_dataset(config: BenchConfig) -> list[BenchRequest]:
-    """The prompts of a run (``random`` uses one shared prefix when ``--prefix-len`` > 0)."""
+    """The prompts of a run (``random`` uses one shared prefix when ``--prefix-len`` > 0; ``mixed``
+    alternates shared-prefix prompts with random ones of the same length)."""
+    if config.dataset == "mixed":
+        shared = config.model_copy(
+            update={"dataset": "shared-prefix", "num_prompts": (config.num_prompts + 1) // 2}
+        )
+        plain = config.model_copy(
+            update={
+                "dataset": "random",
+                "num_prompts": max(1, config.num_prompts // 2),
+                "input_len": config.input_len + config.prefix_len,
+                "prefix_len": 0,
+                "seed": config.seed + 1,
+            }
+        )
+        both = zip(build_dataset(shared), build_dataset(plain), strict=False)
+        return [request for pair in both for request in pair][: config.num_prompts]
     num_prefixes = config.num_prefixes if config.dataset == "shared-prefix" else 1
     return synthetic_dataset(
         token_space(config),
@@ -107,10 +147,16 @@ async def run_bench_async(config: BenchConfig) -> BenchOutcome:
             config.url, await fetch_model(target), config.endpoint, config.api_key, config.timeout
         )
         config = config.model_copy(update={"model": target.model})
-    run = await run_load(
-        target, requests, config.request_rate, config.max_concurrency, config.seed, config.progress
-    )
-    return BenchOutcome(config, run, summarize(run))
+    if config.duration is not None:
+        clients = config.max_concurrency or 1
+        run = await run_soak(
+            target, requests, clients, config.duration, config.mix, config.seed, config.progress
+        )
+    else:
+        run = await run_load(
+            target, requests, config.request_rate, config.max_concurrency, config.seed, config.progress
+        )
+    return BenchOutcome(config, run, summarize(run, config.window))
 
 
 def run_bench(config: BenchConfig) -> BenchOutcome:

@@ -23,6 +23,22 @@ class LatencyStats(BaseModel):
     p99: float = 0.0
 
 
+class KindCount(BaseModel):
+    """Requests of one kind that got the answer they must (``ok``) and those that did not."""
+
+    ok: int = 0
+    failed: int = 0
+
+
+class Window(BaseModel):
+    """One window of a run: requests started in it, failures, p99 TTFT of its streamed requests."""
+
+    start_s: float
+    requests: int
+    failed: int
+    p99_ttft_ms: float | None
+
+
 class BenchSummary(BaseModel):
     """What ``kvferry bench serve`` reports (throughputs per second of wall-clock duration)."""
 
@@ -40,6 +56,8 @@ class BenchSummary(BaseModel):
     itl_ms: LatencyStats
     e2e_ms: LatencyStats
     errors: dict[str, int]
+    kinds: dict[str, KindCount] = {}  # per request kind (soak mixes): answered as it must, or not
+    windows: list[Window] = []  # with --window: the run cut into windows of that many seconds
 
 
 def latency_stats(seconds: Sequence[float]) -> LatencyStats:
@@ -57,13 +75,39 @@ def _tpot(result: RequestResult) -> float | None:
     return (result.latency - result.ttft) / (result.output_len - 1)
 
 
-def summarize(run: LoadRun) -> BenchSummary:
-    """Aggregate a run: only successful requests count towards tokens and latencies."""
+def windows(results: Sequence[RequestResult], window_s: float) -> list[Window]:
+    """Requests by the window their start falls in: count, failures, p99 TTFT of the streamed ones."""
+    rows: dict[int, list[RequestResult]] = {}
+    for r in results:
+        rows.setdefault(int(r.start // window_s), []).append(r)
+    out = []
+    for index in sorted(rows):
+        ttfts = [r.ttft for r in rows[index] if r.success and r.kind == "stream" and r.output_len > 0]
+        out.append(
+            Window(
+                start_s=index * window_s,
+                requests=len(rows[index]),
+                failed=sum(not r.success for r in rows[index]),
+                p99_ttft_ms=latency_stats(ttfts).p99 if ttfts else None,
+            )
+        )
+    return out
+
+
+def summarize(run: LoadRun, window_s: float | None = None) -> BenchSummary:
+    """Aggregate a run: completed / failed count every request (a bad request answered 4xx completed);
+    tokens and latencies count the valid ones that succeeded, TTFT / TPOT / ITL the streamed ones."""
     ok = [r for r in run.results if r.success]
+    valid = [r for r in ok if r.kind in ("stream", "json")]
+    streamed = [r for r in valid if r.kind == "stream"]
     duration = max(run.duration, 1e-9)
-    input_tokens = sum(r.prompt_len for r in ok)
-    output_tokens = sum(r.output_len for r in ok)
-    tpots = [t for t in map(_tpot, ok) if t is not None]
+    input_tokens = sum(r.prompt_len for r in valid)
+    output_tokens = sum(r.output_len for r in valid)
+    tpots = [t for t in map(_tpot, streamed) if t is not None]
+    kinds: dict[str, KindCount] = {}
+    for r in run.results:
+        count = kinds.setdefault(r.kind, KindCount())
+        count.ok, count.failed = count.ok + r.success, count.failed + (not r.success)
     return BenchSummary(
         completed=len(ok),
         failed=len(run.results) - len(ok),
@@ -74,11 +118,13 @@ def summarize(run: LoadRun) -> BenchSummary:
         input_throughput=input_tokens / duration,
         output_throughput=output_tokens / duration,
         total_token_throughput=(input_tokens + output_tokens) / duration,
-        ttft_ms=latency_stats([r.ttft for r in ok if r.output_len > 0]),
+        ttft_ms=latency_stats([r.ttft for r in streamed if r.output_len > 0]),
         tpot_ms=latency_stats(tpots),
-        itl_ms=latency_stats([gap for r in ok for gap in r.itl]),
-        e2e_ms=latency_stats([r.latency for r in ok]),
+        itl_ms=latency_stats([gap for r in streamed for gap in r.itl]),
+        e2e_ms=latency_stats([r.latency for r in valid]),
         errors=dict(Counter(r.error for r in run.results if not r.success).most_common()),
+        kinds=kinds if set(kinds) != {"stream"} else {},
+        windows=windows(run.results, window_s) if window_s else [],
     )
 
 
@@ -106,6 +152,14 @@ def format_table(summary: BenchSummary, title: str = "Serving Benchmark Result")
         rows.append(label.center(width, "-"))
         rows.append(f"{f'Mean {short} (ms):':<40}{stats.mean:>10.2f}")
         rows += [f"{f'P{p} {short} (ms):':<40}{getattr(stats, f'p{p}'):>10.2f}" for p in PERCENTILES]
+    if summary.kinds:
+        rows.append("Requests by kind (ok / failed)".center(width, "-"))
+        rows += [f"{f'{kind}:':<40}{f'{c.ok} / {c.failed}':>10}" for kind, c in sorted(summary.kinds.items())]
+    if summary.windows:
+        rows.append("Windows (start s: requests, failed, P99 TTFT ms)".center(width, "-"))
+        for w in summary.windows:
+            tail = "-" if w.p99_ttft_ms is None else f"{w.p99_ttft_ms:.1f}"
+            rows.append(f"{f'{w.start_s:.0f}:':<20}{w.requests:>10}{w.failed:>10}{tail:>10}")
     for error, count in list(summary.errors.items())[:5]:
         rows.append(f"error x{count}: {error[:200]}")
     rows.append("=" * width)
