@@ -20,6 +20,7 @@ class LocalStack:
     url: str  # the router
     targets: Path  # the file_sd file
     name: str  # the served model name
+    pid: int  # the `kvferry up` process (its children are the stack)
 
 
 @contextmanager
@@ -40,7 +41,7 @@ def kvferry_up(model: Path, workdir: Path, *args: str) -> Iterator[LocalStack]:
             if m := re.search(r"OpenAI API at (http://\S+)/v1 \(model '([^']+)'\)", line):
                 url, name = m.group(1), m.group(2)
         assert url is not None and targets.is_file(), "".join(lines)
-        yield LocalStack(url, targets, name)
+        yield LocalStack(url, targets, name, proc.pid)
     finally:
         proc.send_signal(signal.SIGINT)
         try:
