@@ -349,5 +349,5 @@ def _lora_stats(core: EngineCore) -> LoRAStats | None:
 
 
 def _mm_cache(core: EngineCore) -> tuple[int, int] | None:
-    cache = core.runner.encoder_cache
+    cache = core.scheduler.encoder
     return (cache.queries, cache.hits) if cache is not None else None
