@@ -86,7 +86,9 @@ class RouterState:
             settings,
             tokenizer,
             metrics,
-            PromptPreparer(tokenizer, hasher, tools, media_placeholders(settings.tokenizer)),
+            PromptPreparer(
+                tokenizer, hasher, tools, media_placeholders(settings.tokenizer), settings.remote_media
+            ),
             poller,
             client,
             index,

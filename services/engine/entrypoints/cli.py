@@ -69,6 +69,13 @@ def add_parser(
     add("--kv-cache-memory", type=float, default=None, help="GiB of KV cache")
     add("--max-num-seqs", type=int, default=64, help="most requests in one batch")
     add("--max-num-batched-tokens", type=int, default=None, help="token budget of one step")
+    add(
+        "--max-num-encoder-input-tokens",
+        type=int,
+        default=None,
+        help="vision models: image / video feature tokens the encoder computes in one step (default: the "
+        "larger of the step's token budget and the largest image or video)",
+    )
     add("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     add("--no-prefix-caching", dest="prefix_caching", action="store_false", help="disable prefix caching")
     add("--device", default="auto", help="auto, cpu, cuda, cuda:N")
@@ -170,6 +177,9 @@ def _add_lora_flags(add: Callable[..., object]) -> None:
         help='vision models: most images and videos per request, e.g. \'{"image": 4, "video": 1}\' '
         "(the defaults)",
     )
+    from services.common.media_fetch import add_remote_media_flags
+
+    add_remote_media_flags(add)
 
 
 def _media_limits(text: str | None) -> MediaLimits:
@@ -243,6 +253,7 @@ def _add_pool_flags(add: Callable[..., object]) -> None:
 
 
 def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
+    from services.common.media_fetch import remote_media_from_args
     from services.engine.core.config import EngineConfig
     from services.engine.entrypoints.serving import ServerSettings
 
@@ -262,6 +273,7 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
         kv_cache_memory_gb=args.kv_cache_memory,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_encoder_input_tokens=args.max_num_encoder_input_tokens,
         max_model_len=args.max_model_len,
         enable_prefix_caching=args.prefix_caching,
         device=args.device,
@@ -292,6 +304,7 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
         chat_template=read_chat_template(args.chat_template),
         allowed_local_media_path=args.allowed_local_media_path,
         limit_mm_per_prompt=_media_limits(args.limit_mm_per_prompt),
+        remote_media=remote_media_from_args(args),
     )
     check_tool_settings(
         ToolSettings(args.enable_auto_tool_choice, args.tool_call_parser, args.reasoning_parser)
