@@ -63,6 +63,12 @@ class EncoderCacheManager:
         self.used += size
         self.pinned.add(content_hash)
 
+    def reset(self) -> None:
+        """Forget every image (the runner drops them with the next step), as a prefix-cache reset does KV."""
+        self._freed.extend(self.sizes)
+        self.sizes.clear()
+        self.used = 0
+
     def take_freed(self) -> tuple[str, ...]:
         """Evicted since the last call: the runner drops their features."""
         freed, self._freed = tuple(self._freed), []

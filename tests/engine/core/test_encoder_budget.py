@@ -93,6 +93,8 @@ def test_eviction_is_lru_of_images_not_read_in_the_step() -> None:
     assert cache.read_chunk((c,), 40, 56) == [0]
     assert cache.take_freed() == ("B",) and set(cache.sizes) == {"A", "C"} and cache.used == 32
     assert (cache.queries, cache.hits) == (4, 1)
+    cache.reset()
+    assert cache.take_freed() == ("A", "C") and not cache.sizes and cache.used == 0
 
 
 @settings(max_examples=60, deadline=None)
