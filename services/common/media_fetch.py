@@ -1,38 +1,18 @@
 """Remote media: http(s) image and video URLs fetched with a byte and a time limit where a server allows it
-(off by default), answered as data: URLs, so decoding, hashing and the router's hand-off to an engine treat
-them as inline media. Router and engine both use it, with the same flags."""
+(off by default; services.common.media_settings), answered as data: URLs, so decoding, hashing and the router's hand-off to an engine treat
+them as inline media. Router and engine both use it."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import mimetypes
-from collections.abc import Callable, Sequence
-from typing import Literal
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
 
-from services.common.image_inputs import MAX_IMAGE_BYTES
-from services.common.video_inputs import MAX_VIDEO_BYTES
-
-Kind = Literal["image", "video"]
-_CAPS = {"image": MAX_IMAGE_BYTES, "video": MAX_VIDEO_BYTES}  # what a data: URL of the kind may hold too
-
-
-class RemoteMedia(BaseModel):
-    """--allow-remote-media, --media-fetch-timeout, --media-fetch-max-bytes."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    allow: bool = False
-    timeout_s: float = Field(10.0, gt=0, le=600)  # the whole fetch: connect, headers and body
-    max_bytes: int = Field(MAX_VIDEO_BYTES, ge=1, le=MAX_VIDEO_BYTES)  # images are capped at 20 MiB anyway
-
-    def limit(self, kind: Kind) -> int:
-        return min(self.max_bytes, _CAPS[kind])
+from services.common.media_settings import Kind, RemoteMedia
 
 
 def is_remote(url: str) -> bool:
@@ -94,35 +74,3 @@ def _mime(header: str, url: str, kind: Kind) -> str:
         return declared
     guessed = mimetypes.guess_type(urlsplit(url).path)[0] or ""
     return guessed if guessed.startswith(f"{kind}/") else f"{kind}/unknown"
-
-
-def add_remote_media_flags(add: Callable[..., object]) -> None:
-    """The flags, for ``kvferry serve`` and ``kvferry router`` alike."""
-    add(
-        "--allow-remote-media",
-        action="store_true",
-        help="vision models: fetch http(s) image_url / video_url parts (default: refused with a 400)",
-    )
-    add(
-        "--media-fetch-timeout",
-        type=float,
-        default=10.0,
-        metavar="S",
-        help="vision models: the most seconds one http(s) media fetch may take (default: 10)",
-    )
-    add(
-        "--media-fetch-max-bytes",
-        type=int,
-        default=MAX_VIDEO_BYTES,
-        metavar="N",
-        help="vision models: the most bytes one fetched image or video may have; images are also capped at "
-        f"{MAX_IMAGE_BYTES} (default: {MAX_VIDEO_BYTES})",
-    )
-
-
-def remote_media_from_args(args: argparse.Namespace) -> RemoteMedia:
-    return RemoteMedia(
-        allow=args.allow_remote_media,
-        timeout_s=args.media_fetch_timeout,
-        max_bytes=args.media_fetch_max_bytes,
-    )

@@ -20,7 +20,8 @@ from services.common.chat_tools import ChatPlan, ToolSettings, plan_chat
 from services.common.errors import bad_request
 from services.common.hashing import BlockHasher, BlockHashExtras, MMSpan
 from services.common.image_inputs import load_image
-from services.common.media_fetch import RemoteMedia, inline_remote
+from services.common.media_fetch import inline_remote
+from services.common.media_settings import MediaLimits, RemoteMedia
 from services.common.mm_placeholders import MediaPlaceholders
 from services.common.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from services.common.protocol_structured import CONSTRAINT_FIELDS, spec_request_fields
@@ -86,11 +87,13 @@ class PromptPreparer:
         tools: ToolSettings | None = None,
         images: MediaPlaceholders | None = None,
         remote: RemoteMedia | None = None,
+        limits: MediaLimits | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.hasher = hasher
         self.images = images  # a vision-language pool: its placeholder and preprocessing
         self.remote = remote or RemoteMedia()  # http(s) media URLs: refused unless allowed
+        self.limits = limits or MediaLimits()  # images / videos per request, as the engines count them
         self.tools = tools or ToolSettings(
             template_renders_tools=tokenizer.chat_template is not None and tokenizer.renders_tools()
         )
@@ -116,6 +119,7 @@ class PromptPreparer:
 
     async def _fetch(self, urls: list[str], videos: list[str], param: str) -> dict[str, str]:
         """The http(s) URLs fetched as data: URLs (the engine gets those: one fetch, the same bytes)."""
+        self._check_counts(urls, videos, param)
         fetched: dict[str, str] = {}
         for kind, items in (("image", urls), ("video", videos)):
             for i, got in await inline_remote(items, kind, self.remote):  # type: ignore[arg-type]
@@ -197,6 +201,7 @@ class PromptPreparer:
         block-hash keys; the engine gets these ids and the URLs."""
         if not urls and not videos:
             return ids, ()
+        self._check_counts(urls, videos, param)
         if self.images is None:
             raise bad_request("images need a vision-language model; this pool serves text only", param)
         sampling = self.images.video_sampling
@@ -213,6 +218,14 @@ class PromptPreparer:
         except ValueError as exc:
             raise bad_request(str(exc), param) from exc
         return expanded, tuple(p.span() for p in placed)
+
+    def _check_counts(self, urls: list[str], videos: list[str], param: str) -> None:
+        """The engines' --limit-mm-per-prompt, before anything is fetched or decoded."""
+        for kind, items, limit in (("image", urls, self.limits.image), ("video", videos, self.limits.video)):
+            if len(items) > limit:
+                raise bad_request(
+                    f"{len(items)} {kind}s is over this server's limit of {limit} per request", param
+                )
 
     def _prepared(
         self,

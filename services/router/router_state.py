@@ -87,7 +87,12 @@ class RouterState:
             tokenizer,
             metrics,
             PromptPreparer(
-                tokenizer, hasher, tools, media_placeholders(settings.tokenizer), settings.remote_media
+                tokenizer,
+                hasher,
+                tools,
+                media_placeholders(settings.tokenizer),
+                settings.remote_media,
+                settings.limit_mm_per_prompt,
             ),
             poller,
             client,

@@ -1,7 +1,8 @@
 """http(s) image_url / video_url parts (--allow-remote-media) against a real HTTP server on 127.0.0.1: the
 same answer as the data: URL of the same bytes, through the engine and through the router (which fetches
 once and hands the engine a data: URL); a slow server, an oversized body (declared or streamed), a 404 and
-a non-http scheme are 400s naming the part; the engine keeps serving."""
+a non-http scheme are 400s naming the part, too many images are refused before any fetch; the engine keeps
+serving."""
 
 from __future__ import annotations
 
@@ -113,6 +114,11 @@ def test_fetch_failures_are_400s_naming_the_part(
                 assert r.status_code == 400, r.text
                 error = r.json()["error"]
                 assert message in error["message"] and error["param"] == "messages", (server.url, r.text)
+            before, many = len(media.requests), [f"{media.url}/cat.png"] * 5  # over the default limit of 4
+            body = {"model": MODEL, "messages": _chat("x", many), "max_tokens": 2}
+            r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
+            assert r.status_code == 400 and "5 images is over this server's limit of 4" in r.text
+            assert len(media.requests) == before  # refused before anything was fetched
             ok = {"model": MODEL, "messages": _chat("still here", [f"{media.url}/cat.png"]), "max_tokens": 2}
             assert httpx.post(f"{server.url}/v1/chat/completions", json=ok, timeout=30).status_code == 200
     finally:

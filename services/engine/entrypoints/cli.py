@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from services.engine.core.config import EngineConfig
     from services.engine.core.spec_config import SpeculativeConfig
     from services.engine.entrypoints.role import EngineRole
-    from services.engine.entrypoints.serving import MediaLimits, ServerSettings
+    from services.engine.entrypoints.serving import ServerSettings
 
 RoleFactory = Callable[[argparse.Namespace], "EngineRole"]
 _BACKSTOP_S = 5.0
@@ -170,34 +170,9 @@ def _add_lora_flags(add: Callable[..., object]) -> None:
         default=None,
         help="vision models: a folder whose files image_url parts may name as file:// URLs (default: none)",
     )
-    add(
-        "--limit-mm-per-prompt",
-        default=None,
-        metavar="JSON",
-        help='vision models: most images and videos per request, e.g. \'{"image": 4, "video": 1}\' '
-        "(the defaults)",
-    )
-    from services.common.media_fetch import add_remote_media_flags
+    from services.common.media_settings import add_media_flags
 
-    add_remote_media_flags(add)
-
-
-def _media_limits(text: str | None) -> MediaLimits:
-    """--limit-mm-per-prompt '{"image": N, "video": M}' (either may be left out: 4 images, 1 video)."""
-    from pydantic import ValidationError
-
-    from services.engine.entrypoints.serving import MediaLimits
-
-    if text is None:
-        return MediaLimits()
-    try:
-        return MediaLimits.model_validate_json(text)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "value"
-        raise ValueError(
-            f'--limit-mm-per-prompt: expected {{"image": N, "video": M}} ({where}: {first["msg"]})'
-        ) from exc
+    add_media_flags(add)
 
 
 def _speculative(text: str | None) -> SpeculativeConfig | None:
@@ -253,7 +228,7 @@ def _add_pool_flags(add: Callable[..., object]) -> None:
 
 
 def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
-    from services.common.media_fetch import remote_media_from_args
+    from services.common.media_settings import media_limits, remote_media_from_args
     from services.engine.core.config import EngineConfig
     from services.engine.entrypoints.serving import ServerSettings
 
@@ -303,7 +278,7 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
         reasoning_parser=args.reasoning_parser,
         chat_template=read_chat_template(args.chat_template),
         allowed_local_media_path=args.allowed_local_media_path,
-        limit_mm_per_prompt=_media_limits(args.limit_mm_per_prompt),
+        limit_mm_per_prompt=media_limits(args.limit_mm_per_prompt),
         remote_media=remote_media_from_args(args),
     )
     check_tool_settings(

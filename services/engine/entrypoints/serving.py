@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.common.chat_tools import ToolSettings
 from services.common.errors import OpenAIError, bad_request, model_not_found, not_ready
-from services.common.media_fetch import RemoteMedia
+from services.common.media_settings import MediaLimits, RemoteMedia
 from services.common.protocol_common import SamplingRequest
 from services.common.protocol_structured import StructuredSpec
 from services.engine.async_llm import AsyncLLM
@@ -21,15 +21,6 @@ from services.engine.entrypoints.role import AggregatedRole, EngineRole
 from services.engine.worker.structured.grammars import GrammarError
 
 MAX_N = 128  # most choices one request may ask for (SamplingParams' own limit)
-
-
-class MediaLimits(BaseModel):
-    """--limit-mm-per-prompt: the most images and videos one request may carry (vision-language models)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    image: int = Field(4, ge=0, le=64)
-    video: int = Field(1, ge=0, le=16)
 
 
 class ServerSettings(BaseModel):

@@ -10,7 +10,8 @@ from typing import Any
 
 from services.common.errors import bad_request
 from services.common.image_inputs import load_image
-from services.common.media_fetch import Kind, RemoteMedia, inline_remote
+from services.common.media_fetch import inline_remote
+from services.common.media_settings import Kind, RemoteMedia
 from services.common.video_inputs import load_video
 from services.engine.core.mm_input import MMInput
 from services.engine.entrypoints.serving import ServingContext
