@@ -1,6 +1,7 @@
 """Disaggregated prefill/decode with images and a video (SmolVLM, NIXL between in-process engines): prefill
 runs the vision encoder, decode receives the KV only and never runs it (no encoder call, no encoder-cache
-query), and the tokens equal the aggregated engine's."""
+query), and the tokens equal the aggregated engine's; also through the router's P/D flow with the openai
+client."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from services.common.tokenizer import Tokenizer
@@ -15,6 +17,7 @@ from tests.checkpoints_idefics3 import build_idefics3
 from tests.engine.entrypoints.helpers import MODEL, EngineEndpoint
 from tests.engine.test_idefics3_http import _image_url
 from tests.engine_harness import InProcessEngine, start_in_process
+from tests.router.stack import start_router
 from tests.videos import clip_bytes, data_url
 
 
@@ -78,3 +81,28 @@ def test_decode_never_runs_the_encoder_and_equals_aggregated(smolvlm_pd) -> None
     assert m['kvferry_kv_transfer_blocks_total{direction="received",path="nixl"}'] > 0
     assert m["kvferry_mm_cache_queries_total"] == 0
     assert not any(k.startswith("kvferry_kv_transfer_failures_total") and v for k, v in m.items())
+
+
+def test_router_pd_flow_with_media_equals_aggregated(smolvlm_pd, tmp_path: Path) -> None:
+    folder, (prefill, decode, aggregated) = smolvlm_pd
+    pd = ("--prefill", prefill.url, "--decode", decode.url, "--pd-threshold", "0")
+    router = start_router(folder, tmp_path, [], *pd)
+    received = 'kvferry_kv_transfer_blocks_total{direction="received",path="nixl"}'
+    before, encoded = decode.metrics()[received], _encoder_work(prefill)[0]
+    try:
+        for parts in (
+            [{"type": "image_url", "image_url": {"url": _image_url(7, (64, 40))}}],
+            [{"type": "video_url", "video_url": {"url": data_url(clip_bytes(25, seed=4))}}],
+        ):
+            messages = [{"role": "user", "content": [*parts, {"type": "text", "text": "what is it?"}]}]
+            answers = [
+                openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0).chat.completions.create(
+                    model=MODEL, messages=messages, max_tokens=6, temperature=0
+                )
+                for s in (router, aggregated)
+            ]
+            assert answers[0].choices[0].message.content == answers[1].choices[0].message.content
+    finally:
+        router.stop()
+    assert decode.metrics()[received] > before and _encoder_work(prefill)[0] >= encoded + 2
+    assert _encoder_work(decode) == (0, 0)

@@ -53,8 +53,13 @@ async def prepare_media(
     if videos and sampling is None:
         raise bad_request("videos need a model that takes videos; this one does not", param)
     limits, remote = ctx.settings.limit_mm_per_prompt, ctx.settings.remote_media
-    image_urls = await _fetched("image", images, limits.image, remote, param)
-    video_urls = await _fetched("video", videos, limits.video, remote, param)
+    for kind, urls, limit in (("image", images, limits.image), ("video", videos, limits.video)):
+        if len(urls) > limit:  # before anything is fetched
+            raise bad_request(
+                f"{len(urls)} {kind}s is over this server's limit of {limit} per request", param
+            )
+    image_urls = await _fetched("image", images, remote, param)
+    video_urls = await _fetched("video", videos, remote, param)
     folder = ctx.settings.allowed_local_media_path
 
     def prepare() -> tuple[list[int], tuple[MMInput, ...]]:
@@ -75,10 +80,8 @@ def _expanded(
         raise bad_request(str(exc), param) from exc
 
 
-async def _fetched(kind: Kind, urls: Sequence[str], limit: int, remote: RemoteMedia, param: str) -> list[str]:
-    """``urls`` within the per-request limit, http(s) ones fetched as data: URLs; a 400 naming the item."""
-    if len(urls) > limit:
-        raise bad_request(f"{len(urls)} {kind}s is over this server's limit of {limit} per request", param)
+async def _fetched(kind: Kind, urls: Sequence[str], remote: RemoteMedia, param: str) -> list[str]:
+    """``urls`` with the http(s) ones fetched as data: URLs; a 400 naming the item that failed."""
     out = list(urls)
     for i, got in await inline_remote(urls, kind, remote):
         if isinstance(got, ValueError):
