@@ -1,5 +1,5 @@
 """Vision-language serving: TTFT and output tok/s for 32 requests x 1 image, encoder cache cold vs warm in the
-same run, and the encoder's time per image.
+same run, the encoder's time per image, and its time per batched step (the cold row's encoder steps).
 
 Model: a random-weight SmolVLM built once into $KVFERRY_HOME/bench-models (SigLIP 6 x 384 on 224 px tiles of
 14 px patches -> 64 tokens per tile; images resized to a 448 px longest edge: 2x2 tiles + the global image,
@@ -87,6 +87,21 @@ def run(llm: LLM, batch: list[dict]) -> dict[str, float]:
     }
 
 
+def record_encoder_steps(llm: LLM) -> list[tuple[int, float]]:
+    """Wrap the model's encode_images: the list gets (tiles, ms) of each call (one per step and tile shape)."""
+    model = llm.engine.core.runner.model
+    encode, steps = model.encode_images, []  # type: ignore[union-attr]
+
+    def timed(pixels: torch.Tensor) -> torch.Tensor:
+        start = time.perf_counter()
+        out = encode(pixels)
+        steps.append((pixels.shape[0], (time.perf_counter() - start) * 1e3))
+        return out
+
+    model.encode_images = timed  # type: ignore[union-attr]
+    return steps
+
+
 def encoder_ms(llm: LLM, image: Image.Image) -> tuple[float, int]:
     """Median time of the tower + connector on one image's tiles, and its tile count."""
     inputs = llm.engine.image_inputs
@@ -113,18 +128,26 @@ def main() -> int:
     llm = LLM(model=str(folder), dtype=args.dtype, num_kv_blocks=2048, max_num_seqs=args.requests)
     batch = prompts(folder, args.requests)
     run(llm, prompts(folder, 1, seed=1))  # warm-up (its image is not one of the batch's)
-    cache = llm.engine.core.runner.encoder_cache
+    cache = llm.engine.core.scheduler.encoder
     assert cache is not None
-    cache.entries.clear()
-    cache.bytes = 0
+    cache.reset()
     llm.engine.core.kv_manager.reset_prefix_cache()
+    steps = record_encoder_steps(llm)
     rows = {"cold": run(llm, batch)}
+    cold_steps = list(steps)
     llm.engine.core.kv_manager.reset_prefix_cache()
     hits = cache.hits
     rows["warm encoder cache"] = run(llm, batch)
     rows["warm encoder cache"]["encoder_hits"] = cache.hits - hits
     rows["warm encoder + prefix cache"] = run(llm, batch)
     ms, tiles = encoder_ms(llm, batch[0]["multi_modal_data"]["image"])
+    batches = {
+        "encoder_steps": len(cold_steps),
+        "tiles_per_step_p50": statistics.median(t for t, _ in cold_steps),
+        "encoder_step_ms_p50": statistics.median(m for _, m in cold_steps),
+        "encoder_ms_per_tile_batched": sum(m for _, m in cold_steps) / sum(t for t, _ in cold_steps),
+        "max_num_encoder_input_tokens": llm.engine.core.scheduler.config.max_num_encoder_input_tokens,
+    }
     tokens = len(
         llm.engine.image_inputs.expand(batch[0]["prompt_token_ids"], [batch[0]["multi_modal_data"]["image"]])[
             0
@@ -133,7 +156,8 @@ def main() -> int:
     result = {
         "model": "random SmolVLM (SHAPE)", "dtype": args.dtype, "requests": args.requests,
         "prompt_tokens": tokens, "output_tokens": OUTPUT_TOKENS, "tiles_per_image": tiles,
-        "encoder_ms_per_image": ms, "encoder_ms_per_tile": ms / tiles, "rows": rows, "shape": SHAPE,
+        "encoder_ms_per_image": ms, "encoder_ms_per_tile": ms / tiles, "encoder_batches": batches,
+        "rows": rows, "shape": SHAPE,
     }  # fmt: skip
     print(
         f"\n{args.requests} requests x 1 image ({tiles} tiles, {tokens} prompt tokens), {OUTPUT_TOKENS} tokens each"
@@ -142,6 +166,11 @@ def main() -> int:
     for label, r in rows.items():
         print(f"| {label} | {r['ttft_p50_ms']:.0f} | {r['ttft_p90_ms']:.0f} | {r['tok_s']:.1f} |")
     print(f"\nencoder (tower + connector): {ms:.1f} ms per image, {ms / tiles:.1f} ms per tile")
+    print(
+        f"cold row: {batches['encoder_steps']} batched encoder steps, {batches['tiles_per_step_p50']:.0f} tiles "
+        f"and {batches['encoder_step_ms_p50']:.0f} ms per step (p50), "
+        f"{batches['encoder_ms_per_tile_batched']:.1f} ms per tile"
+    )
     Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
 

@@ -78,6 +78,12 @@ class Idefics3Placeholders:
     def tokens_per_tile(self) -> int:
         return self.seq_len
 
+    @property
+    def max_item_embeds(self) -> int:
+        """Features of the largest image or video (an encoder step must have room for one)."""
+        frames = self.video_sampling.max_frames if self.video_sampling is not None else 0
+        return max(self.processor.max_tiles, frames) * self.seq_len
+
     def expand(self, token_ids: Sequence[int], media: Sequence[Media]) -> tuple[list[int], list[PlacedImage]]:
         """Each ``<image>`` / ``<video>`` marker -> its expansion, the media taken in order per kind; ids that
         are already expanded (as the router sends them) are kept and the media found in them in order."""

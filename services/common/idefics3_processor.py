@@ -68,6 +68,14 @@ class Idefics3ImageProcessor(BaseModel):
         }  # fmt: skip
         return cls(**{k: v for k, v in fields.items() if v is not None})
 
+    @property
+    def max_tiles(self) -> int:
+        """Tiles of the largest image (rows x cols of the longest edge's whole tiles, and the global image)."""
+        if not self.do_image_splitting:
+            return 1
+        edge = min(self.longest_edge, _HARD_MAX_EDGE) if self.do_resize else _HARD_MAX_EDGE
+        return math.ceil(edge / self.tile) ** 2 + 1
+
     def __call__(self, image: Image.Image) -> TiledImage:
         """One image -> its tiles (row-major) and the global image last."""
         image = _rgb(image)

@@ -57,6 +57,11 @@ class ImagePlaceholders:
     def __init__(self, token_id: int, tokens_per_image: int, processor: ImageProcessor) -> None:
         self.token_id, self.tokens_per_image, self.processor = token_id, tokens_per_image, processor
 
+    @property
+    def max_item_embeds(self) -> int:
+        """Features of the largest image (all images have the same count)."""
+        return self.tokens_per_image
+
     @classmethod
     def from_model_dir(cls, folder: str | Path) -> ImagePlaceholders | None:
         """From a LLaVA-style checkpoint's config.json (None for a text model or a GGUF file)."""

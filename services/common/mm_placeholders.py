@@ -20,6 +20,11 @@ class MediaPlaceholders(Protocol):
     video_token_id: int | None
     video_sampling: VideoSampling | None
 
+    @property
+    def max_item_embeds(self) -> int:
+        """Features of the largest image or video the family makes (sizes the encoder budget)."""
+        ...
+
     def expand(
         self, token_ids: Sequence[int], media: Sequence[Any]
     ) -> tuple[list[int], list[PlacedImage]]: ...

@@ -8,10 +8,11 @@ import queue
 import threading
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from services.common.kv_transfer import KVTransferParams
 from services.engine.core.config import EngineConfig
+from services.engine.core.mm_input import MMInput
 from services.engine.core.pooling_params import PoolingParams
 from services.engine.core.sampling_params import SamplingParams
 from services.engine.core.spec_stats import SpecDecodingStats
@@ -45,7 +46,7 @@ class _Add:
     loop: asyncio.AbstractEventLoop
     pooling: PoolingParams | None = None
     lora_name: str | None = None
-    images: tuple[Any, ...] = ()
+    mm_inputs: tuple[MMInput, ...] | None = None
 
 
 @dataclass
@@ -162,12 +163,13 @@ class AsyncLLM:
         kv_transfer_params: KVTransferParams | None = None,
         pooling: PoolingParams | None = None,
         lora_name: str | None = None,
-        images: tuple[Any, ...] = (),
+        mm_inputs: tuple[MMInput, ...] | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Yield a RequestOutput per engine step for this request; cancelling the iteration aborts it.
 
         ``pooling``: an embedding request (one output, with ``embedding``), for engines with task 'embed'.
-        ``images``: PIL images, one per image placeholder of the prompt (vision-language models).
+        ``mm_inputs``: the prompt's images and videos, from ``engine.expand_media`` (vision-language models;
+        ``prompt_token_ids`` are the expanded ids).
         """
         if not self.is_alive:
             raise EngineDeadError("the engine loop is not running")
@@ -185,7 +187,7 @@ class AsyncLLM:
                 asyncio.get_running_loop(),
                 pooling,
                 lora_name,
-                images,
+                mm_inputs,
             )
         )
         finished = False
@@ -273,7 +275,7 @@ class AsyncLLM:
                 kv_transfer_params=cmd.kv_transfer_params,
                 pooling=cmd.pooling,
                 lora_name=cmd.lora_name,
-                images=cmd.images,
+                mm_inputs=cmd.mm_inputs,
             )
         except (ValueError, LookupError) as exc:  # LookupError: its LoRA adapter was unloaded meanwhile
             self._deliver(cmd.request_id, exc, True)
@@ -349,5 +351,5 @@ def _lora_stats(core: EngineCore) -> LoRAStats | None:
 
 
 def _mm_cache(core: EngineCore) -> tuple[int, int] | None:
-    cache = core.runner.encoder_cache
+    cache = core.scheduler.encoder
     return (cache.queries, cache.hits) if cache is not None else None

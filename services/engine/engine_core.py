@@ -9,7 +9,9 @@ import torch
 
 from services.common.hashing import HASH_VERSION, BlockHasher
 from services.common.kv_transfer import KVCompat, block_major_layout
+from services.common.mm_placeholders import media_placeholders
 from services.engine.core.config import EngineConfig
+from services.engine.core.encoder_cache_manager import EncoderCacheManager
 from services.engine.core.kv_cache_manager import KVCacheManager
 from services.engine.core.kv_connector import KVConnector, NullConnector, compose
 from services.engine.core.outputs import EngineCoreOutput
@@ -33,6 +35,7 @@ from services.engine.worker.model_runner import ModelRunner, bytes_per_block, kv
 from services.engine.worker.models import is_encoder_architecture
 from services.engine.worker.models.interface import CausalLM, EmbeddingModel
 from services.engine.worker.models.moe import expert_token_counts, moe_layers
+from services.engine.worker.multimodal.encoder_cache import DEFAULT_BUDGET_BYTES as ENCODER_CACHE_BYTES
 from services.engine.worker.parallel.groups import rank_kv_config
 from services.engine.worker.pooling import (
     detect_task,
@@ -158,6 +161,7 @@ class EngineCore:
         batched = config.max_num_batched_tokens or _DEFAULT_BATCHED_TOKENS
         if self.task == "embed":  # whole prompts per step: the budget must hold the longest
             batched = max(batched, self.max_model_len)
+        encoder_budget, encoder_cache = self._encoder_budget(batched)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
@@ -166,9 +170,11 @@ class EngineCore:
                 chunked_prefill=self.task != "embed",
                 max_loras=config.max_loras if self.lora is not None else 0,
                 num_lookahead_tokens=spec.lookahead if spec is not None else 0,
+                max_num_encoder_input_tokens=encoder_budget,
             ),
             self.kv_manager,
             self.connector,
+            encoder_cache,
         )
         self.last_step_tokens = 0
         self.structured: StructuredOutputManager | None = (
@@ -183,6 +189,24 @@ class EngineCore:
             self.quant.describe(),
             self.device,
         )
+
+    def _encoder_budget(self, batched: int) -> tuple[int, EncoderCacheManager | None]:
+        """Vision models: the encoder's feature tokens per step (vLLM's default: the step's token budget, at
+        least the largest image or video) and the scheduler's view of the encoder cache (its byte budget in
+        feature tokens); ValueError naming the setting when it cannot hold one image."""
+        configured = self.config.max_num_encoder_input_tokens
+        placeholders = media_placeholders(self.config.model) if self.model_config.vision else None
+        if placeholders is None:
+            return configured or batched, None
+        largest = placeholders.max_item_embeds
+        if configured is not None and configured < largest:
+            raise ValueError(
+                f"max_num_encoder_input_tokens={configured}: below the {largest} features of this model's "
+                "largest image or video (the encoder must be able to run one in a step)"
+            )
+        budget = configured or max(batched, largest)
+        per_token = self.model_config.hidden_size * torch.empty((), dtype=self.dtype).element_size()
+        return budget, EncoderCacheManager(max(ENCODER_CACHE_BYTES // per_token, budget))
 
     def _lora_manager(self, model: CausalLM | EmbeddingModel) -> LoRAManager | None:
         """--enable-lora: the adapter slots around the model's linears, with the --lora-modules loaded."""

@@ -27,6 +27,8 @@ from services.engine.worker.structured.manager import StructuredOutputManager
 if TYPE_CHECKING:
     from PIL import Image
 
+    from services.common.video_inputs import VideoClip
+
 
 @dataclass
 class CompletionOutput:
@@ -136,12 +138,14 @@ class LLMEngine:
         index: int = 0,
         kv_transfer_params: KVTransferParams | None = None,
         pooling: PoolingParams | None = None,
-        images: Sequence[Image.Image] = (),
+        images: Sequence[Image.Image | VideoClip] = (),
+        mm_inputs: tuple[MMInput, ...] | None = None,
     ) -> str:
         """Queue one sequence (n is expanded by the caller); returns its request id.
 
         ``pooling`` makes it an embedding request (engines with task 'embed' serve only those).
-        ``images``: one per image placeholder token of the prompt (vision-language models).
+        ``images``: one per image / video placeholder of the prompt (vision-language models), preprocessed
+        here; or ``mm_inputs``: the prompt already expanded by ``expand_media`` (off this thread).
         """
         if (pooling is not None) != (self.core.task == "embed"):
             raise ValueError(
@@ -149,11 +153,8 @@ class LLMEngine:
                 + ("embeddings" if self.core.task == "embed" else "generation (start it with task 'embed')")
             )
         text, token_ids = self.tokenize_prompt(prompt)
-        mm_inputs: tuple[MMInput, ...] = ()
-        if images or self.image_inputs is not None:
-            if self.image_inputs is None:
-                raise ValueError("images: this model takes text only")
-            token_ids, mm_inputs = self.image_inputs.expand(token_ids, images)
+        if mm_inputs is None:
+            token_ids, mm_inputs = self.expand_media(token_ids, images)
         self.validate_prompt(token_ids, params, kv_transfer_params)
         if lora_name is not None and lora_name not in self.core.lora_names():
             raise LookupError(f"model: LoRA adapter {lora_name!r} is not loaded")
@@ -187,6 +188,25 @@ class LLMEngine:
             self.structured.add(req, params.structured_outputs, params.structured_outputs_after)
         self.core.add_request(req)
         return request_id
+
+    def expand_media(
+        self, token_ids: list[int], media: Sequence[Image.Image | VideoClip]
+    ) -> tuple[list[int], tuple[MMInput, ...]]:
+        """The ids with each image's / video's placeholder expanded, and their preprocessed pixels; reads no
+        engine state, so the serving layer runs it on a worker thread (ValueError naming the part)."""
+        if self.image_inputs is None:
+            if media:
+                raise ValueError("images: this model takes text only")
+            return token_ids, ()
+        ids, mm_inputs = self.image_inputs.expand(token_ids, media)
+        budget = self.core.scheduler.config.max_num_encoder_input_tokens
+        for i, mm in enumerate(mm_inputs):
+            if mm.num_embeds > budget:
+                raise ValueError(
+                    f"images: item {i} has {mm.num_embeds} features, over this server's "
+                    f"max_num_encoder_input_tokens={budget}"
+                )
+        return ids, mm_inputs
 
     def abort(self, request_ids: list[str]) -> None:
         self.core.abort(request_ids)

@@ -138,7 +138,7 @@ def _openai_routes(state: RouterState) -> APIRouter:
     async def completions(body: CompletionRequest, request: Request) -> Response:
         lora = admit(body, request)
         rid = body.request_id or request.state.request_id
-        req = state.preparer.completion(body, lora)
+        req = await state.preparer.completion_async(body, lora)
         req.arrival = request.state.arrival  # the overhead counts parsing, tokenizing and hashing too
         return await _serve(state, req, rid, None)
 
@@ -146,7 +146,7 @@ def _openai_routes(state: RouterState) -> APIRouter:
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         lora = admit(body, request)
         rid = body.request_id or request.state.request_id
-        req = state.preparer.chat(body, lora)
+        req = await state.preparer.chat_async(body, lora)
         req.arrival = request.state.arrival
         adapter = ChatAdapter(
             lora or name, rid, req.chat_top_logprobs, body.n, req.include_usage, req.chat_plan

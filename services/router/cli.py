@@ -10,6 +10,7 @@ from pathlib import Path
 
 from services.common.chat_tools import read_chat_template
 from services.common.errors import config_problem
+from services.common.media_settings import add_media_flags, media_limits, remote_media_from_args
 from services.router.discovery import DiscoverySettings, in_cluster_url
 from services.router.endpoints import EndpointSpec, PollerSettings
 from services.router.epp.epp_settings import EppSettings
@@ -142,6 +143,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         default=0,
         help="with --epp-port: endpoints named after the chosen one, for data planes that retry down the list",
     )
+    add_media_flags(add)
     add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
     return p
@@ -191,6 +193,8 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
         epp=_epp_settings(args),
+        remote_media=remote_media_from_args(args),
+        limit_mm_per_prompt=media_limits(args.limit_mm_per_prompt),
     )
 
 

@@ -8,8 +8,11 @@ difference. Chat requests are answered in chat shape by ``ChatAdapter``.
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Literal
 
 from services.common.chat_prompt import chat_prompt_ids, chat_top_logprobs, image_urls, video_urls
@@ -17,6 +20,8 @@ from services.common.chat_tools import ChatPlan, ToolSettings, plan_chat
 from services.common.errors import bad_request
 from services.common.hashing import BlockHasher, BlockHashExtras, MMSpan
 from services.common.image_inputs import load_image
+from services.common.media_fetch import inline_remote
+from services.common.media_settings import MediaLimits, RemoteMedia
 from services.common.mm_placeholders import MediaPlaceholders
 from services.common.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from services.common.protocol_structured import CONSTRAINT_FIELDS, spec_request_fields
@@ -24,6 +29,7 @@ from services.common.tokenizer import Tokenizer
 from services.common.video_inputs import load_video
 
 Kind = Literal["completion", "chat"]
+_NONE: Mapping[str, str] = MappingProxyType({})  # no fetched media
 
 # Chat-only fields the engine's completions endpoint does not take (they are translated instead).
 _CHAT_ONLY = (
@@ -80,16 +86,53 @@ class PromptPreparer:
         hasher: BlockHasher,
         tools: ToolSettings | None = None,
         images: MediaPlaceholders | None = None,
+        remote: RemoteMedia | None = None,
+        limits: MediaLimits | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.hasher = hasher
         self.images = images  # a vision-language pool: its placeholder and preprocessing
+        self.remote = remote or RemoteMedia()  # http(s) media URLs: refused unless allowed
+        self.limits = limits or MediaLimits()  # images / videos per request, as the engines count them
         self.tools = tools or ToolSettings(
             template_renders_tools=tokenizer.chat_template is not None and tokenizer.renders_tools()
         )
 
-    def completion(self, body: CompletionRequest, lora_name: str | None = None) -> PreparedRequest:
-        """Strings are encoded as the engine would (special tokens added); ids pass as they are."""
+    async def completion_async(
+        self, body: CompletionRequest, lora_name: str | None = None
+    ) -> PreparedRequest:
+        """``completion``; with media, http(s) URLs are fetched first (on this loop) and the decoding,
+        preprocessing and hashing run on a worker thread."""
+        data = body.multi_modal_data
+        if data is None or not (data.image or data.video):
+            return self.completion(body, lora_name)
+        fetched = await self._fetch(data.image, data.video, "multi_modal_data")
+        return await asyncio.to_thread(self.completion, body, lora_name, fetched)
+
+    async def chat_async(self, body: ChatCompletionRequest, lora_name: str | None = None) -> PreparedRequest:
+        """``chat``, with media prepared as ``completion_async`` prepares them."""
+        urls, videos = image_urls(body), video_urls(body)
+        if not urls and not videos:
+            return self.chat(body, lora_name)
+        fetched = await self._fetch(urls, videos, "messages")
+        return await asyncio.to_thread(self.chat, body, lora_name, fetched)
+
+    async def _fetch(self, urls: list[str], videos: list[str], param: str) -> dict[str, str]:
+        """The http(s) URLs fetched as data: URLs (the engine gets those: one fetch, the same bytes)."""
+        self._check_counts(urls, videos, param)
+        fetched: dict[str, str] = {}
+        for kind, items in (("image", urls), ("video", videos)):
+            for i, got in await inline_remote(items, kind, self.remote):  # type: ignore[arg-type]
+                if isinstance(got, ValueError):
+                    raise bad_request(f"{kind} {i}: {got}", param)
+                fetched[items[i]] = got
+        return fetched
+
+    def completion(
+        self, body: CompletionRequest, lora_name: str | None = None, fetched: Mapping[str, str] = _NONE
+    ) -> PreparedRequest:
+        """Strings are encoded as the engine would (special tokens added); ids pass as they are.
+        ``fetched``: http(s) media URLs -> the data: URLs they were fetched as."""
         prompts = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in body.prompts()]
         vocab = self.tokenizer.vocab_size
         if any(
@@ -98,20 +141,25 @@ class PromptPreparer:
             raise bad_request(f"token ids must be in [0, {vocab})", "prompt")
         engine = _base_body(body)
         data = body.multi_modal_data
-        urls = data.image if data is not None else []
-        videos = data.video if data is not None else []
+        urls = [fetched.get(u, u) for u in data.image] if data is not None else []
+        videos = [fetched.get(u, u) for u in data.video] if data is not None else []
         prompts[0], spans = self._expand(prompts[0], urls, videos, "multi_modal_data")
+        if urls or videos:
+            engine["multi_modal_data"] = {"image": urls, "video": videos}
         engine["prompt"] = prompts[0] if len(prompts) == 1 else prompts
         if body.echo and isinstance(body.prompts()[0], str) and not urls and not videos:
             engine["prompt"] = body.prompt  # echo returns the caller's text, not text decoded from the ids
         return self._prepared("completion", body, prompts, engine, lora_name, spans)
 
-    def chat(self, body: ChatCompletionRequest, lora_name: str | None = None) -> PreparedRequest:
+    def chat(
+        self, body: ChatCompletionRequest, lora_name: str | None = None, fetched: Mapping[str, str] = _NONE
+    ) -> PreparedRequest:
         """Chat template (with the tools it should show), then the same completions body; logprobs asked as
         completions logprobs; a tool_choice the engine must enforce becomes its output constraint."""
         plan = plan_chat(body, self.tools)
         ids = chat_prompt_ids(self.tokenizer, body, plan.template_tools, *self._markers())
-        urls, videos = image_urls(body), video_urls(body)
+        urls = [fetched.get(u, u) for u in image_urls(body)]
+        videos = [fetched.get(u, u) for u in video_urls(body)]
         ids, spans = self._expand(ids, urls, videos, "messages")
         engine = _base_body(body)
         if urls or videos:
@@ -153,6 +201,7 @@ class PromptPreparer:
         block-hash keys; the engine gets these ids and the URLs."""
         if not urls and not videos:
             return ids, ()
+        self._check_counts(urls, videos, param)
         if self.images is None:
             raise bad_request("images need a vision-language model; this pool serves text only", param)
         sampling = self.images.video_sampling
@@ -169,6 +218,14 @@ class PromptPreparer:
         except ValueError as exc:
             raise bad_request(str(exc), param) from exc
         return expanded, tuple(p.span() for p in placed)
+
+    def _check_counts(self, urls: list[str], videos: list[str], param: str) -> None:
+        """The engines' --limit-mm-per-prompt, before anything is fetched or decoded."""
+        for kind, items, limit in (("image", urls, self.limits.image), ("video", videos, self.limits.video)):
+            if len(items) > limit:
+                raise bad_request(
+                    f"{len(items)} {kind}s is over this server's limit of {limit} per request", param
+                )
 
     def _prepared(
         self,

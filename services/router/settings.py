@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from services.common.media_settings import MediaLimits, RemoteMedia
 from services.router.discovery import DiscoverySettings
 from services.router.endpoints import EndpointSpec, PollerSettings
 from services.router.epp.addresses import endpoint_address
@@ -42,6 +43,8 @@ class RouterSettings(BaseModel):
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    remote_media: RemoteMedia = RemoteMedia()  # http(s) image / video URLs, as the engines' flags
+    limit_mm_per_prompt: MediaLimits = MediaLimits()  # images / videos per request, as the engines' flag
     epp: EppSettings | None = None  # --epp-port: also serve the Gateway API Inference Extension picker
 
     @model_validator(mode="after")

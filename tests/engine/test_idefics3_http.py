@@ -118,7 +118,7 @@ def test_bad_media_are_400s_naming_the_part(smolvlm_dir: Path, tmp_path: Path) -
                 [data_url(clip_bytes(1, size=(3856, 2176), flat=True))],
                 "frames are over 8294400 pixels",
             ),
-            (images_only, [clip], "videos need a model that takes videos; this one does not"),
+            (images_only, [clip], "need a model that takes videos; this one does not"),
         ]
         for server, videos, message in cases:
             body = {"model": MODEL, "messages": _chat("x", videos=videos), "max_tokens": 2}

@@ -26,6 +26,9 @@ class EngineConfig(BaseModel):
     kv_cache_memory_gb: float | None = Field(None, gt=0)
     max_num_seqs: int = Field(64, ge=1)
     max_num_batched_tokens: int | None = Field(None, ge=1)
+    # vision-language models: image / video feature tokens the encoder computes in one step (None: the
+    # larger of max_num_batched_tokens and the largest single image or video)
+    max_num_encoder_input_tokens: int | None = Field(None, ge=1)
     max_model_len: int | None = Field(None, ge=1)
     enable_prefix_caching: bool = True
     device: str = "auto"

@@ -53,6 +53,10 @@ class SchedulerOutput:
     preempted_req_ids: frozenset[str] = frozenset()
     # speculative decoding: the draft tokens each request verifies (they are counted in its scheduled tokens)
     spec_token_ids: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # vision-language models: (request, index of its image) the encoder runs, as one batch, before the LM;
+    # and the images whose features the runner drops (evicted from the encoder cache)
+    encoder_inputs: tuple[tuple[str, int], ...] = ()
+    freed_encoder_hashes: tuple[str, ...] = ()
 
     @property
     def is_empty(self) -> bool:

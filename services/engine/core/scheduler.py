@@ -9,6 +9,7 @@ from collections import deque
 from pydantic import BaseModel, Field
 
 from services.engine.core.block_pool import KVCacheBlock
+from services.engine.core.encoder_cache_manager import EncoderCacheManager, plan_encoder
 from services.engine.core.kv_cache_manager import KVCacheManager
 from services.engine.core.kv_connector import FinishedTransfers, KVConnector, NullConnector
 from services.engine.core.outputs import (
@@ -33,6 +34,8 @@ class SchedulerConfig(BaseModel):
     max_loras: int = Field(0, ge=0)  # distinct LoRA adapters among running requests (0: LoRA off)
     # speculative decoding with a draft model: slots it writes past a sampling request's tokens
     num_lookahead_tokens: int = Field(0, ge=0)
+    # vision-language models: image feature tokens the encoder may compute in one step
+    max_num_encoder_input_tokens: int = Field(2048, ge=1)
 
 
 class _Admit(enum.Enum):
@@ -47,8 +50,10 @@ class _Admit(enum.Enum):
 class _StepPlan:
     """Accumulates one step's decisions while ``schedule`` runs."""
 
-    def __init__(self, budget: int) -> None:
+    def __init__(self, budget: int, encoder_budget: int) -> None:
         self.budget = budget
+        self.encoder_budget = encoder_budget
+        self.encoder_inputs: list[tuple[str, int]] = []  # (request, index of its image) to encode now
         self.new: list[NewRequestData] = []
         self.cached: list[CachedRequestData] = []
         self.tokens: list[tuple[str, int]] = []
@@ -65,11 +70,16 @@ class Scheduler:
     """
 
     def __init__(
-        self, config: SchedulerConfig, kv_cache_manager: KVCacheManager, connector: KVConnector | None = None
+        self,
+        config: SchedulerConfig,
+        kv_cache_manager: KVCacheManager,
+        connector: KVConnector | None = None,
+        encoder_cache: EncoderCacheManager | None = None,
     ) -> None:
         self.config = config
         self.kv = kv_cache_manager
         self.connector: KVConnector = connector or NullConnector()
+        self.encoder = encoder_cache  # vision-language models: the runner's image features
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.loading: dict[str, Request] = {}  # WAITING_FOR_REMOTE_KV: a connector writes their blocks
@@ -140,7 +150,9 @@ class Scheduler:
     # ------------------------------------------------------------------ scheduling
     def schedule(self) -> SchedulerOutput:
         self._apply_finished(self.connector.get_finished())
-        plan = _StepPlan(self.config.max_num_batched_tokens)
+        plan = _StepPlan(self.config.max_num_batched_tokens, self.config.max_num_encoder_input_tokens)
+        if self.encoder is not None:
+            self.encoder.begin_step()
         self._schedule_running(plan)
         if not plan.preempted:
             self._schedule_waiting(plan)
@@ -154,6 +166,8 @@ class Scheduler:
             finished_req_ids=finished,
             preempted_req_ids=frozenset(plan.preempted),
             spec_token_ids=tuple(plan.spec),
+            encoder_inputs=tuple(plan.encoder_inputs),
+            freed_encoder_hashes=self.encoder.take_freed() if self.encoder is not None else (),
         )
 
     def _apply_finished(self, done: FinishedTransfers) -> None:
@@ -184,6 +198,7 @@ class Scheduler:
             request = self.running[i]
             pending = request.num_tokens - request.num_computed_tokens
             num_new = min(pending + len(request.spec_token_ids), plan.budget)
+            num_new = self._fit_encoder(request, request.num_computed_tokens, num_new, plan)
             if num_new <= 0:
                 i += 1
                 continue
@@ -198,6 +213,7 @@ class Scheduler:
             if new_blocks is None:
                 break
             rid = request.request_id
+            self._read_images(request, request.num_computed_tokens, num_new, plan)
             plan.cached.append(
                 CachedRequestData(
                     rid,
@@ -261,6 +277,9 @@ class Scheduler:
         num_new = 0 if load_async else min(request.num_tokens - num_computed, plan.budget)
         if not self.config.chunked_prefill and num_new < request.num_tokens - num_computed:
             return _Admit.BLOCKED  # whole prompts only: it goes first in a later step
+        num_new = self._fit_encoder(request, num_computed, num_new, plan)
+        if not num_new and not load_async and num_computed < request.num_tokens:
+            return _Admit.BLOCKED  # its next image waits for encoder budget: it goes first in a later step
         samples = not load_async and num_computed + num_new == request.num_tokens
         lookahead = self.config.num_lookahead_tokens if samples else 0
         new_blocks = self.kv.allocate_slots(
@@ -281,6 +300,19 @@ class Scheduler:
         self._start_running(request, num_computed, num_new, plan)
         return _Admit.SCHEDULED
 
+    def _fit_encoder(self, request: Request, start: int, num_new: int, plan: _StepPlan) -> int:
+        """``num_new`` cut before the first image it reads that is neither cached nor within the encoder budget."""
+        if self.encoder is None or not request.mm_inputs or num_new <= 0:
+            return num_new
+        return plan_encoder(self.encoder, request.mm_inputs, start, num_new, plan.encoder_budget)
+
+    def _read_images(self, request: Request, start: int, num_new: int, plan: _StepPlan) -> None:
+        """The images the scheduled chunk reads: cached ones are hits, the others are encoded in this step."""
+        if self.encoder is not None and request.mm_inputs:
+            for i in self.encoder.read_chunk(request.mm_inputs, start, start + num_new):
+                plan.encoder_inputs.append((request.request_id, i))
+                plan.encoder_budget -= request.mm_inputs[i].num_embeds
+
     def _lora_fits(self, name: str) -> bool:
         """Whether a request of adapter ``name`` can run beside the running (and loading) requests."""
         active = {r.lora_name for r in (*self.running, *self.loading.values()) if r.lora_name}
@@ -291,6 +323,7 @@ class Scheduler:
             request.num_cached_tokens = num_computed
         if request.queue_time_s is None:
             request.queue_time_s = time.monotonic() - request.arrival_time
+        self._read_images(request, num_computed, num_new, plan)
         request.transition(RequestStatus.RUNNING)
         self.running.append(request)
         self._known_to_runner.add(request.request_id)

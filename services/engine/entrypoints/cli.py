@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from services.engine.core.config import EngineConfig
     from services.engine.core.spec_config import SpeculativeConfig
     from services.engine.entrypoints.role import EngineRole
-    from services.engine.entrypoints.serving import MediaLimits, ServerSettings
+    from services.engine.entrypoints.serving import ServerSettings
 
 RoleFactory = Callable[[argparse.Namespace], "EngineRole"]
 _BACKSTOP_S = 5.0
@@ -69,6 +69,13 @@ def add_parser(
     add("--kv-cache-memory", type=float, default=None, help="GiB of KV cache")
     add("--max-num-seqs", type=int, default=64, help="most requests in one batch")
     add("--max-num-batched-tokens", type=int, default=None, help="token budget of one step")
+    add(
+        "--max-num-encoder-input-tokens",
+        type=int,
+        default=None,
+        help="vision models: image / video feature tokens the encoder computes in one step (default: the "
+        "larger of the step's token budget and the largest image or video)",
+    )
     add("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     add("--no-prefix-caching", dest="prefix_caching", action="store_false", help="disable prefix caching")
     add("--device", default="auto", help="auto, cpu, cuda, cuda:N")
@@ -169,31 +176,9 @@ def _add_lora_flags(add: Callable[..., object]) -> None:
         default=None,
         help="vision models: a folder whose files image_url parts may name as file:// URLs (default: none)",
     )
-    add(
-        "--limit-mm-per-prompt",
-        default=None,
-        metavar="JSON",
-        help='vision models: most images and videos per request, e.g. \'{"image": 4, "video": 1}\' '
-        "(the defaults)",
-    )
+    from services.common.media_settings import add_media_flags
 
-
-def _media_limits(text: str | None) -> MediaLimits:
-    """--limit-mm-per-prompt '{"image": N, "video": M}' (either may be left out: 4 images, 1 video)."""
-    from pydantic import ValidationError
-
-    from services.engine.entrypoints.serving import MediaLimits
-
-    if text is None:
-        return MediaLimits()
-    try:
-        return MediaLimits.model_validate_json(text)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "value"
-        raise ValueError(
-            f'--limit-mm-per-prompt: expected {{"image": N, "video": M}} ({where}: {first["msg"]})'
-        ) from exc
+    add_media_flags(add)
 
 
 def _speculative(text: str | None) -> SpeculativeConfig | None:
@@ -249,6 +234,7 @@ def _add_pool_flags(add: Callable[..., object]) -> None:
 
 
 def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
+    from services.common.media_settings import media_limits, remote_media_from_args
     from services.engine.core.config import EngineConfig
     from services.engine.entrypoints.serving import ServerSettings
 
@@ -268,6 +254,7 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
         kv_cache_memory_gb=args.kv_cache_memory,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_encoder_input_tokens=args.max_num_encoder_input_tokens,
         max_model_len=args.max_model_len,
         enable_prefix_caching=args.prefix_caching,
         device=args.device,
@@ -297,7 +284,8 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
         reasoning_parser=args.reasoning_parser,
         chat_template=read_chat_template(args.chat_template),
         allowed_local_media_path=args.allowed_local_media_path,
-        limit_mm_per_prompt=_media_limits(args.limit_mm_per_prompt),
+        limit_mm_per_prompt=media_limits(args.limit_mm_per_prompt),
+        remote_media=remote_media_from_args(args),
     )
     check_tool_settings(
         ToolSettings(args.enable_auto_tool_choice, args.tool_call_parser, args.reasoning_parser)

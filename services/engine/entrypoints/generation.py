@@ -6,12 +6,12 @@ import asyncio
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
 
 from services.common.errors import OpenAIError, bad_request
 from services.common.kv_transfer import KVTransferParams
 from services.common.protocol_common import Usage
 from services.engine.async_llm import EngineDeadError
+from services.engine.core.mm_input import MMInput
 from services.engine.entrypoints.serving import ServingContext, SubRequest, engine_error, request_timeout
 from services.engine.llm_engine import RequestOutput
 
@@ -28,7 +28,8 @@ class RequestOptions:
     priority: int = 0
     kv_transfer_params: KVTransferParams | None = None
     lora_name: str | None = None  # the LoRA adapter the request's ``model`` names
-    images: tuple[Any, ...] = ()  # decoded images (PIL), one per placeholder of the prompt
+    # vision models: the prompt's images and videos, preprocessed (its ids are expanded); None: none
+    mm_inputs: tuple[MMInput, ...] | None = None
 
 
 class Generation:
@@ -55,7 +56,7 @@ class Generation:
             priority=opts.priority,
             kv_transfer_params=opts.kv_transfer_params,
             lora_name=opts.lora_name,
-            images=opts.images,
+            mm_inputs=opts.mm_inputs,
         )
         try:
             async with aclosing(gen):

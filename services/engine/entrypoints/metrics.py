@@ -152,10 +152,12 @@ class _EngineCollector(Collector):
         if s.mm_cache is not None:
             queries, hits = s.mm_cache
             yield CounterMetricFamily(
-                "kvferry_mm_cache_queries", "Image feature lookups in the encoder cache.", value=queries
+                "kvferry_mm_cache_queries", "Images a scheduled prefill chunk reads, per step.", value=queries
             )
             yield CounterMetricFamily(
-                "kvferry_mm_cache_hits", "Image feature lookups the encoder cache answered.", value=hits
+                "kvferry_mm_cache_hits",
+                "Images a scheduled prefill chunk reads whose features were cached.",
+                value=hits,
             )
 
 

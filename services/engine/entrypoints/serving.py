@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.common.chat_tools import ToolSettings
 from services.common.errors import OpenAIError, bad_request, model_not_found, not_ready
+from services.common.media_settings import MediaLimits, RemoteMedia
 from services.common.protocol_common import SamplingRequest
 from services.common.protocol_structured import StructuredSpec
 from services.engine.async_llm import AsyncLLM
@@ -20,15 +21,6 @@ from services.engine.entrypoints.role import AggregatedRole, EngineRole
 from services.engine.worker.structured.grammars import GrammarError
 
 MAX_N = 128  # most choices one request may ask for (SamplingParams' own limit)
-
-
-class MediaLimits(BaseModel):
-    """--limit-mm-per-prompt: the most images and videos one request may carry (vision-language models)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    image: int = Field(4, ge=0, le=64)
-    video: int = Field(1, ge=0, le=16)
 
 
 class ServerSettings(BaseModel):
@@ -43,6 +35,7 @@ class ServerSettings(BaseModel):
     allow_runtime_lora_updating: bool = False  # POST /v1/load_lora_adapter and /v1/unload_lora_adapter
     allowed_local_media_path: Path | None = None  # vision models: file:// image URLs under this folder
     limit_mm_per_prompt: MediaLimits = MediaLimits()  # vision models: images / videos per request
+    remote_media: RemoteMedia = RemoteMedia()  # vision models: http(s) media URLs (refused by default)
 
     api_key: str | None = None
     request_timeout: float | None = Field(None, gt=0)

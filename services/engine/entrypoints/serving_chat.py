@@ -26,12 +26,7 @@ from services.common.sse import SSE_DONE, sse_event
 from services.engine.entrypoints.generation import Generation, RequestOptions
 from services.engine.entrypoints.lifecycle import SSEResponse, cancel_on_disconnect
 from services.engine.entrypoints.serving import OutputShape, ServingContext, checked_constraint, fan_out
-from services.engine.entrypoints.serving_images import (
-    image_marker,
-    request_images,
-    request_videos,
-    video_marker,
-)
+from services.engine.entrypoints.serving_images import image_marker, prepare_media, video_marker
 from services.engine.entrypoints.serving_logprobs import chat_logprobs, prompt_logprobs_json
 from services.engine.llm_engine import CompletionOutput, RequestOutput
 
@@ -44,11 +39,11 @@ async def create_chat_completion(
     lora_name = ctx.check_model(body.model)
     ctx.check_generates()
     plan = plan_chat(body, ctx.tools)
-    media = request_images(ctx, image_urls(body), "messages") + request_videos(
-        ctx, video_urls(body), "messages"
-    )
     markers = image_marker(ctx), video_marker(ctx)
     prompt_ids = chat_prompt_ids(ctx.llm.tokenizer, body, plan.template_tools, *markers)
+    prompt_ids, mm_inputs = await prepare_media(
+        ctx, prompt_ids, image_urls(body), video_urls(body), "messages"
+    )
     structured = await checked_constraint(ctx, plan.constraint)
     subs = fan_out(
         body,
@@ -60,7 +55,7 @@ async def create_chat_completion(
         _shape(ctx, plan, structured is not None),
     )
     kv_params = await ctx.role.admit(body.kv_transfer_params, len(subs), lora_name)
-    options = RequestOptions(request_id, body.cache_salt, body.priority, kv_params, lora_name, tuple(media))
+    options = RequestOptions(request_id, body.cache_salt, body.priority, kv_params, lora_name, mm_inputs)
     gen = Generation(ctx, subs, options)
     stream = StreamContext(
         "chat", lora_name or ctx.model_name, body.include_usage_in_stream(), id=f"chatcmpl-{request_id}"

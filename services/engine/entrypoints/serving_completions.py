@@ -22,7 +22,7 @@ from services.engine.core.outputs import Logprobs
 from services.engine.entrypoints.generation import Generation, RequestOptions
 from services.engine.entrypoints.lifecycle import SSEResponse, cancel_on_disconnect
 from services.engine.entrypoints.serving import ServingContext, SubRequest, checked_constraint, fan_out
-from services.engine.entrypoints.serving_images import request_images, request_videos
+from services.engine.entrypoints.serving_images import prepare_media
 from services.engine.entrypoints.serving_logprobs import completion_logprobs, prompt_logprobs_json
 from services.engine.llm_engine import RequestOutput
 
@@ -54,19 +54,17 @@ async def create_completion(
     lora_name = ctx.check_model(body.model)
     ctx.check_generates()
     prompts = _prompts(ctx, body)
+    mm_inputs = None
+    if (data := body.multi_modal_data) is not None:  # with exactly one prompt (validated)
+        prompts[0].ids, mm_inputs = await prepare_media(
+            ctx, prompts[0].ids, data.image, data.video, "multi_modal_data"
+        )
     structured = await checked_constraint(ctx, body.structured_spec())
     subs = fan_out(
         body, [p.ids for p in prompts], ctx, body.logprobs, body.engine_prompt_logprobs(), structured
     )
-    data = body.multi_modal_data
-    images = tuple(
-        request_images(ctx, data.image, "multi_modal_data")
-        + request_videos(ctx, data.video, "multi_modal_data")
-        if data is not None
-        else ()
-    )
     kv_params = await ctx.role.admit(body.kv_transfer_params, len(subs), lora_name)
-    options = RequestOptions(request_id, body.cache_salt, body.priority, kv_params, lora_name, images)
+    options = RequestOptions(request_id, body.cache_salt, body.priority, kv_params, lora_name, mm_inputs)
     gen = Generation(ctx, subs, options)
     stream = StreamContext(
         "completion", lora_name or ctx.model_name, body.include_usage_in_stream(), id=f"cmpl-{request_id}"

@@ -1,16 +1,21 @@
 """The images and videos of an HTTP request for a vision-language engine: the placeholders the chat template
-shows, and the decoded media (400s naming the part; a text model refuses them, an images-only family
-refuses videos)."""
+shows, and the media fetched, decoded and preprocessed off the loops (400s naming the part; a text model
+refuses them, an images-only family refuses videos)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from services.common.errors import bad_request
 from services.common.image_inputs import load_image
+from services.common.media_fetch import inline_remote
+from services.common.media_settings import Kind, RemoteMedia
 from services.common.video_inputs import load_video
+from services.engine.core.mm_input import MMInput
 from services.engine.entrypoints.serving import ServingContext
+from services.engine.llm_engine import LLMEngine
 
 
 def image_marker(ctx: ServingContext) -> str | None:
@@ -29,36 +34,64 @@ def video_marker(ctx: ServingContext) -> str | None:
     return ctx.llm.tokenizer.id_to_token(inputs.video_token_id)
 
 
-def request_images(ctx: ServingContext, urls: Sequence[str], param: str) -> list[Any]:
-    """The images at ``urls``, decoded; 400 for a text model, too many images, or an image that fails."""
-    if urls and ctx.llm.engine.image_inputs is None:
+async def prepare_media(
+    ctx: ServingContext, prompt_ids: list[int], images: Sequence[str], videos: Sequence[str], param: str
+) -> tuple[list[int], tuple[MMInput, ...] | None]:
+    """The prompt's ids with its images and videos expanded, and their preprocessed pixels (None: no media):
+    http(s) URLs are fetched on the event loop (where allowed), decoding and preprocessing run on a worker
+    thread, so neither the event loop nor the engine's step loop waits for them; 400s name the part."""
+    engine = ctx.llm.engine
+    if not images and not videos:  # no pixels to prepare: a vision model still checks the prompt's markers
+        return (
+            _expanded(engine, prompt_ids, [], param)
+            if engine.image_inputs is not None
+            else (prompt_ids, None)
+        )
+    if engine.image_inputs is None:
         raise bad_request("images need a vision-language model; this one takes text only", param)
-    folder = ctx.settings.allowed_local_media_path
-    return _load_each(
-        "image", urls, ctx.settings.limit_mm_per_prompt.image, lambda u: load_image(u, folder), param
-    )
-
-
-def request_videos(ctx: ServingContext, urls: Sequence[str], param: str) -> list[Any]:
-    """The videos at ``urls``, decoded and sampled as the model samples; 400 for a model without video, too
-    many videos, or a video that fails."""
-    if not urls:
-        return []
-    inputs = ctx.llm.engine.image_inputs
-    sampling = inputs.placeholders.video_sampling if inputs is not None else None
-    if sampling is None:
+    sampling = engine.image_inputs.placeholders.video_sampling
+    if videos and sampling is None:
         raise bad_request("videos need a model that takes videos; this one does not", param)
+    limits, remote = ctx.settings.limit_mm_per_prompt, ctx.settings.remote_media
+    for kind, urls, limit in (("image", images, limits.image), ("video", videos, limits.video)):
+        if len(urls) > limit:  # before anything is fetched
+            raise bad_request(
+                f"{len(urls)} {kind}s is over this server's limit of {limit} per request", param
+            )
+    image_urls = await _fetched("image", images, remote, param)
+    video_urls = await _fetched("video", videos, remote, param)
     folder = ctx.settings.allowed_local_media_path
-    limit = ctx.settings.limit_mm_per_prompt.video
-    return _load_each("video", urls, limit, lambda u: load_video(u, sampling, folder), param)
+
+    def prepare() -> tuple[list[int], tuple[MMInput, ...]]:
+        media: list[Any] = _load_each("image", image_urls, lambda u: load_image(u, folder), param)
+        if sampling is not None:
+            media += _load_each("video", video_urls, lambda u: load_video(u, sampling, folder), param)
+        return _expanded(engine, prompt_ids, media, param)
+
+    return await asyncio.to_thread(prepare)
 
 
-def _load_each(
-    kind: str, urls: Sequence[str], limit: int, load: Callable[[str], Any], param: str
-) -> list[Any]:
-    """load(url) for each of at most ``limit`` urls; a 400 naming the item for one that fails."""
-    if len(urls) > limit:
-        raise bad_request(f"{len(urls)} {kind}s is over this server's limit of {limit} per request", param)
+def _expanded(
+    engine: LLMEngine, prompt_ids: list[int], media: list[Any], param: str
+) -> tuple[list[int], tuple[MMInput, ...]]:
+    try:
+        return engine.expand_media(prompt_ids, media)
+    except ValueError as exc:
+        raise bad_request(str(exc), param) from exc
+
+
+async def _fetched(kind: Kind, urls: Sequence[str], remote: RemoteMedia, param: str) -> list[str]:
+    """``urls`` with the http(s) ones fetched as data: URLs; a 400 naming the item that failed."""
+    out = list(urls)
+    for i, got in await inline_remote(urls, kind, remote):
+        if isinstance(got, ValueError):
+            raise bad_request(f"{kind} {i}: {got}", param)
+        out[i] = got
+    return out
+
+
+def _load_each(kind: str, urls: Sequence[str], load: Callable[[str], Any], param: str) -> list[Any]:
+    """load(url) for each url; a 400 naming the item for one that fails."""
     items = []
     for i, url in enumerate(urls):
         try:

@@ -98,10 +98,14 @@ class ModelRunner:
         ``constraints``: the token bitmask rows of the structured-output requests that sample now.
         """
         self._update_states(sched)
+        if self.encoder_cache is not None:
+            self.encoder_cache.drop(sched.freed_encoder_hashes)
         req_ids = tuple(r for r, _ in sched.num_scheduled_tokens)
         if not req_ids:
             return ModelRunnerOutput((), (), ())
         try:
+            if sched.encoder_inputs:
+                self._run_encoder(sched)
             inputs = self.inputs.build(sched, self.states)
             if self.lora is not None:
                 names = [self.states[r].lora_name for r in req_ids]
@@ -141,6 +145,12 @@ class ModelRunner:
             pooled=pooled,
             spec_token_ids=proposed,
         )
+
+    def _run_encoder(self, sched: SchedulerOutput) -> None:
+        """The step's scheduled images and videos through the vision tower, batched, into the encoder cache."""
+        assert self.encoder_cache is not None
+        items = [self.states[rid].mm_inputs[i] for rid, i in sched.encoder_inputs]
+        self.encoder_cache.encode(cast(VisionModel, self.model), items, self.device)
 
     def _image_embeddings(self, sched: SchedulerOutput, inputs: StepInputs) -> torch.Tensor | None:
         """Input embeddings with the images' features where this step computes their placeholders."""

@@ -1,9 +1,10 @@
-"""EncoderCache: image features by content hash (LRU within a byte budget), and their merge into a
-step's input embeddings at the placeholder rows the step computes (a chunk may cut an image)."""
+"""EncoderCache: image features by content hash, computed as the step's batched encoder pass and evicted as
+the scheduler says; and their merge into a step's input embeddings at the placeholder rows the step computes
+(a chunk may cut an image)."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import logging
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -12,7 +13,9 @@ import torch
 
 from services.engine.core.mm_input import MMInput
 
-DEFAULT_BUDGET_BYTES = 512 * 2**20
+DEFAULT_BUDGET_BYTES = 512 * 2**20  # the scheduler's EncoderCacheManager holds this many bytes of features
+
+log = logging.getLogger(__name__)
 
 
 class VisionModel(Protocol):
@@ -22,35 +25,52 @@ class VisionModel(Protocol):
 
 
 class EncoderCache:
-    """Features [tokens, hidden] of recently seen images; ``queries`` / ``hits`` count lookups."""
+    """Features [tokens, hidden] by content hash: filled by ``encode`` (the step's images as one batch per
+    tile shape), emptied by ``drop`` (what the scheduler's EncoderCacheManager evicted)."""
 
-    def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
-        self.budget = budget_bytes
-        self.entries: OrderedDict[str, torch.Tensor] = OrderedDict()
-        self.bytes = 0
-        self.queries = 0
-        self.hits = 0
+    def __init__(self) -> None:
+        self.entries: dict[str, torch.Tensor] = {}
+        self.encoder_calls = 0  # encode_images calls (batches), since start
+        self.encoded_items = 0  # images and videos encoded, since start
 
-    def features(self, model: VisionModel, mm: MMInput, device: torch.device) -> torch.Tensor:
-        self.queries += 1
-        found = self.entries.get(mm.content_hash)
-        if found is not None:
-            self.hits += 1
-            self.entries.move_to_end(mm.content_hash)
-            return found
-        pixels = torch.from_numpy(np.asarray(mm.data)).to(device)
-        # one image [C, H, W] (LLaVA), or its tiles / a video's frames [N, C, H, W]: features of all, in order
-        feats = model.encode_images(pixels if pixels.ndim == 4 else pixels[None]).flatten(0, 1)
+    def drop(self, hashes: Sequence[str]) -> None:
+        for h in hashes:
+            self.entries.pop(h, None)
+
+    def encode(self, model: VisionModel, items: Sequence[MMInput], device: torch.device) -> None:
+        """Encode ``items`` (each [C, H, W], or its tiles / frames [N, C, H, W]) in one batch per tile shape."""
+        groups: dict[tuple[int, ...], list[tuple[MMInput, torch.Tensor]]] = {}
+        for mm in items:
+            if mm.content_hash in self.entries:
+                continue
+            pixels = torch.from_numpy(np.asarray(mm.data))
+            pixels = pixels if pixels.ndim == 4 else pixels[None]
+            groups.setdefault(tuple(pixels.shape[1:]), []).append((mm, pixels))
+        for group in groups.values():
+            batch = torch.cat([p for _, p in group]).to(device)
+            feats = model.encode_images(batch)
+            self.encoder_calls += 1
+            offset = 0
+            for mm, pixels in group:
+                self._store(mm, feats[offset : offset + pixels.shape[0]].flatten(0, 1))
+                offset += pixels.shape[0]
+
+    def _store(self, mm: MMInput, feats: torch.Tensor) -> None:
         if feats.shape[0] != mm.num_embeds:
             raise ValueError(
                 f"image: the encoder gave {feats.shape[0]} features for {mm.num_embeds} placeholders"
             )
         self.entries[mm.content_hash] = feats
-        self.bytes += feats.numel() * feats.element_size()
-        while self.bytes > self.budget and len(self.entries) > 1:
-            _, old = self.entries.popitem(last=False)
-            self.bytes -= old.numel() * old.element_size()
-        return feats
+        self.encoded_items += 1
+
+    def features(self, model: VisionModel, mm: MMInput, device: torch.device) -> torch.Tensor:
+        """An image's features; one the step did not encode (a failed earlier step) is encoded alone."""
+        found = self.entries.get(mm.content_hash)
+        if found is None:
+            log.warning("encoder cache miss for an image the scheduler counted as cached: encoding it now")
+            self.encode(model, [mm], device)
+            found = self.entries[mm.content_hash]
+        return found
 
 
 def merged_embeddings(
