@@ -74,7 +74,8 @@ class SamplingRequest(StructuredRequestFields):
     cache_salt: Annotated[str, Field(min_length=1)] | None = None
     kv_transfer_params: dict[str, Any] | None = None
     priority: int = 0
-    request_id: str | None = None
+    # travels between the pool's pods as the X-Request-Id header: visible ASCII, no spaces
+    request_id: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[!-~]+$")] | None = None
     prompt_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     skip_special_tokens: bool = True
     # kvferry: the output constraint starts once the output contains this text (a router forwarding a
