@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import enum
 import time
 from collections import deque
-
-from pydantic import BaseModel, Field
 
 from services.engine.core.block_pool import KVCacheBlock
 from services.engine.core.encoder_cache_manager import EncoderCacheManager, plan_encoder
@@ -21,44 +18,8 @@ from services.engine.core.outputs import (
 )
 from services.engine.core.request import Request, RequestStatus
 from services.engine.core.spec_stats import SpecDecodingStats, draft_room
-
-
-class SchedulerConfig(BaseModel):
-    """Limits of one engine step."""
-
-    max_num_seqs: int = Field(64, ge=1)
-    max_num_batched_tokens: int = Field(2048, ge=1)
-    max_model_len: int = Field(2048, ge=1)
-    # False (encoder models): a prompt runs whole in one step or waits for a step with room for it
-    chunked_prefill: bool = True
-    max_loras: int = Field(0, ge=0)  # distinct LoRA adapters among running requests (0: LoRA off)
-    # speculative decoding with a draft model: slots it writes past a sampling request's tokens
-    num_lookahead_tokens: int = Field(0, ge=0)
-    # vision-language models: image feature tokens the encoder may compute in one step
-    max_num_encoder_input_tokens: int = Field(2048, ge=1)
-
-
-class _Admit(enum.Enum):
-    """What became of a waiting request the scheduler looked at."""
-
-    SCHEDULED = "scheduled"  # runs in this step
-    LOADING = "loading"  # parked in WAITING_FOR_REMOTE_KV while a connector loads its KV
-    SKIPPED = "skipped"  # a connector does not know yet: look again next step, keep its place
-    BLOCKED = "blocked"  # not enough free blocks: nothing behind it is admitted either (FCFS)
-
-
-class _StepPlan:
-    """Accumulates one step's decisions while ``schedule`` runs."""
-
-    def __init__(self, budget: int, encoder_budget: int) -> None:
-        self.budget = budget
-        self.encoder_budget = encoder_budget
-        self.encoder_inputs: list[tuple[str, int]] = []  # (request, index of its image) to encode now
-        self.new: list[NewRequestData] = []
-        self.cached: list[CachedRequestData] = []
-        self.tokens: list[tuple[str, int]] = []
-        self.spec: list[tuple[str, tuple[int, ...]]] = []
-        self.preempted: set[str] = set()
+from services.engine.core.step_plan import Admit, StepPlan
+from services.engine.core.step_plan import SchedulerConfig as SchedulerConfig
 
 
 class Scheduler:
@@ -150,7 +111,7 @@ class Scheduler:
     # ------------------------------------------------------------------ scheduling
     def schedule(self) -> SchedulerOutput:
         self._apply_finished(self.connector.get_finished())
-        plan = _StepPlan(self.config.max_num_batched_tokens, self.config.max_num_encoder_input_tokens)
+        plan = StepPlan(self.config.max_num_batched_tokens, self.config.max_num_encoder_input_tokens)
         if self.encoder is not None:
             self.encoder.begin_step()
         self._schedule_running(plan)
@@ -192,7 +153,7 @@ class Scheduler:
         request.transition(RequestStatus.WAITING)
         self.waiting.appendleft(request)
 
-    def _schedule_running(self, plan: _StepPlan) -> None:
+    def _schedule_running(self, plan: StepPlan) -> None:
         i = 0
         while i < len(self.running) and plan.budget > 0:
             request = self.running[i]
@@ -228,7 +189,7 @@ class Scheduler:
             plan.budget -= num_new
             i += 1
 
-    def _preempt(self, request: Request, plan: _StepPlan) -> None:
+    def _preempt(self, request: Request, plan: StepPlan) -> None:
         request.transition(RequestStatus.PREEMPTED)
         self.kv.free(request)
         request.num_computed_tokens = 0
@@ -244,25 +205,25 @@ class Scheduler:
         )
         self.waiting.insert(holders, request)
 
-    def _schedule_waiting(self, plan: _StepPlan) -> None:
+    def _schedule_waiting(self, plan: StepPlan) -> None:
         skipped: list[Request] = []
         while self.waiting and plan.budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting.popleft()
             outcome = self._admit(request, plan)
-            if outcome is _Admit.BLOCKED:
+            if outcome is Admit.BLOCKED:
                 self.waiting.appendleft(request)
                 break
-            if outcome is _Admit.SKIPPED:
+            if outcome is Admit.SKIPPED:
                 skipped.append(request)
         self.waiting.extendleft(reversed(skipped))
 
-    def _admit(self, request: Request, plan: _StepPlan) -> _Admit:
+    def _admit(self, request: Request, plan: StepPlan) -> Admit:
         """Local prefix hit, then external tokens from the connector, then blocks for all of it."""
         rid = request.request_id
         if request.grammar is not None and not request.grammar.ready:
-            return _Admit.SKIPPED  # its grammar is still compiling: keep its place, let others go
+            return Admit.SKIPPED  # its grammar is still compiling: keep its place, let others go
         if request.lora_name and not self._lora_fits(request.lora_name):
-            return _Admit.SKIPPED  # every LoRA slot holds another running adapter: wait for one to drain
+            return Admit.SKIPPED  # every LoRA slot holds another running adapter: wait for one to drain
         holds_kv = rid in self.kv.req_to_blocks  # it received its KV: num_computed_tokens counts it
         computed: list[KVCacheBlock] = []
         num_local, num_external, load_async = 0, 0, False
@@ -271,22 +232,22 @@ class Scheduler:
             if not request.needs_whole_prompt:  # prompt logprobs, embeddings: every token computed here
                 match = self.connector.get_num_new_matched_tokens(request, num_local)
                 if match is None:
-                    return _Admit.SKIPPED
+                    return Admit.SKIPPED
                 num_external, load_async = match[0], match[1] and match[0] > 0
         num_computed = request.num_computed_tokens + num_local + num_external
         num_new = 0 if load_async else min(request.num_tokens - num_computed, plan.budget)
         if not self.config.chunked_prefill and num_new < request.num_tokens - num_computed:
-            return _Admit.BLOCKED  # whole prompts only: it goes first in a later step
+            return Admit.BLOCKED  # whole prompts only: it goes first in a later step
         num_new = self._fit_encoder(request, num_computed, num_new, plan)
         if not num_new and not load_async and num_computed < request.num_tokens:
-            return _Admit.BLOCKED  # its next image waits for encoder budget: it goes first in a later step
+            return Admit.BLOCKED  # its next image waits for encoder budget: it goes first in a later step
         samples = not load_async and num_computed + num_new == request.num_tokens
         lookahead = self.config.num_lookahead_tokens if samples else 0
         new_blocks = self.kv.allocate_slots(
             request, num_external + num_new + lookahead, computed, num_local, cache=not load_async
         )
         if new_blocks is None:
-            return _Admit.BLOCKED
+            return Admit.BLOCKED
         if not holds_kv:
             self.kv.record_prefix_query(request, num_local)
         if num_external:
@@ -296,17 +257,17 @@ class Scheduler:
         if load_async:
             request.transition(RequestStatus.WAITING_FOR_REMOTE_KV)
             self.loading[rid] = request
-            return _Admit.LOADING
+            return Admit.LOADING
         self._start_running(request, num_computed, num_new, plan)
-        return _Admit.SCHEDULED
+        return Admit.SCHEDULED
 
-    def _fit_encoder(self, request: Request, start: int, num_new: int, plan: _StepPlan) -> int:
+    def _fit_encoder(self, request: Request, start: int, num_new: int, plan: StepPlan) -> int:
         """``num_new`` cut before the first image it reads that is neither cached nor within the encoder budget."""
         if self.encoder is None or not request.mm_inputs or num_new <= 0:
             return num_new
         return plan_encoder(self.encoder, request.mm_inputs, start, num_new, plan.encoder_budget)
 
-    def _read_images(self, request: Request, start: int, num_new: int, plan: _StepPlan) -> None:
+    def _read_images(self, request: Request, start: int, num_new: int, plan: StepPlan) -> None:
         """The images the scheduled chunk reads: cached ones are hits, the others are encoded in this step."""
         if self.encoder is not None and request.mm_inputs:
             for i in self.encoder.read_chunk(request.mm_inputs, start, start + num_new):
@@ -318,7 +279,7 @@ class Scheduler:
         active = {r.lora_name for r in (*self.running, *self.loading.values()) if r.lora_name}
         return name in active or len(active) < self.config.max_loras
 
-    def _start_running(self, request: Request, num_computed: int, num_new: int, plan: _StepPlan) -> None:
+    def _start_running(self, request: Request, num_computed: int, num_new: int, plan: StepPlan) -> None:
         if request.num_cached_tokens < 0:
             request.num_cached_tokens = num_computed
         if request.queue_time_s is None:
