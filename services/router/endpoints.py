@@ -43,6 +43,10 @@ _LORA_INFO = "kvferry_lora_requests_info"  # on the /metrics page of engines sta
 class PollerSettings(BaseModel):
     interval_s: float = Field(2.0, gt=0)
     timeout_s: float = Field(1.0, gt=0)
+    # A healthy engine whose polls time out stays in rotation until this many in a row did (a busy engine
+    # answers late: a long prefill step holds its event loop); a refused connection or an error status
+    # takes it out at once.
+    slow_polls_out: int = Field(3, ge=1)
 
 
 def parse_metrics(text: str) -> tuple[EndpointLoad, CacheConfig | None]:
@@ -66,7 +70,8 @@ def _is_draining(response: httpx.Response) -> bool:
 class EndpointPoller:
     """Engines start out unhealthy; a poll where /health answers 200 and /metrics parses puts one in
     (its /v1/models card is read then, for max_model_len), any failure takes it out (its last load is
-    kept), a 503 that says "draining" marks it draining."""
+    kept) except a time-out, which does only after ``slow_polls_out`` in a row; a 503 that says
+    "draining" marks it draining."""
 
     def __init__(
         self,
@@ -80,6 +85,7 @@ class EndpointPoller:
         self._owns_client = client is None
         self._endpoints: dict[str, Endpoint] = {}
         self._draining: set[str] = set()
+        self._slow: dict[str, int] = {}  # url -> polls in a row that timed out
         self._task: asyncio.Task[None] | None = None
         self.listeners: list[PollListener] = []
         self.set_specs(specs)
@@ -124,8 +130,15 @@ class EndpointPoller:
             health, metrics = await asyncio.gather(
                 self._client.get(f"{endpoint.url}/health"), self._client.get(f"{endpoint.url}/metrics")
             )
+        except httpx.TimeoutException:
+            slow = self._slow[endpoint.url] = self._slow.get(endpoint.url, 0) + 1
+            if endpoint.healthy and slow < self.settings.slow_polls_out:
+                log.info("endpoint %s: poll timed out (%d in a row); kept in rotation", endpoint.url, slow)
+                return endpoint, None
+            return down, None
         except httpx.HTTPError:
             return down, None
+        self._slow.pop(endpoint.url, None)
         if _is_draining(health):
             return replace(endpoint, healthy=True, draining=True), None
         drained = endpoint.url in self._draining

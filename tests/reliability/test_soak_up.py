@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -85,6 +86,15 @@ def _idle(engines: dict[str, str], probes: list[ProcessProbe], url: str) -> dict
 def test_kvferry_up_with_smollm2_under_bench_serve(tmp_path: Path) -> None:
     seconds = float(os.environ.get("KVFERRY_SOAK_UP_S", "1800"))
     model, _ = default_serving_model()
+    folder = os.environ.get("KVFERRY_SOAK_DIR")
+    try:
+        _soak(tmp_path, model, seconds, folder)
+    finally:
+        for log in tmp_path.glob("*.log") if folder else ():  # kept for a failed run's post-mortem
+            shutil.copy(log, Path(folder or ".") / f"soak-kvferry-up-{log.name}")
+
+
+def _soak(tmp_path: Path, model: Path, seconds: float, folder: str | None) -> None:
     with kvferry_up(model, tmp_path, "--prefill", "1", "--decode", "1") as stack:
         probes = _stack_probes(stack.pid)
         assert {"engine-prefill", "engine-decode", "router", "kvstore"} <= {p.name for p in probes}, probes
@@ -107,7 +117,7 @@ def test_kvferry_up_with_smollm2_under_bench_serve(tmp_path: Path) -> None:
         "fds": {n: [base[n][1], end[n][1]] for n in base},
     }
     print("\nsoak:", json.dumps(figures, indent=1))
-    if folder := os.environ.get("KVFERRY_SOAK_DIR"):
+    if folder:
         (Path(folder) / "soak-kvferry-up-pd.json").write_text(json.dumps(figures, indent=1) + "\n")
     assert summary["failed"] == 0 and set(summary["kinds"]) == {"stream", "json", "dropped", "bad"}
     for name in base:

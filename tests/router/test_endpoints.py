@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Gauge, Info, generate_latest
@@ -28,10 +29,12 @@ class FakeEngine:
         )
         self.health = (200, {"status": "ok"})
         self.max_model_len = max_model_len
+        self.delay_s = 0.0  # answer this late (a busy engine)
         engine = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                time.sleep(engine.delay_s)
                 if self.path == "/health":
                     status, body = engine.health[0], json.dumps(engine.health[1]).encode()
                 elif self.path == "/v1/models":
@@ -110,6 +113,28 @@ def test_failing_engines_go_out_and_come_back() -> None:
 
     asyncio.run(scenario())
     a.stop()
+
+
+def test_a_slow_engine_stays_in_rotation_until_three_polls_in_a_row_time_out() -> None:
+    """Found by the SmolLM2 soak on a loaded machine: one late /health answer (a long prefill step holds an
+    engine's event loop) took a busy engine out at once, and requests got 503 "no healthy engine"."""
+    engine = FakeEngine()
+
+    async def scenario() -> None:
+        poller = EndpointPoller([EndpointSpec(url=engine.url)], PollerSettings(timeout_s=0.2))
+        assert (await poller.poll_once())[0].healthy
+        engine.delay_s = 0.4
+        assert (await poller.poll_once())[0].healthy and (await poller.poll_once())[0].healthy
+        assert not (await poller.poll_once())[0].healthy  # the third time-out in a row
+        engine.delay_s = 0.0
+        assert (await poller.poll_once())[0].healthy
+        engine.delay_s = 0.4
+        assert (await poller.poll_once())[0].healthy  # the count started again
+        await poller.stop()
+
+    asyncio.run(scenario())
+    engine.delay_s = 0.0
+    engine.stop()
 
 
 def test_unready_engine_and_discovery_updates() -> None:
