@@ -5,7 +5,7 @@ once into $KVFERRY_HOME/bench-models/loras). Greedy, ignore_eos, 64 prompts x 64
 median of 3 interleaved repeats; one engine with --max-loras 16 serves every row. Prints a table,
 writes benchmarks/results/lora.json.
 
-    python benchmarks/lora.py [--repeats 3] [--dtype bfloat16]
+    python benchmarks/lora.py [--repeats 3] [--dtype bfloat16] [--threads 2]
 """
 
 from __future__ import annotations
@@ -60,9 +60,12 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument(
+        "--threads", type=int, default=os.cpu_count() or 1, help="torch threads (1 on a busy machine)"
+    )
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "lora.json"))
     args = ap.parse_args()
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(args.threads)
     base = ensure_default_model()
     loras = adapters(base, 16, args.rank)
     llm = LLM(
@@ -84,7 +87,16 @@ def main() -> int:
             tok_s[label].append(run(llm, names))
             print(f"[r{rep + 1}] {label}: {tok_s[label][-1]:.0f} tok/s", flush=True)
     base_tok_s = statistics.median(tok_s["base model"])
-    result = {"model": base.name, "dtype": args.dtype, "rank": args.rank, "requests": 64, "rows": []}
+    result = {
+        "model": base.name,
+        "dtype": args.dtype,
+        "rank": args.rank,
+        "requests": 64,
+        "threads": args.threads,
+        "lora_ops": llm.engine.core.lora.ops.name if llm.engine.core.lora else None,
+        "load_average": os.getloadavg(),
+        "rows": [],
+    }
     print("\n| 64 requests over | output tok/s | × base |\n|---|---:|---:|")
     for label, values in tok_s.items():
         med = statistics.median(values)

@@ -65,3 +65,24 @@ def test_smollm2_shapes_on_the_gpu(dtype: torch.dtype) -> None:
     for token_slots in ([t % 4 for t in range(64)], [2] * 300 + [-1] * 20):
         check_pair(token_slots, k=576, shard_sizes=[576, 192, 192], rank=16, dtype=dtype)
         check_pair(token_slots, k=576, shard_sizes=[1536, 1536], rank=16, dtype=dtype)
+
+
+def test_the_twins_equal_per_token_peft_math() -> None:
+    """The twins vs PEFT's formula token by token: y + (x A_j^T) B_j^T * scaling into shard j's columns."""
+    torch.manual_seed(0)
+    token_slots, sizes, rank, k = [1, -1, 0, 1, 1], [6, 3], 2, 5
+    x, y = torch.randn(5, k, dtype=torch.float64), torch.randn(5, 9, dtype=torch.float64)
+    lora_a = torch.randn(2, 2, rank, k, dtype=torch.float64)  # [slot, shard, r, K]
+    lora_b = [[torch.randn(n, rank, dtype=torch.float64) for n in sizes] for _ in range(2)]  # [slot][shard]
+    scale = torch.tensor([0.5, 2.0], dtype=torch.float64)
+    a = lora_a.reshape(2, 2 * rank, k)
+    b = torch.stack([torch.cat([bj.t() for bj in lb], dim=1) for lb in lora_b])  # [slot, r, N]
+    rows, seg_start, seg_slot, _ = plan(token_slots, "cpu")
+    s = ref_lora_shrink(x, a, rows, seg_start, seg_slot, scale)
+    out = ref_lora_expand(y, s.double(), b, rows, seg_start, seg_slot, [0, 6, 9])
+    expected = y.clone()
+    for t, slot in enumerate(token_slots):
+        if slot >= 0:
+            delta = [(x[t] @ lora_a[slot, j].t()) @ lora_b[slot][j].t() * scale[slot] for j in range(2)]
+            expected[t] += torch.cat(delta)
+    torch.testing.assert_close(out, expected.to(out.dtype), atol=1e-5, rtol=1e-5)
