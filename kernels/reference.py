@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -243,3 +244,54 @@ def ref_fused_moe(
         down = act @ w2[expert].float().t()
         out.index_add_(0, rows_tokens, down * weights.index_select(0, rows)[:, None])
     return out.to(x.dtype)
+
+
+def _host(values: torch.Tensor | Sequence[int]) -> list[int]:
+    return values.tolist() if isinstance(values, torch.Tensor) else list(values)
+
+
+def ref_lora_shrink(
+    x: torch.Tensor,
+    a: torch.Tensor,
+    rows: torch.Tensor,
+    seg_start: torch.Tensor | Sequence[int],
+    seg_slot: torch.Tensor | Sequence[int],
+    scale: torch.Tensor,
+) -> torch.Tensor:
+    """Twin of kernels.lora.lora_shrink (punica's shrink), one segment at a time in fp32.
+
+    s [P, R] fp32: s[p] = (x[rows[p]] @ a[slot]^T) * scale[slot] for p in segment g (rows
+    ``seg_start[g]:seg_start[g + 1]``, slot ``seg_slot[g]``); x [T, K], a [S, R, K], scale [S].
+    """
+    starts, slots = _host(seg_start), _host(seg_slot)
+    s = torch.zeros(rows.shape[0], a.shape[1], dtype=torch.float32, device=x.device)
+    for g, slot in enumerate(slots):
+        p0, p1 = starts[g], starts[g + 1]
+        xs = x.index_select(0, rows[p0:p1]).float()
+        s[p0:p1] = (xs @ a[slot].float().t()) * scale[slot].float()
+    return s
+
+
+def ref_lora_expand(
+    y: torch.Tensor,
+    s: torch.Tensor,
+    b: torch.Tensor,
+    rows: torch.Tensor,
+    seg_start: torch.Tensor | Sequence[int],
+    seg_slot: torch.Tensor | Sequence[int],
+    shard_cols: Sequence[int],
+) -> torch.Tensor:
+    """Twin of kernels.lora.lora_expand (punica's expand): y plus, in fp32 and rounded once, per grouped row
+    p of slot ``slot``: y[rows[p], c] += s[p, j * r:(j + 1) * r] @ b[slot, :, c] for the columns c of
+    shard j (``shard_cols[j]:shard_cols[j + 1]``). y [T, N], s [P, shards * r] fp32, b [S, r, N]; returns
+    a new tensor in y's dtype."""
+    starts, slots, r = _host(seg_start), _host(seg_slot), b.shape[1]
+    out = y.float().clone()
+    for g, slot in enumerate(slots):
+        p0, p1 = starts[g], starts[g + 1]
+        parts = [
+            s[p0:p1, j * r : (j + 1) * r].float() @ b[slot, :, c0:c1].float()
+            for j, (c0, c1) in enumerate(zip(shard_cols, shard_cols[1:], strict=False))
+        ]
+        out.index_add_(0, rows[p0:p1], torch.cat(parts, dim=1))
+    return out.to(y.dtype)

@@ -31,6 +31,7 @@ SOURCES = (
     "cache.cpp",
     "norm.cpp",
     "pointwise.cpp",
+    "lora.cpp",
 )
 # CPU flags that change what -march=native emits or which at::vec implementation we pick.
 ISA_FLAGS = (

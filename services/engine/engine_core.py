@@ -226,6 +226,8 @@ class EngineCore:
             c.max_lora_rank,
             c.max_cpu_loras or c.max_loras,
             self.dtype,
+            self.device,
+            self.runner.backend.name,
         )
         for name, path in c.lora_modules.items():
             manager.add(name, path)

@@ -1,6 +1,7 @@
 // Python bindings of the kvferry CPU ops (the GIL is released while a kernel runs).
 #include <torch/extension.h>
 
+#include "lora.h"
 #include "ops.h"
 #include "vec.h"
 
@@ -35,4 +36,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("greedy_argmax", &kvf::greedy_argmax, arg("logits"), nogil);
   m.def("apply_token_bitmask", &kvf::apply_token_bitmask, arg("logits"), arg("bitmask"), arg("rows"),
         arg("mask_rows"), nogil);
+  m.def("lora_shrink", &kvf::lora_shrink, arg("s"), arg("x"), arg("a"), arg("rows"), arg("seg_start"),
+        arg("seg_slot"), arg("scale"), nogil);
+  m.def("lora_expand", &kvf::lora_expand, arg("y"), arg("s"), arg("b"), arg("rows"), arg("seg_start"),
+        arg("seg_slot"), arg("shard_cols"), nogil);
 }

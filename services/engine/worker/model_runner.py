@@ -57,6 +57,13 @@ class ModelRunner:
             raise ValueError("this engine serves embeddings only: nothing can be sampled from an encoder")
         return cast(CausalLM, self.model)
 
+    def _logits(self, hidden: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """The logits of the hidden rows ``idx`` (with LoRA: each row under its request's adapter)."""
+        if self.lora is None:
+            return self._lm().compute_logits(hidden[idx])
+        with self.lora.logit_rows(idx.tolist()):
+            return self._lm().compute_logits(hidden[idx])
+
     def _update_states(self, sched: SchedulerOutput) -> None:
         gone = sched.finished_req_ids | sched.preempted_req_ids
         for req_id in gone:
@@ -177,7 +184,7 @@ class ModelRunner:
 
         Returns the number of rejected drafts per request that verified some.
         """
-        logits = self._lm().compute_logits(hidden[inputs.logits_idx])
+        logits = self._logits(hidden, inputs.logits_idx)
         spec_lens = inputs.spec_lens or [0] * len(inputs.sample_rows)
         rows: list[SamplingRow] = []
         row_reqs: list[str] = []
@@ -250,7 +257,7 @@ class ModelRunner:
             idx = torch.tensor(
                 rows.hidden_idx[s : s + _PROMPT_LOGITS_SLICE], dtype=torch.long, device=self.device
             )
-            lp = torch.log_softmax(self._lm().compute_logits(hidden[idx]), dim=-1)
+            lp = torch.log_softmax(self._logits(hidden, idx), dim=-1)
             entries.extend(batch_logprobs(lp, rows.targets[s : s + _PROMPT_LOGITS_SLICE], rows.top_n))
         return rows.req_id, rows.first, tuple(entries)
 

@@ -4,16 +4,32 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
 
-from services.engine.worker.lora.lora_layer import DENSE_MAX_TOKENS, LoRALinear, LoRAStep
+from services.engine.worker.lora.lora_layer import LoRAEmbedding, LoRALinear, LoRAStep
+from services.engine.worker.lora.ops import select_ops
 from services.engine.worker.lora.peft_adapter import LoRAAdapter
 from services.engine.worker.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
-_FUSED_SHARDS = {"self_attn.qkv_proj": 3, "self_attn.o_proj": 1, "mlp.gate_up_proj": 2, "mlp.down_proj": 1}
+_FUSED = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+
+
+def module_shapes(cfg: ModelConfig) -> dict[str, tuple[list[int], int]]:
+    """Each LoRA-able module's shard output sizes and input size, by our module names."""
+    q, kv, h = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.hidden_size
+    return {
+        "self_attn.qkv_proj": ([q, kv, kv], h),
+        "self_attn.o_proj": ([h], q),
+        "mlp.gate_up_proj": ([cfg.intermediate_size, cfg.intermediate_size], h),
+        "mlp.down_proj": ([h], cfg.intermediate_size),
+        "lm_head": ([cfg.vocab_size], h),
+        "embed_tokens": ([h], cfg.vocab_size),
+    }
 
 
 class LoRAManager:
@@ -21,6 +37,7 @@ class LoRAManager:
 
     The scheduler never runs more distinct adapters in a step than there are slots, so ``prepare`` can
     always find one: a slot whose adapter this step does not use is evicted (least recently used first).
+    ``backend``: the engine's compute backend name (``triton`` selects the Triton LoRA kernels).
     """
 
     def __init__(
@@ -31,30 +48,31 @@ class LoRAManager:
         max_rank: int,
         max_cpu_loras: int,
         dtype: torch.dtype,
+        device: torch.device = torch.device("cpu"),
+        backend: str = "torch",
     ) -> None:
-        self.step = LoRAStep()
+        self.ops = select_ops(device, backend)
+        self.step = LoRAStep(self.ops, max_loras, device)
         self.max_rank, self.max_cpu_loras = max_rank, max(max_cpu_loras, max_loras)
-        q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-        self.shard_rows = {
-            "self_attn.qkv_proj": [q, kv, kv],
-            "self_attn.o_proj": [cfg.hidden_size],
-            "mlp.gate_up_proj": [cfg.intermediate_size, cfg.intermediate_size],
-            "mlp.down_proj": [cfg.hidden_size],
-        }
-        self.layers: dict[str, LoRALinear] = {}
+        self.shapes = module_shapes(cfg)
+        self.layers: dict[str, LoRALinear | LoRAEmbedding] = {}
         decoder_layers: nn.ModuleList = getattr(model, "layers")  # noqa: B009 - the decoder models have it
         for i, layer in enumerate(decoder_layers):
-            for path, shards in _FUSED_SHARDS.items():
+            for path in _FUSED:
                 parent_name, leaf = path.split(".")
                 parent = getattr(layer, parent_name)
-                wrapped = LoRALinear(getattr(parent, leaf), max_loras, shards * max_rank, dtype, self.step)
+                wrapped = LoRALinear(getattr(parent, leaf), self.shapes[path][0], max_rank, dtype, self.step)
                 setattr(parent, leaf, wrapped)
                 self.layers[f"layers.{i}.{path}"] = wrapped
+        vocab, hidden = cfg.vocab_size, cfg.hidden_size
+        head = LoRALinear(model.get_submodule("lm_head"), [vocab], max_rank, dtype, self.step, True, True)
+        embed = LoRAEmbedding(model.get_submodule("embed_tokens"), vocab, hidden, max_rank, dtype, self.step)
+        model.lm_head, model.embed_tokens = head, embed  # lm_head / embed_tokens: allocated on first use
+        self.layers |= {"lm_head": head, "embed_tokens": embed}
         self.paths: dict[str, str] = {}
         self.retiring: dict[str, LoRAAdapter] = {}  # unloaded, kept while requests still run under them
         self.cpu: OrderedDict[str, LoRAAdapter] = OrderedDict()
         self.slots: list[str | None] = [None] * max_loras
-        self.slot_scaling = [0.0] * max_loras  # the scaling of the adapter in each slot
         self.slot_use: OrderedDict[int, None] = OrderedDict((s, None) for s in range(max_loras))
         self.loads = self.evictions = 0
         self.requests: Counter[str] = Counter()  # requests queued per adapter, since start
@@ -67,7 +85,7 @@ class LoRAManager:
         """Register and load an adapter (errors name the problem; a failed add changes nothing)."""
         if name in self.paths or name in self.retiring:
             raise ValueError(f"LoRA adapter {name!r} is already loaded")
-        adapter = LoRAAdapter.load(name, path, self.shard_rows, self.max_rank)
+        adapter = LoRAAdapter.load(name, path, self.shapes, self.max_rank)
         self.paths[name] = path
         self._cache(adapter)
 
@@ -88,29 +106,22 @@ class LoRAManager:
                     self._clear(slot)
 
     def prepare(self, lora_names: list[str | None], starts: list[int]) -> None:
-        """Slots for this step's adapters, and the token runs per slot (``starts``: query_start_loc)."""
+        """Slots for this step's adapters, and the step's plan (``starts``: query_start_loc)."""
         needed = {n for n in lora_names if n}
         slot_of = {name: self._slot_for(name, needed) for name in needed}
-        runs: dict[int, list[tuple[int, int]]] = {}
+        token_slots: list[int] = []
         for i, name in enumerate(lora_names):
-            if name is not None:
-                runs.setdefault(slot_of[name], []).append((starts[i], starts[i + 1]))
-        groups: list[tuple[int, slice | torch.Tensor]] = []
-        for slot, spans in runs.items():
-            if all(spans[j][1] == spans[j + 1][0] for j in range(len(spans) - 1)):
-                groups.append((slot, slice(spans[0][0], spans[-1][1])))
-            else:
-                groups.append((slot, torch.cat([torch.arange(a, b) for a, b in spans])))
-        tokens = starts[-1] if starts else 0
-        if len(groups) < 3 or tokens > DENSE_MAX_TOKENS:
-            self.step.set(groups, None, None)
-            return
-        token_slot = torch.full((tokens,), -1, dtype=torch.long)
-        token_scale = torch.zeros(tokens)
-        for slot, spans in runs.items():
-            for a, b in spans:
-                token_slot[a:b], token_scale[a:b] = slot, self.slot_scaling[slot]
-        self.step.set(groups, token_slot, token_scale)
+            token_slots += [slot_of[name] if name is not None else -1] * (starts[i + 1] - starts[i])
+        self.step.set_tokens(token_slots)
+
+    @contextmanager
+    def logit_rows(self, rows: list[int]) -> Iterator[None]:
+        """Within: ``lm_head`` gets the hidden states of these token rows (then: no adapter on it)."""
+        self.step.select_logit_rows(rows)
+        try:
+            yield
+        finally:
+            self.step.logits_plan = None
 
     def _slot_for(self, name: str, needed: set[str]) -> int:
         if name in self.slots:
@@ -126,8 +137,9 @@ class LoRAManager:
         slot = free
         adapter = self._adapter(name)
         for path, layer in self.layers.items():
-            layer.set_slot(slot, adapter.layers.get(path), adapter.scaling)
-        self.slots[slot], self.slot_scaling[slot] = name, adapter.scaling
+            layer.set_slot(slot, adapter.layers.get(path))
+        self.slots[slot] = name
+        self.step.scale[slot] = adapter.scaling
         self.slot_use.move_to_end(slot)
         self.loads += 1
         return slot
@@ -138,7 +150,7 @@ class LoRAManager:
         if name in self.cpu:
             self.cpu.move_to_end(name)
             return self.cpu[name]
-        adapter = LoRAAdapter.load(name, self.paths[name], self.shard_rows, self.max_rank)
+        adapter = LoRAAdapter.load(name, self.paths[name], self.shapes, self.max_rank)
         self._cache(adapter)
         return adapter
 
@@ -149,5 +161,6 @@ class LoRAManager:
 
     def _clear(self, slot: int) -> None:
         for layer in self.layers.values():
-            layer.set_slot(slot, None, 0.0)
+            layer.set_slot(slot, None)
         self.slots[slot] = None
+        self.step.scale[slot] = 0.0

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-# PEFT target name -> (our fused module, shard index, shards in that module)
+# PEFT target name -> (our module, shard index in it)
 _TARGETS = {
     "q_proj": ("self_attn.qkv_proj", 0),
     "k_proj": ("self_attn.qkv_proj", 1),
@@ -19,13 +19,22 @@ _TARGETS = {
     "gate_proj": ("mlp.gate_up_proj", 0),
     "up_proj": ("mlp.gate_up_proj", 1),
     "down_proj": ("mlp.down_proj", 0),
+    "lm_head": ("lm_head", 0),
+    "embed_tokens": ("embed_tokens", 0),
 }
-_KEY = re.compile(r"(?:.*\.)?layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
+_LAYER_KEY = re.compile(r"(?:.*\.)?layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
+_TOP_KEY = re.compile(
+    r"(?:.*\.)?(lm_head)\.lora_([AB])\.weight$|(?:.*\.)?(embed_tokens)\.lora_embedding_([AB])$"
+)
+_BASE_COPY = re.compile(
+    r"(?:.*\.)?(lm_head|embed_tokens)\.base_layer\.weight$"
+)  # PEFT's save_embedding_layers
 
 
 @dataclass(frozen=True)
 class LoRALayerWeights:
-    """One fused layer's adapter: y += (x @ a.T) @ b.T * scaling; a [R, K], b [N, R] (block-diagonal over shards)."""
+    """One module's adapter: y += (x @ a.T) @ b * scaling per shard. a [shards * r, K]: shard j's A in rows
+    j*r..; b [r, N]: shard j's B^T in its output columns (an embedding's a is lora_embedding_A [r, vocab])."""
 
     a: torch.Tensor
     b: torch.Tensor
@@ -33,7 +42,8 @@ class LoRALayerWeights:
 
 @dataclass(frozen=True)
 class LoRAAdapter:
-    """An adapter's name, rank, scaling and its layers keyed by our module paths (``layers.3.self_attn.qkv_proj``)."""
+    """An adapter's name, rank, scaling and its modules keyed by our paths (``layers.3.self_attn.qkv_proj``,
+    ``lm_head``, ``embed_tokens``)."""
 
     name: str
     path: str
@@ -43,35 +53,32 @@ class LoRAAdapter:
 
     @classmethod
     def load(
-        cls, name: str, path: str | Path, shard_rows: dict[str, list[int]], max_rank: int
+        cls, name: str, path: str | Path, shapes: dict[str, tuple[list[int], int]], max_rank: int
     ) -> LoRAAdapter:
-        """Read ``path`` (adapter_config.json + adapter_model.safetensors); ``shard_rows`` gives each fused
-        module's shard output sizes, e.g. ``{"self_attn.qkv_proj": [q, k, v], ...}``."""
+        """Read ``path`` (adapter_config.json + adapter_model.safetensors); ``shapes`` gives each module's
+        shard output sizes and input size, e.g. ``{"self_attn.qkv_proj": ([q, k, v], hidden), ...}``."""
         folder = Path(path)
         cfg = _read_config(folder)
         rank, alpha = int(cfg.get("r", 0)), float(cfg.get("lora_alpha", cfg.get("r", 0)))
         if rank < 1 or rank > max_rank:
             raise ValueError(f"LoRA adapter {name!r}: r={rank} is outside 1..max_lora_rank={max_rank}")
         scaling = alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank
-        pairs = _read_pairs(folder, name)
         layers = {}
-        for (layer, fused), shards in _group(pairs).items():
-            sizes = shard_rows[fused]
-            a_parts, b_blocks = [], []
-            for index, (a, b) in sorted(shards.items()):
-                if a.shape[0] != rank or b.shape[1] != rank or b.shape[0] != sizes[index]:
+        for (prefix, module), shards in _group(_read_pairs(folder, name, shapes)).items():
+            sizes, fan_in = shapes[module]
+            a = torch.zeros(len(sizes) * rank, fan_in)
+            b = torch.zeros(rank, sum(sizes))
+            for index, (lora_a, lora_b) in shards.items():
+                if lora_a.shape != (rank, fan_in) or lora_b.shape != (sizes[index], rank):
                     raise ValueError(
-                        f"LoRA adapter {name!r}: layer {layer} {fused} shard {index} has shapes "
-                        f"A {tuple(a.shape)}, B {tuple(b.shape)}; expected rank {rank}, rows {sizes[index]}"
+                        f"LoRA adapter {name!r}: {prefix}{module} shard {index} has shapes "
+                        f"A {tuple(lora_a.shape)}, B {tuple(lora_b.shape)}; expected A {(rank, fan_in)}, "
+                        f"B {(sizes[index], rank)}"
                     )
-                a_parts.append(a.float())
-                block = torch.zeros(sum(sizes), rank)
                 start = sum(sizes[:index])
-                block[start : start + sizes[index]] = b.float()
-                b_blocks.append(block)
-            layers[f"layers.{layer}.{fused}"] = LoRALayerWeights(
-                torch.cat(a_parts), torch.cat(b_blocks, dim=1)
-            )
+                a[index * rank : (index + 1) * rank] = lora_a.float()
+                b[:, start : start + sizes[index]] = lora_b.float().t()
+            layers[prefix + module] = LoRALayerWeights(a, b)
         if not layers:
             raise ValueError(f"LoRA adapter {name!r}: no lora_A / lora_B weights for the supported modules")
         return cls(name, str(folder), rank, scaling, layers)
@@ -88,6 +95,9 @@ def _read_config(folder: Path) -> dict:
         ("use_dora", not cfg.get("use_dora")),
         ("bias", cfg.get("bias", "none") == "none"),
         ("modules_to_save", not cfg.get("modules_to_save")),
+        ("trainable_token_indices", not cfg.get("trainable_token_indices")),
+        ("rank_pattern", not cfg.get("rank_pattern")),
+        ("alpha_pattern", not cfg.get("alpha_pattern")),
         ("fan_in_fan_out", not cfg.get("fan_in_fan_out")),
     ):
         if not ok:
@@ -102,28 +112,43 @@ def _read_config(folder: Path) -> dict:
     return cfg
 
 
-def _read_pairs(folder: Path, name: str) -> dict[tuple[int, str, int], dict[str, torch.Tensor]]:
+def _read_pairs(
+    folder: Path, name: str, shapes: dict[str, tuple[list[int], int]]
+) -> dict[tuple[str, str, int], dict[str, torch.Tensor]]:
+    """(module prefix, our module, shard) -> {"A": ..., "B": ...} from the safetensors file."""
     from safetensors.torch import load_file
 
     weights = folder / "adapter_model.safetensors"
     if not weights.is_file():
         raise ValueError(f"LoRA adapter {name!r}: {folder} has no adapter_model.safetensors")
-    pairs: dict[tuple[int, str, int], dict[str, torch.Tensor]] = {}
+    pairs: dict[tuple[str, str, int], dict[str, torch.Tensor]] = {}
     for key, tensor in load_file(str(weights)).items():
-        m = _KEY.match(key)
-        if m is None or m.group(3) not in _TARGETS:
+        if (copy := _BASE_COPY.match(key)) is not None:  # the base weights PEFT saves beside the LoRA
+            module = copy.group(1)
+            vocab, hidden = shapes["lm_head"][0][0], shapes["embed_tokens"][0][0]
+            if tuple(tensor.shape) != (vocab, hidden):
+                raise ValueError(
+                    f"LoRA adapter {name!r}: {key} has shape {tuple(tensor.shape)}, not the base model's "
+                    f"{(vocab, hidden)}; an extended or resized vocabulary is not supported"
+                )
+            continue
+        if (m := _LAYER_KEY.match(key)) is not None and m.group(2) in _TARGETS:
+            prefix, target, which = f"layers.{m.group(1)}.", m.group(2), m.group(3)
+        elif (m := _TOP_KEY.match(key)) is not None:
+            prefix, target, which = "", m.group(1) or m.group(3), m.group(2) or m.group(4)
+        else:
             raise ValueError(f"LoRA adapter {name!r}: tensor {key!r} is not a supported LoRA weight")
-        fused, index = _TARGETS[m.group(3)]
-        pairs.setdefault((int(m.group(1)), fused, index), {})[m.group(4)] = tensor
+        module, index = _TARGETS[target]
+        pairs.setdefault((prefix, module, index), {})[which] = tensor
     return pairs
 
 
 def _group(
-    pairs: dict[tuple[int, str, int], dict[str, torch.Tensor]],
-) -> dict[tuple[int, str], dict[int, tuple]]:
-    grouped: dict[tuple[int, str], dict[int, tuple]] = {}
-    for (layer, fused, index), ab in pairs.items():
+    pairs: dict[tuple[str, str, int], dict[str, torch.Tensor]],
+) -> dict[tuple[str, str], dict[int, tuple[torch.Tensor, torch.Tensor]]]:
+    grouped: dict[tuple[str, str], dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
+    for (prefix, module, index), ab in pairs.items():
         if set(ab) != {"A", "B"}:
-            raise ValueError(f"LoRA adapter: layer {layer} {fused} has lora_{''.join(ab)} without its pair")
-        grouped.setdefault((layer, fused), {})[index] = (ab["A"], ab["B"])
+            raise ValueError(f"LoRA adapter: {prefix}{module} has lora_{''.join(ab)} without its pair")
+        grouped.setdefault((prefix, module), {})[index] = (ab["A"], ab["B"])
     return grouped

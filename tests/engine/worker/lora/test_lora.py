@@ -17,6 +17,7 @@ ADAPTERS = {  # name: (rank, alpha, target modules, rsLoRA)
     "a": (8, 16, ["q_proj", "v_proj"], False),
     "b": (4, 8, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], True),
     "c": (16, 8, ["gate_proj", "down_proj"], False),
+    "d": (8, 16, ["embed_tokens", "lm_head", "q_proj", "down_proj"], False),  # PEFT's embedding LoRA too
 }
 
 
@@ -83,6 +84,22 @@ def test_mixed_batch_equals_peft_per_request(
     assert (llm.engine.core.scheduler.num_preemptions > 0) == (blocks == 12)
 
 
+def test_lm_head_and_embedding_adapters_equal_peft(
+    llama_dir: Path, adapters: dict, peft_greedy: dict
+) -> None:
+    """An adapter on embed_tokens (A indexed by token id) and lm_head, in mixed steps with the base model
+    and another adapter, chunked (the logits rows are a subset of the step's rows)."""
+    llm = _engine(llama_dir, adapters, max_loras=2, max_num_batched_tokens=40)
+    names = [None, "d", "a", "d"]
+    jobs = [(p, names[(i + j) % 4]) for i, p in enumerate(PROMPTS) for j in range(4)]
+    outs = llm.generate([p for p, _ in jobs], GREEDY, lora_name=[n for _, n in jobs])
+    for (prompt, name), out in zip(jobs, outs, strict=True):
+        assert out.outputs[0].token_ids == peft_greedy[name][PROMPTS.index(prompt)], (name, prompt)
+    assert peft_greedy["d"] != peft_greedy[None]
+    head = llm.engine.core.lora.layers["lm_head"]
+    assert head.b is not None and head.b.abs().sum() > 0  # lm_head's LoRA was loaded and used
+
+
 def test_more_adapters_than_slots_all_finish_with_the_same_tokens(
     llama_dir: Path, adapters: dict, peft_greedy: dict
 ) -> None:
@@ -114,8 +131,20 @@ def test_lora_errors_name_the_problem(llama_dir: Path, adapters: dict, tmp_path:
     (bad / "adapter_config.json").write_text(json.dumps({**cfg, "use_dora": True}))
     with pytest.raises(ValueError, match="use_dora=True is not supported"):
         llm.engine.core.lora.add("bad", str(bad))
+    (bad / "adapter_config.json").write_text(json.dumps({**cfg, "trainable_token_indices": [3, 4]}))
+    with pytest.raises(ValueError, match="trainable_token_indices=\\[3, 4\\] is not supported"):
+        llm.engine.core.lora.add("bad", str(bad))
     (bad / "adapter_config.json").write_text(json.dumps({**cfg, "r": 64}))
     with pytest.raises(ValueError, match="r=64 is outside 1..max_lora_rank=16"):
+        llm.engine.core.lora.add("bad", str(bad))
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(adapters["d"] / "adapter_model.safetensors"))
+    key = next(k for k in tensors if k.endswith("embed_tokens.base_layer.weight"))
+    tensors[key] = torch.cat([tensors[key], tensors[key][:8]])  # 8 added tokens
+    save_file(tensors, str(bad / "adapter_model.safetensors"))
+    (bad / "adapter_config.json").write_text((adapters["d"] / "adapter_config.json").read_text())
+    with pytest.raises(ValueError, match="embed_tokens.base_layer.weight has shape .* extended or resized"):
         llm.engine.core.lora.add("bad", str(bad))
     with pytest.raises(ValueError, match="need enable_lora"):
         LLM(model=str(llama_dir), dtype="float32", num_kv_blocks=64, lora_modules={"a": str(adapters["a"])})

@@ -56,10 +56,10 @@ def test_adapters_load_unload_and_serve_by_model_name(
         bad = tmp_path / "bad"
         bad.mkdir()
         (bad / "adapter_config.json").write_text(
-            json.dumps({"peft_type": "LORA", "r": 4, "target_modules": ["lm_head"]})
+            json.dumps({"peft_type": "LORA", "r": 4, "target_modules": ["gate"]})
         )
         broken = http.post("/v1/load_lora_adapter", json={"lora_name": "bad", "lora_path": str(bad)})
-        assert broken.status_code == 400 and "target_modules ['lm_head'] are not supported" in broken.text
+        assert broken.status_code == 400 and "target_modules ['gate'] are not supported" in broken.text
         assert http.post("/v1/unload_lora_adapter", json={"lora_name": "a"}).status_code == 200
         gone = http.post("/v1/unload_lora_adapter", json={"lora_name": "a"})
         assert gone.status_code == 404 and "'a' is not loaded" in gone.text
