@@ -20,6 +20,18 @@ from kernels._common import dot_precision, padded_dim, upcast_loads
 
 
 @triton.jit
+def _segment_block(rows_ptr, seg_start_ptr, seg_slot_ptr, g, pid_m, BLOCK_M: tl.constexpr):
+    """Row block ``pid_m`` of segment ``g``: (any row left, its slot, positions, their mask, the rows)."""
+    p1 = tl.load(seg_start_ptr + g + 1)
+    first = tl.load(seg_start_ptr + g) + pid_m * BLOCK_M
+    slot = tl.load(seg_slot_ptr + g).to(tl.int64)
+    rp = first + tl.arange(0, BLOCK_M)
+    p_ok = rp < p1
+    rows = tl.load(rows_ptr + rp, mask=p_ok, other=0).to(tl.int64)
+    return first < p1, slot, rp, p_ok, rows
+
+
+@triton.jit
 def _shrink_kernel(
     x_ptr,
     a_ptr,
@@ -42,14 +54,9 @@ def _shrink_kernel(
 ):
     """Program (segment, row block, R tile): s rows = x rows @ a[slot]^T * scale[slot]."""
     g, pid_m, pid_r = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    p1 = tl.load(seg_start_ptr + g + 1)
-    first = tl.load(seg_start_ptr + g) + pid_m * BLOCK_M
-    if first >= p1:
+    live, slot, rp, p_ok, rows = _segment_block(rows_ptr, seg_start_ptr, seg_slot_ptr, g, pid_m, BLOCK_M)
+    if not live:
         return
-    slot = tl.load(seg_slot_ptr + g).to(tl.int64)
-    rp = first + tl.arange(0, BLOCK_M)
-    p_ok = rp < p1
-    rows = tl.load(rows_ptr + rp, mask=p_ok, other=0).to(tl.int64)
     rr = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
     r_ok = rr < R
     acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
@@ -92,14 +99,9 @@ def _expand_kernel(
 ):
     """Program (segment, row block, N tile of one shard): y[rows, cols] += s[:, shard's r] @ b[slot, :, cols]."""
     g, pid_m, pid_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    p1 = tl.load(seg_start_ptr + g + 1)
-    first = tl.load(seg_start_ptr + g) + pid_m * BLOCK_M
-    if first >= p1:
+    live, slot, rp, p_ok, rows = _segment_block(rows_ptr, seg_start_ptr, seg_slot_ptr, g, pid_m, BLOCK_M)
+    if not live:
         return
-    slot = tl.load(seg_slot_ptr + g).to(tl.int64)
-    rp = first + tl.arange(0, BLOCK_M)
-    p_ok = rp < p1
-    rows = tl.load(rows_ptr + rp, mask=p_ok, other=0).to(tl.int64)
     rn = col0 + pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = rn < col1
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import httpx
 from tqdm import tqdm
 
-from services.bench.client import LoadRun, RequestResult, Target, consume_stream, error_message
+from services.bench.client import LoadRun, RequestResult, Target, error_message, send_request
 from services.bench.datasets import BenchRequest
 from services.common.sse import aiter_sse
 
@@ -98,17 +98,12 @@ async def send_mixed(
     client: httpx.AsyncClient, target: Target, request: BenchRequest, kind: str, rng: random.Random
 ) -> RequestResult:
     """One request of ``kind``; any failure is recorded in the result, never raised."""
+    if kind == "stream":
+        return await send_request(client, target, request)
     result = RequestResult(prompt_len=request.prompt_len, kind=kind)
     t0 = time.perf_counter()
     try:
-        if kind == "stream":
-            async with client.stream("POST", target.url, json=target.payload(request)) as response:
-                if response.status_code != 200:
-                    result.error = error_message(response.status_code, await response.aread())
-                    return result
-                await consume_stream(response, result, target.endpoint, t0)
-            result.success = True
-        elif kind == "json":
+        if kind == "json":
             await _json(client, target, request, result)
         elif kind == "dropped":
             await _dropped(client, target, request, result, rng.randint(1, max(1, request.output_len // 2)))
