@@ -1,11 +1,12 @@
 """Int4Linear / Int8Linear / Int8Embedding: weight-only quantized layers that keep the packed bytes resident.
 
-Small batches read the packed bytes directly: torch's ``_weight_int4pack_mm_for_cpu`` for int4, kvferry's
-C++ int8 GEMV for int8 (torch's ``_weight_int8pack_mm`` without the C++ kernels: slower at batch 1 and
-crashing in bf16 when K is not a multiple of 16). From ``min_dense_rows`` rows kvferry's C++ kernel
-dequantizes a tile of output features at a time into a cache-sized buffer and runs a dense GEMM on it,
-where per-row kernels lose (crossovers measured by benchmarks/quant.py). Without the C++ kernels the
-dense path dequantizes the whole weight with torch ops (slow, but exact).
+Small batches read the packed bytes directly. int4 in bf16: kvferry's C++ GEMV on CPUs with AVX512_BF16
+(1.7x torch's kernel on SmolLM2's layers at batch 1), else torch's ``_weight_int4pack_mm_for_cpu`` on the
+same int4pack bytes. int8: kvferry's C++ int8 GEMV (torch's ``_weight_int8pack_mm`` without the C++
+kernels: slower at batch 1 and crashing in bf16 when K is not a multiple of 16). From ``min_dense_rows``
+rows kvferry's C++ kernel dequantizes a tile of output features at a time into a cache-sized buffer and
+runs a dense GEMM on it, where per-row kernels lose (crossovers measured by benchmarks/quant.py). Without
+the C++ kernels the dense path dequantizes the whole weight with torch ops (slow, but exact).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Int4Linear(nn.Module):
         self.out_features, self.in_features = gw.shape
         self.group, self.dtype, self.min_dense_rows = group, dtype, min_dense_rows
         self.ops = cpu_ops()
+        self.gemv = self.ops is not None and dtype == torch.bfloat16 and self.ops.has_bf16_int4_gemv()
         pad = -self.out_features % _BLOCK_N
         codes = F.pad(gw.codes.to(torch.int32), (0, 0, 0, pad))
         self.packed = torch._convert_weight_to_int4pack_for_cpu(codes, 1)
@@ -72,7 +74,9 @@ class Int4Linear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         if self.perm is not None:
             rows = rows.index_select(1, self.perm)
-        if rows.shape[0] < self.min_dense_rows:
+        if rows.shape[0] < self.min_dense_rows and self.gemv and self.ops is not None:
+            out = self.ops.woq_int4_gemv(rows, self.packed, self.scales_and_zeros, self.group)
+        elif rows.shape[0] < self.min_dense_rows:
             out = torch._weight_int4pack_mm_for_cpu(
                 rows.contiguous(), self.packed, self.group, self.scales_and_zeros
             )
@@ -90,7 +94,11 @@ class Int4Linear(nn.Module):
         return _nbytes(self.packed, self.scales_and_zeros, self.bias, self.perm)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, group={self.group}, dense_from={self.min_dense_rows}"
+        gemv = "kvferry" if self.gemv else "torch"
+        return (
+            f"in={self.in_features}, out={self.out_features}, group={self.group}, gemv={gemv}, "
+            f"dense_from={self.min_dense_rows}"
+        )
 
 
 class Int8Linear(nn.Module):
