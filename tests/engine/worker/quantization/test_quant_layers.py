@@ -65,6 +65,21 @@ def test_int4_linear_in_bfloat16_is_close() -> None:
     assert err < 0.02
 
 
+def test_int4_gemv_is_built_exactly_on_cpus_with_avx512_bf16() -> None:
+    """bf16 Int4Linear takes kvferry's GEMV exactly where a native AVX-512 build has avx512_bf16."""
+    from kernels import cpu
+    from kernels.cpu import build
+
+    if not cpu.available():
+        pytest.skip("no C++ kernels here")
+    spec = build.build_spec()
+    native = spec.capability == "AVX512" and "-march=native" in spec.cflags
+    assert cpu.has_bf16_int4_gemv() == (native and "avx512_bf16" in spec.flags)
+    gw = GroupQuantWeight.quantize(torch.randn(64, 64), 4, 32)
+    assert (Int4Linear(gw, None, torch.bfloat16).gemv is not None) == cpu.has_bf16_int4_gemv()
+    assert Int4Linear(gw, None, torch.float32).gemv is None  # fp32 x is never rounded to bf16
+
+
 @pytest.mark.parametrize(("n", "k", "group"), [(64, 64, 32), (200, 128, 64), (96, 512, 256), (130, 256, 128)])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 15])  # 4 x rows per pass, then 3 / 2 / 1 left over
 def test_int4_gemv_in_bfloat16_equals_dequantized_matmul(n: int, k: int, group: int, rows: int) -> None:
