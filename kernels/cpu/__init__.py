@@ -11,6 +11,7 @@ __all__ = [
     "apply_token_bitmask",
     "fused_add_rms_norm",
     "greedy_argmax",
+    "has_bf16_int4_gemv",
     "load",
     "paged_attention",
     "reshape_and_cache",
@@ -18,6 +19,7 @@ __all__ = [
     "rotary_embedding",
     "silu_and_mul",
     "unavailable_reason",
+    "woq_int4_gemv",
     "woq_int4_linear",
     "woq_int8_gemv",
     "woq_int8_linear",
@@ -188,4 +190,20 @@ def woq_int8_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) 
     """The same product for a few rows of x: one pass over the int8 bytes per 4 rows (no dequantized copy)."""
     out = torch.empty((x.shape[0], qweight.shape[0]), dtype=x.dtype)
     _ops().woq_int8_gemv(out, x.contiguous(), qweight, scales)
+    return out
+
+
+def has_bf16_int4_gemv() -> bool:
+    """Whether the kernels have ``woq_int4_gemv`` (built for a CPU with AVX512_BF16)."""
+    ops = load()
+    return bool(ops is not None and ops.has_bf16_int4_gemv)
+
+
+def woq_int4_gemv(
+    x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int
+) -> torch.Tensor:
+    """Few bf16 rows x [M, K] @ W^T for W in torch's int4pack CPU layout, reading the 4-bit codes once per 4
+    rows (bf16 dot products of the exact codes): [M, Npad]."""
+    out = torch.empty((x.shape[0], packed.shape[0]), dtype=x.dtype)
+    _ops().woq_int4_gemv(out, x.contiguous(), packed, scales_and_zeros, int(group))
     return out

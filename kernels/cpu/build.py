@@ -21,6 +21,7 @@ SOURCES = (
     "bindings.cpp",
     "bitmask.cpp",
     "quant_linear.cpp",
+    "quant_gemv.cpp",
     "attention.cpp",
     "attention_decode.cpp",
     "attention_plan.cpp",

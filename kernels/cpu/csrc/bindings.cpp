@@ -33,6 +33,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("woq_int8_linear", &kvf::woq_int8_linear, arg("out"), arg("x"), arg("qweight"), arg("scales"),
         arg("tile_n"), nogil);
   m.def("woq_int8_gemv", &kvf::woq_int8_gemv, arg("out"), arg("x"), arg("qweight"), arg("scales"), nogil);
+  m.attr("has_bf16_int4_gemv") = kvf::has_bf16_int4_gemv();
+  m.def("woq_int4_gemv", &kvf::woq_int4_gemv, arg("out"), arg("x"), arg("packed"), arg("scales_and_zeros"),
+        arg("group"), nogil);
   m.def("greedy_argmax", &kvf::greedy_argmax, arg("logits"), nogil);
   m.def("apply_token_bitmask", &kvf::apply_token_bitmask, arg("logits"), arg("bitmask"), arg("rows"),
         arg("mask_rows"), nogil);

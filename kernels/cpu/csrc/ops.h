@@ -55,6 +55,11 @@ void woq_int8_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& qwe
                      int64_t tile_n);
 // The same int8 product for few rows, reading the int8 bytes once per output row (a GEMV per 4 rows).
 void woq_int8_gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales);
+// The int4 product for few rows of bf16 x, reading the int4pack bytes once per 4 rows (AVX512_BF16 only:
+// has_bf16_int4_gemv() says whether this build has it). out [M, Npad] bf16.
+bool has_bf16_int4_gemv();
+void woq_int4_gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sz,
+                   int64_t group);
 
 // Greedy sampling: per row of logits [B, V] (fp32/bf16/fp16), the first index of its maximum, NaN counting
 // as the maximum (torch.max(dim=-1)'s indices); int64 [B].

@@ -211,10 +211,18 @@ void woq_int8_gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweig
   TORCH_CHECK(scales.dim() == 1 && scales.size(0) == N && scales.scalar_type() == x.scalar_type() &&
                   scales.is_contiguous(),
               "scales must be [N] of x's dtype");
-  const auto xf = x.to(at::kFloat).contiguous();
+  // x in fp32: a batch-1 step calls this ~120 times, so no ATen op (and no allocation) for fp32 x
+  std::vector<float> widened;
+  const float* xf = x.scalar_type() == at::kFloat ? x.data_ptr<float>() : nullptr;
+  if (xf == nullptr) {
+    const auto* xb = x.data_ptr<c10::BFloat16>();
+    widened.resize(x.numel());
+    for (int64_t i = 0; i < x.numel(); ++i) widened[i] = static_cast<float>(xb[i]);
+    xf = widened.data();
+  }
   by_dtype(x.scalar_type(), [&](auto tag) {
     using scalar_t = decltype(tag);
-    const float* xp = xf.data_ptr<float>();
+    const float* xp = xf;
     const int8_t* qp = qweight.data_ptr<int8_t>();
     const scalar_t* sp = scales.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();

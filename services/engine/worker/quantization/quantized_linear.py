@@ -1,11 +1,12 @@
 """Int4Linear / Int8Linear / Int8Embedding: weight-only quantized layers that keep the packed bytes resident.
 
-Small batches read the packed bytes directly: torch's ``_weight_int4pack_mm_for_cpu`` for int4, kvferry's
-C++ int8 GEMV for int8 (torch's ``_weight_int8pack_mm`` without the C++ kernels: slower at batch 1 and
-crashing in bf16 when K is not a multiple of 16). From ``min_dense_rows`` rows kvferry's C++ kernel
-dequantizes a tile of output features at a time into a cache-sized buffer and runs a dense GEMM on it,
-where per-row kernels lose (crossovers measured by benchmarks/quant.py). Without the C++ kernels the
-dense path dequantizes the whole weight with torch ops (slow, but exact).
+Small batches read the packed bytes directly. int4 in bf16: kvferry's C++ GEMV on CPUs with AVX512_BF16
+(1.7x torch's kernel on SmolLM2's layers at batch 1), else torch's ``_weight_int4pack_mm_for_cpu`` on the
+same int4pack bytes. int8: kvferry's C++ int8 GEMV (torch's ``_weight_int8pack_mm`` without the C++
+kernels: slower at batch 1 and crashing in bf16 when K is not a multiple of 16). From ``min_dense_rows``
+rows kvferry's C++ kernel dequantizes a tile of output features at a time into a cache-sized buffer and
+runs a dense GEMM on it, where per-row kernels lose (crossovers measured by benchmarks/quant.py). Without
+the C++ kernels the dense path dequantizes the whole weight with torch ops (slow, but exact).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ class Int4Linear(nn.Module):
         self.out_features, self.in_features = gw.shape
         self.group, self.dtype, self.min_dense_rows = group, dtype, min_dense_rows
         self.ops = cpu_ops()
+        # the compiled kernels, called directly (per-call wrapper overhead counts at batch 1), where kvferry's
+        # int4 GEMV serves this layer's small batches; None: torch's int4pack kernel
+        self.gemv = _extension() if dtype == torch.bfloat16 and has_int4_gemv(self.ops) else None
         pad = -self.out_features % _BLOCK_N
         codes = F.pad(gw.codes.to(torch.int32), (0, 0, 0, pad))
         self.packed = torch._convert_weight_to_int4pack_for_cpu(codes, 1)
@@ -72,7 +76,10 @@ class Int4Linear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         if self.perm is not None:
             rows = rows.index_select(1, self.perm)
-        if rows.shape[0] < self.min_dense_rows:
+        if rows.shape[0] < self.min_dense_rows and self.gemv is not None:
+            out = torch.empty((rows.shape[0], self.packed.shape[0]), dtype=rows.dtype)
+            self.gemv.woq_int4_gemv(out, rows.contiguous(), self.packed, self.scales_and_zeros, self.group)
+        elif rows.shape[0] < self.min_dense_rows:
             out = torch._weight_int4pack_mm_for_cpu(
                 rows.contiguous(), self.packed, self.group, self.scales_and_zeros
             )
@@ -90,7 +97,11 @@ class Int4Linear(nn.Module):
         return _nbytes(self.packed, self.scales_and_zeros, self.bias, self.perm)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, group={self.group}, dense_from={self.min_dense_rows}"
+        gemv = "torch" if self.gemv is None else "kvferry"
+        return (
+            f"in={self.in_features}, out={self.out_features}, group={self.group}, gemv={gemv}, "
+            f"dense_from={self.min_dense_rows}"
+        )
 
 
 class Int8Linear(nn.Module):
@@ -110,10 +121,15 @@ class Int8Linear(nn.Module):
         self.dtype, self.min_dense_rows = dtype, min_dense_rows
         self.bias = None if bias is None else bias.to(dtype)
         self.ops = cpu_ops()
+        self.gemv = _extension() if self.ops is not None else None  # called directly, as Int4Linear's
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        out = int8_matmul(rows, self.qweight, self.scales, self.ops, self.min_dense_rows)
+        if rows.shape[0] < self.min_dense_rows and self.gemv is not None:
+            out = torch.empty((rows.shape[0], self.out_features), dtype=rows.dtype)
+            self.gemv.woq_int8_gemv(out, rows.contiguous(), self.qweight, self.scales)
+        else:
+            out = int8_matmul(rows, self.qweight, self.scales, self.ops, self.min_dense_rows)
         if self.bias is not None:
             out = out + self.bias
         return out.view(*x.shape[:-1], self.out_features)
@@ -170,6 +186,17 @@ def cpu_ops() -> ModuleType | None:
     from kernels import cpu
 
     return cpu if cpu.available() else None
+
+
+def has_int4_gemv(ops: ModuleType | None) -> bool:
+    """Whether kvferry's int4 GEMV is there (``ops``: ``kernels.cpu`` or None; needs AVX512_BF16)."""
+    return ops is not None and bool(ops.has_bf16_int4_gemv())
+
+
+def _extension() -> ModuleType | None:
+    from kernels import cpu
+
+    return cpu.load()
 
 
 def _nbytes(*tensors: torch.Tensor | None) -> int:

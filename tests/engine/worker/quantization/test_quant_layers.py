@@ -65,6 +65,46 @@ def test_int4_linear_in_bfloat16_is_close() -> None:
     assert err < 0.02
 
 
+def test_int4_gemv_is_built_exactly_on_cpus_with_avx512_bf16() -> None:
+    """bf16 Int4Linear takes kvferry's GEMV exactly where a native AVX-512 build has avx512_bf16."""
+    from kernels import cpu
+    from kernels.cpu import build
+
+    if not cpu.available():
+        pytest.skip("no C++ kernels here")
+    spec = build.build_spec()
+    native = spec.capability == "AVX512" and "-march=native" in spec.cflags
+    assert cpu.has_bf16_int4_gemv() == (native and "avx512_bf16" in spec.flags)
+    gw = GroupQuantWeight.quantize(torch.randn(64, 64), 4, 32)
+    assert (Int4Linear(gw, None, torch.bfloat16).gemv is not None) == cpu.has_bf16_int4_gemv()
+    assert Int4Linear(gw, None, torch.float32).gemv is None  # fp32 x is never rounded to bf16
+
+
+@pytest.mark.parametrize(("n", "k", "group"), [(64, 64, 32), (200, 128, 64), (96, 512, 256), (130, 256, 128)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 15])  # 4 x rows per pass, then 3 / 2 / 1 left over
+def test_int4_gemv_in_bfloat16_equals_dequantized_matmul(n: int, k: int, group: int, rows: int) -> None:
+    from kernels import cpu
+
+    if not cpu.has_bf16_int4_gemv():
+        pytest.skip("kvferry's int4 GEMV needs a CPU with AVX512_BF16")
+    torch.manual_seed(n + k + rows)
+    gw = GroupQuantWeight.quantize(torch.randn(n, k), 4, group)
+    bias = torch.randn(n)
+    layer = Int4Linear(gw, bias, torch.bfloat16, min_dense_rows=16)
+    assert layer.gemv is not None
+    x = torch.randn(rows, k).bfloat16()
+    # reference: the bf16 layer's own dequantized weight (its bf16 scales) in fp32, rounded once at the end
+    ref = x.float() @ layer.dense_weight().float().t() + bias.bfloat16().float()
+    out = layer(x)
+    assert out.shape == (rows, n) and out.dtype == torch.bfloat16
+    # bf16 output (and the bf16 bias add): within two bf16 roundings of the largest output
+    torch.testing.assert_close(out.float(), ref, rtol=0, atol=ref.abs().max().item() / 64)
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    layer.gemv = None  # torch's int4pack kernel on the same bytes: no closer to the reference
+    torch_err = ((layer(x).float() - ref).norm() / ref.norm()).item()
+    assert err <= torch_err * 1.1 + 1e-6
+
+
 @pytest.mark.parametrize("rows", [1, 40])
 @pytest.mark.parametrize("k", [96, 72])  # 72: not a multiple of 16, where torch's int8pack kernel crashes
 def test_int8_linear_is_the_per_channel_formula(rows: int, k: int) -> None:
