@@ -27,6 +27,8 @@ class CpuBackend:
 
     def __init__(self, ops: ModuleType) -> None:
         self._ops = ops  # kernels.cpu (its wrappers), already checked to be available
+        # per cache tensor (a draft model has its own): its layers' (key, value) views (microseconds each)
+        self._views: dict[int, tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]] = {}
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
@@ -77,7 +79,7 @@ class CpuBackend:
         window: int = 0,
     ) -> torch.Tensor:
         """Write this step's K/V into the layer's blocks, then attend every query row of the batch."""
-        key_cache, value_cache = kv_cache[:, layer, 0], kv_cache[:, layer, 1]
+        key_cache, value_cache = self._layer_caches(kv_cache, layer)
         self._ops.reshape_and_cache(k, v, key_cache, value_cache, meta.slot_mapping)
         out = torch.empty(q.shape, dtype=q.dtype)
         return self._ops.paged_attention(
@@ -91,3 +93,13 @@ class CpuBackend:
             scale,
             window=window,
         )
+
+    def _layer_caches(self, kv_cache: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer``'s key and value cache views of ``kv_cache``, cut once per cache tensor."""
+        cache, views = self._views.get(id(kv_cache), (None, []))
+        if cache is not kv_cache:
+            views = [(kv_cache[:, i, 0], kv_cache[:, i, 1]) for i in range(kv_cache.shape[1])]
+            if len(self._views) >= 4:  # caches replaced (re-profiled, re-sized): forget the old ones
+                self._views.clear()
+            self._views[id(kv_cache)] = (kv_cache, views)
+        return views[layer]
