@@ -25,6 +25,7 @@ from services.engine.executor.tp_worker import rank_device, worker_main
 from services.engine.executor.worker_messages import (
     STOP,
     KVCacheSize,
+    LoadMemory,
     Ready,
     Step,
     StepDone,
@@ -51,6 +52,7 @@ class MultiprocExecutor:
     ) -> None:
         self.size = config.tensor_parallel_size * config.pipeline_parallel_size
         self.runner: ModelRunner | None = None
+        self.load_memory: dict[int, LoadMemory] = {}  # rank -> its resident memory around loading
         self.device = rank_device(config.device, 0)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.size))
         store = TPGroup.store(self.size, COLLECTIVE_TIMEOUT_S)
@@ -98,6 +100,10 @@ class MultiprocExecutor:
             if not isinstance(ready, Ready) or ready.error is not None:
                 error = ready.error if isinstance(ready, Ready) else type(ready).__name__
                 raise WorkerDiedError(f"tensor-parallel rank {rank} could not start: {error}")
+            if ready.memory is not None:
+                self.load_memory[rank] = ready.memory
+                log.info("rank %d loaded its shard: resident %.0f MiB before, peak %.0f MiB", rank,
+                         ready.memory.before / 2**20, ready.memory.peak / 2**20)  # fmt: skip
 
     def execute(
         self, sched: SchedulerOutput, constraints: StepConstraints | None = None
