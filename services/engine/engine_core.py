@@ -13,7 +13,7 @@ from services.common.mm_placeholders import media_placeholders
 from services.engine.core.config import EngineConfig
 from services.engine.core.encoder_cache_manager import EncoderCacheManager
 from services.engine.core.kv_cache_manager import KVCacheManager
-from services.engine.core.kv_connector import KVConnector, NullConnector, compose
+from services.engine.core.kv_connector import KVConnector, compose
 from services.engine.core.outputs import EngineCoreOutput
 from services.engine.core.request import Request, RequestStatus
 from services.engine.core.scheduler import Scheduler, SchedulerConfig
@@ -153,11 +153,17 @@ class EngineCore:
         self.kv_manager = KVCacheManager(
             self.num_blocks, self.block_size, config.enable_prefix_caching, sliding_window=cfg.kv_window
         )
-        self.kv_transfer = KVTransferContext(config, kv_cache, self.kv_compat())
-        self.connector: KVConnector = compose(list(connectors(self.kv_transfer)))
-        if self._parallel is not None and not isinstance(self.connector, NullConnector):
-            self.shutdown()
-            raise ValueError(unsupported(config, "--role prefill/decode (sharded KV)"))
+        ranks = self._parallel.kv_ranks if self._parallel is not None else []
+        staged = config.pipeline_parallel_size > 1
+        refusal = (
+            unsupported(config, "--role prefill/decode (KV split over pipeline stages)") if staged else None
+        )
+        self.kv_transfer = KVTransferContext(config, kv_cache, self.kv_compat(), ranks, refusal)
+        try:
+            self.connector: KVConnector = compose(list(connectors(self.kv_transfer)))
+        except BaseException:
+            self.executor.shutdown()
+            raise
         batched = config.max_num_batched_tokens or _DEFAULT_BATCHED_TOKENS
         if self.task == "embed":  # whole prompts per step: the budget must hold the longest
             batched = max(batched, self.max_model_len)
@@ -312,8 +318,9 @@ class EngineCore:
         return _DEFAULT_CPU_KV_GB * 2**30
 
     def kv_compat(self) -> KVCompat:
-        """What a peer engine must match to exchange KV blocks with this one."""
-        cfg = self.model_config
+        """What a peer engine must match to exchange KV blocks with this one (under tensor parallelism:
+        one rank's shard, and how many there are)."""
+        cfg = self.kv_config
         return KVCompat(
             model_id=self.config.model_name,
             block_size=self.block_size,
@@ -324,6 +331,7 @@ class EngineCore:
                 cfg.num_hidden_layers, self.block_size, cfg.num_key_value_heads, cfg.head_dim
             ),
             weights=self.quant.describe(),
+            tensor_parallel_size=self.config.tensor_parallel_size,
         )
 
     def transfer_stats(self) -> tuple[dict[tuple[str, str], int], dict[str, int]]:

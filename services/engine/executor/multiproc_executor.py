@@ -32,6 +32,7 @@ from services.engine.executor.worker_messages import (
     WorkerDiedError,
     WorkerSpec,
 )
+from services.engine.kv_transfer.rank_transfer import RankTransferClient
 from services.engine.worker.model_runner import ModelRunner
 from services.engine.worker.parallel.groups import ParallelGroups
 from services.engine.worker.parallel.pp_stage import PPStage
@@ -59,6 +60,7 @@ class MultiprocExecutor:
         ctx = mp.get_context("spawn")
         self.procs: list[BaseProcess] = []
         self.conns: list[Connection] = []
+        self.kv_ranks: list[RankTransferClient] = []  # each worker's NIXL agent (P/D), rank order
         shard_config = config.model_copy(update={"pool_secret": None})  # ranks never talk to other pods
         for rank in range(1, self.size):
             spec = WorkerSpec(
@@ -66,11 +68,16 @@ class MultiprocExecutor:
                 str(dtype).removeprefix("torch."), backend,
             )  # fmt: skip
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=worker_main, args=(spec, child), name=f"kvferry-tp{rank}", daemon=True)
+            kv_parent, kv_child = ctx.Pipe()
+            proc = ctx.Process(
+                target=worker_main, args=(spec, child, kv_child), name=f"kvferry-tp{rank}", daemon=True
+            )
             proc.start()
             child.close()
+            kv_child.close()
             self.procs.append(proc)
             self.conns.append(parent)
+            self.kv_ranks.append(RankTransferClient(kv_parent, rank))
         self.groups = ParallelGroups.join(
             store, 0, config.tensor_parallel_size, config.pipeline_parallel_size, num_layers,
             self.device.type == "cuda", COLLECTIVE_TIMEOUT_S,

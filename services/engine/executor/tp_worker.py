@@ -23,6 +23,7 @@ from services.engine.executor.worker_messages import (
     StepDone,
     WorkerSpec,
 )
+from services.engine.kv_transfer.rank_transfer import start_rank_transfer
 from services.engine.worker.attention import select_backend
 from services.engine.worker.loader.model_loader import load_model, load_model_config
 from services.engine.worker.model_runner import ModelRunner, kv_cache_shape
@@ -84,8 +85,9 @@ def _build_runner(spec: WorkerSpec, conn: Connection) -> tuple[ModelRunner, Load
     return runner, memory
 
 
-def worker_main(spec: WorkerSpec, conn: Connection) -> None:
-    """Entry point of a spawned rank: build, say Ready, then run steps until told to stop."""
+def worker_main(spec: WorkerSpec, conn: Connection, kv_conn: Connection) -> None:
+    """Entry point of a spawned rank: build, say Ready, then run steps until told to stop (``kv_conn``:
+    rank 0's calls on this rank's NIXL agent, answered on a thread of their own)."""
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s %(levelname)s rank{spec.rank} %(name)s: %(message)s"
     )
@@ -96,6 +98,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         log.exception("tensor-parallel rank %d could not start", spec.rank)
         conn.send(Ready(error=f"{type(exc).__name__}: {exc}"))
         return
+    start_rank_transfer(kv_conn, runner.kv_cache)
     conn.send(Ready(memory=memory))
     try:
         while True:
