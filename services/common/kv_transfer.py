@@ -160,6 +160,11 @@ class KVCompat(BaseModel):
     weights: str = Field(
         "none", description="How the weights are held (quantization): KV of different weights differs."
     )
+    tensor_parallel_size: PositiveInt = Field(
+        1,
+        description="KV shards, one per tensor-parallel rank (each holds its KV heads); decode rank r reads "
+        "prefill rank r, so both must use the same size (heterogeneous TP is future work).",
+    )
 
     def check(self, remote: KVCompat, peer: str = "peer") -> None:
         """Raise KVIncompatibleError naming every field on which ``remote`` differs from us."""
@@ -177,8 +182,8 @@ def block_major_layout(num_layers: int, block_size: int, num_kv_heads: int, head
     return f"block_major(layers={num_layers},kv=2,tokens={block_size},heads={num_kv_heads},dim={head_dim})"
 
 
-class KVHandshake(BaseModel):
-    """Body of an engine's NIXL handshake on the HTTP side channel (JSON; bytes are base64).
+class KVAgent(BaseModel):
+    """One NIXL agent over one registered KV cache (of an engine, or of one tensor-parallel rank).
 
     The registered KV cache is one region of ``num_blocks`` blocks of ``compat.bytes_per_block`` bytes
     starting at ``base_addr``; block ``i`` is the descriptor ``(base_addr + i * bytes_per_block,
@@ -188,9 +193,28 @@ class KVHandshake(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", ser_json_bytes="base64", val_json_bytes="base64")
 
     engine_id: str
-    agent_metadata: bytes = Field(description="nixl getLocalMD() of the engine's agent.")
+    agent_metadata: bytes = Field(description="nixl getLocalMD() of the agent.")
     base_addr: NonNegativeInt
     num_blocks: PositiveInt
     device_id: NonNegativeInt = 0
     mem_type: str = Field("DRAM", pattern="^(DRAM|VRAM)$")
+
+
+class KVHandshake(KVAgent):
+    """Body of an engine's NIXL handshake on the HTTP side channel (JSON; bytes are base64): its
+    (tensor-parallel rank 0's) agent, the KV compatibility, and the agents of ranks 1..tp-1, whose KV
+    shards have the same block ids (the block tables are identical across ranks)."""
+
     compat: KVCompat
+    tp_ranks: list[KVAgent] = Field(
+        default_factory=list, description="Agents of tensor-parallel ranks 1..tp-1, in rank order."
+    )
+
+    @model_validator(mode="after")
+    def _one_agent_per_rank(self) -> Self:
+        if len(self.tp_ranks) != self.compat.tensor_parallel_size - 1:
+            raise ValueError(
+                f"tensor_parallel_size={self.compat.tensor_parallel_size} needs "
+                f"{self.compat.tensor_parallel_size - 1} tp_ranks agents, got {len(self.tp_ranks)}"
+            )
+        return self

@@ -13,7 +13,7 @@ from services.common.kv_transfer import HANDSHAKE_PATH, KVIncompatibleError, KVT
 from services.common.pool_secret import auth_headers
 from services.decode.pull_connector import PullConnector
 from services.engine.entrypoints.role import kv_incompatible, parse_kv_transfer_params
-from services.engine.kv_transfer.nixl_transfer import NixlTransfer
+from services.engine.kv_transfer.nixl_transfer import BlockTransfer
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ class DecodeAdmission:
     ``pool_secret``: sent on every handshake (prefill engines started with --pool-secret-file require it)."""
 
     def __init__(
-        self, transfer: NixlTransfer | None, connector: PullConnector, pool_secret: SecretStr | None = None
+        self, transfer: BlockTransfer | None, connector: PullConnector, pool_secret: SecretStr | None = None
     ) -> None:
         self.transfer, self.connector = transfer, connector
         self._headers = auth_headers(pool_secret)

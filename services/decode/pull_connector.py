@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from services.common.kv_transfer import KVTransferError, KVTransferParams
 from services.engine.core.kv_connector import FinishedTransfers, Match, TransferStats
 from services.engine.core.request import Request
-from services.engine.kv_transfer.nixl_transfer import NixlTransfer, TransferHandle, TransferState
+from services.engine.kv_transfer.nixl_transfer import BlockTransfer, TransferHandle, TransferState
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class PullConnector:
     """
 
     def __init__(
-        self, transfer: NixlTransfer | None, block_size: int, stats: TransferStats | None = None
+        self, transfer: BlockTransfer | None, block_size: int, stats: TransferStats | None = None
     ) -> None:
         self.transfer, self.block_size = transfer, block_size
         self._stats = stats or TransferStats()

@@ -13,7 +13,7 @@ from services.common.mm_placeholders import media_placeholders
 from services.engine.core.config import EngineConfig
 from services.engine.core.encoder_cache_manager import EncoderCacheManager
 from services.engine.core.kv_cache_manager import KVCacheManager
-from services.engine.core.kv_connector import KVConnector, NullConnector, compose
+from services.engine.core.kv_connector import KVConnector, compose
 from services.engine.core.outputs import EngineCoreOutput
 from services.engine.core.request import Request, RequestStatus
 from services.engine.core.scheduler import Scheduler, SchedulerConfig
@@ -22,7 +22,7 @@ from services.engine.executor.multiproc_executor import MultiprocExecutor
 from services.engine.executor.tp_checks import check_tensor_parallel, unsupported
 from services.engine.kv_transfer.context import ConnectorFactory, KVTransferContext, aggregated_connectors
 from services.engine.platforms.detect import current_platform
-from services.engine.worker.attention import select_backend
+from services.engine.worker.attention import ComputeBackend, select_backend
 from services.engine.worker.loader.model_loader import (
     load_embedding_model,
     load_model,
@@ -30,6 +30,7 @@ from services.engine.worker.loader.model_loader import (
     resolve_dtype,
 )
 from services.engine.worker.lora.lora_manager import LoRAManager
+from services.engine.worker.memory_profile import dummy_prompts, profile_model
 from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.model_runner import ModelRunner, bytes_per_block, kv_cache_shape
 from services.engine.worker.models import is_encoder_architecture
@@ -50,7 +51,7 @@ log = logging.getLogger(__name__)
 
 _DEFAULT_CPU_KV_GB = 2.0
 _DEFAULT_GPU_UTILIZATION = 0.9  # vLLM's default
-_ACTIVATION_RESERVE = 0.05  # of the device, kept free for a step's activations
+_ACTIVATION_RESERVE = 0.05  # of the device, kept for a step's activations where no profile step ran
 _DEFAULT_BATCHED_TOKENS = 2048  # per step; longer prompts are chunked (vLLM V1's default)
 
 
@@ -116,7 +117,9 @@ class EngineCore:
         self.tp, self.pp = (groups.tp, groups.pp) if groups is not None else (None, None)
         self.kv_config = rank_kv_config(cfg, groups)  # this rank's KV heads and layers
         try:
-            model, kv_cache = self._load_model()  # the KV cache is sized after the weights are in memory
+            model, kv_cache = self._load_model(
+                backend
+            )  # the KV cache is sized after the weights are in memory
         except BaseException:
             if self._parallel is not None:
                 self._parallel.shutdown()
@@ -153,11 +156,17 @@ class EngineCore:
         self.kv_manager = KVCacheManager(
             self.num_blocks, self.block_size, config.enable_prefix_caching, sliding_window=cfg.kv_window
         )
-        self.kv_transfer = KVTransferContext(config, kv_cache, self.kv_compat())
-        self.connector: KVConnector = compose(list(connectors(self.kv_transfer)))
-        if self._parallel is not None and not isinstance(self.connector, NullConnector):
-            self.shutdown()
-            raise ValueError(unsupported(config, "--role prefill/decode (sharded KV)"))
+        ranks = self._parallel.kv_ranks if self._parallel is not None else []
+        staged = config.pipeline_parallel_size > 1
+        refusal = (
+            unsupported(config, "--role prefill/decode (KV split over pipeline stages)") if staged else None
+        )
+        self.kv_transfer = KVTransferContext(config, kv_cache, self.kv_compat(), ranks, refusal)
+        try:
+            self.connector: KVConnector = compose(list(connectors(self.kv_transfer)))
+        except BaseException:
+            self.executor.shutdown()
+            raise
         batched = config.max_num_batched_tokens or _DEFAULT_BATCHED_TOKENS
         if self.task == "embed":  # whole prompts per step: the budget must hold the longest
             batched = max(batched, self.max_model_len)
@@ -250,7 +259,7 @@ class EngineCore:
         """The adapters requests may name (empty without --enable-lora)."""
         return self.lora.names if self.lora is not None else []
 
-    def _load_model(self) -> tuple[CausalLM | EmbeddingModel, torch.Tensor]:
+    def _load_model(self, backend: ComputeBackend) -> tuple[CausalLM | EmbeddingModel, torch.Tensor]:
         """The model for the task, and the paged KV cache (an encoder keeps no KV: an empty tensor)."""
         args = (
             self.config.model,
@@ -265,11 +274,29 @@ class EngineCore:
             model: CausalLM | EmbeddingModel = load_embedding_model(*args)
         else:
             model = load_model(*args, tp=self.tp, pp=self.pp)
+        self._activation_bytes = self._profile(model, backend)
         self.num_blocks = self._num_blocks()
         if self.encoder:
             return model, torch.empty(0, dtype=self.dtype, device=self.device)
         shape = kv_cache_shape(self.kv_config, self.num_blocks, self.block_size)
         return model, torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    def _profile(self, model: CausalLM | EmbeddingModel, backend: ComputeBackend) -> int | None:
+        """One CUDA engine whose KV --gpu-memory-utilization sizes: the peak bytes of a step at the full
+        token budget (None: not profiled; sharded engines keep a fixed reserve, as CPUs need none)."""
+        c = self.config
+        if self.device.type != "cuda" or c.num_kv_blocks or c.kv_cache_memory_gb or self.encoder:
+            return None
+        if self.task != "generate" or self._parallel is not None:
+            return None
+        batched = c.max_num_batched_tokens or _DEFAULT_BATCHED_TOKENS
+        lengths = dummy_prompts(batched, c.max_num_seqs, self.max_model_len)
+        peak = profile_model(
+            cast(CausalLM, model), self.kv_config, self.dtype, backend, self.device, self.block_size, lengths
+        )
+        log.info("profile step: %d tokens in %d prompts peaked at %.2f GiB over the weights", sum(lengths),
+                 len(lengths), peak / 2**30)  # fmt: skip
+        return peak
 
     def _num_blocks(self) -> int:
         if self.config.num_kv_blocks:
@@ -291,19 +318,23 @@ class EngineCore:
         return blocks
 
     def _kv_budget_bytes(self) -> float:
-        """--kv-cache-memory if given; on GPUs what --gpu-memory-utilization leaves after the weights (less
-        a 5% activation reserve: no profiling pass yet); on CPUs 2 GiB."""
+        """--kv-cache-memory if given; on GPUs what --gpu-memory-utilization leaves after the weights and a
+        profiled step at the full token budget (a sharded engine: a 5% reserve instead); on CPUs 2 GiB."""
         c = self.config
         if c.kv_cache_memory_gb:
             return c.kv_cache_memory_gb * 2**30
         if self.device.type == "cuda":
             util = c.gpu_memory_utilization or _DEFAULT_GPU_UTILIZATION
             free, total = torch.cuda.mem_get_info(self.device)
-            budget = total * (util - _ACTIVATION_RESERVE) - (total - free)
+            steps = (
+                self._activation_bytes if self._activation_bytes is not None else total * _ACTIVATION_RESERVE
+            )
+            budget = total * util - (total - free) - steps
             if budget <= 0:
                 raise ValueError(
                     f"gpu_memory_utilization={util}: the weights already use {(total - free) / 2**30:.1f} of "
-                    f"{total / 2**30:.1f} GiB; nothing is left for the KV cache"
+                    f"{total / 2**30:.1f} GiB and a step {steps / 2**30:.1f} GiB; nothing is left for the KV "
+                    "cache (raise it, or lower max_num_batched_tokens)"
                 )
             return budget
         if c.gpu_memory_utilization is not None:
@@ -312,8 +343,9 @@ class EngineCore:
         return _DEFAULT_CPU_KV_GB * 2**30
 
     def kv_compat(self) -> KVCompat:
-        """What a peer engine must match to exchange KV blocks with this one."""
-        cfg = self.model_config
+        """What a peer engine must match to exchange KV blocks with this one (under tensor parallelism:
+        one rank's shard, and how many there are)."""
+        cfg = self.kv_config
         return KVCompat(
             model_id=self.config.model_name,
             block_size=self.block_size,
@@ -324,6 +356,7 @@ class EngineCore:
                 cfg.num_hidden_layers, self.block_size, cfg.num_key_value_heads, cfg.head_dim
             ),
             weights=self.quant.describe(),
+            tensor_parallel_size=self.config.tensor_parallel_size,
         )
 
     def transfer_stats(self) -> tuple[dict[tuple[str, str], int], dict[str, int]]:

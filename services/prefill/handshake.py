@@ -7,10 +7,10 @@ from fastapi.responses import JSONResponse, Response
 
 from services.common.errors import OpenAIError
 from services.common.kv_transfer import HANDSHAKE_PATH
-from services.engine.kv_transfer.nixl_transfer import NixlTransfer
+from services.engine.kv_transfer.nixl_transfer import BlockTransfer
 
 
-def handshake_router(transfer: NixlTransfer | None) -> APIRouter:
+def handshake_router(transfer: BlockTransfer | None) -> APIRouter:
     """The side-channel route decode engines call before their first NIXL READ from this engine."""
     router = APIRouter()
 

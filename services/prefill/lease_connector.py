@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from services.common.kv_transfer import DEFAULT_LEASE_S, KVTransferParams
 from services.engine.core.kv_connector import FinishedTransfers, Match, TransferStats
 from services.engine.core.request import Request
-from services.engine.kv_transfer.nixl_transfer import NixlTransfer
+from services.engine.kv_transfer.nixl_transfer import BlockTransfer
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ class LeaseConnector:
 
     def __init__(
         self,
-        transfer: NixlTransfer | None,
+        transfer: BlockTransfer | None,
         host: str,
         port: int,
         block_size: int,

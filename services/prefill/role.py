@@ -13,7 +13,7 @@ from services.common.roles import RoleName
 from services.engine.core.kv_connector import KVConnector
 from services.engine.entrypoints.role import parse_kv_transfer_params
 from services.engine.kv_transfer.context import KVTransferContext
-from services.engine.kv_transfer.nixl_transfer import NixlTransfer
+from services.engine.kv_transfer.nixl_transfer import BlockTransfer
 from services.prefill.handshake import handshake_router
 from services.prefill.lease_connector import LeaseConnector
 
@@ -35,7 +35,7 @@ class PrefillRole:
 
     def __init__(self, settings: PrefillSettings) -> None:
         self.settings = settings
-        self.transfer: NixlTransfer | None = None
+        self.transfer: BlockTransfer | None = None
 
     def connectors(self, ctx: KVTransferContext) -> Sequence[KVConnector]:
         s = self.settings

@@ -6,6 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from services.common.kv_transfer import (
+    KVAgent,
     KVCompat,
     KVHandshake,
     KVIncompatibleError,
@@ -78,3 +79,16 @@ def test_handshake_json_carries_bytes_as_base64() -> None:
     hs = KVHandshake(engine_id="e", agent_metadata=b"\x00\xff", base_addr=4096, num_blocks=8, compat=COMPAT)
     assert '"AP8="' in hs.model_dump_json()
     assert KVHandshake.model_validate_json(hs.model_dump_json()) == hs
+
+
+def test_a_tensor_parallel_handshake_names_one_agent_per_rank() -> None:
+    tp2 = COMPAT.model_copy(update={"tensor_parallel_size": 2})
+    rank1 = KVAgent(engine_id="e.tp1", agent_metadata=b"\x01", base_addr=8192, num_blocks=8)
+    hs = KVHandshake(
+        engine_id="e", agent_metadata=b"\x00", base_addr=4096, num_blocks=8, compat=tp2, tp_ranks=[rank1]
+    )
+    assert KVHandshake.model_validate_json(hs.model_dump_json()).tp_ranks == [rank1]
+    with pytest.raises(ValidationError, match="needs 1 tp_ranks agents, got 0"):
+        KVHandshake(engine_id="e", agent_metadata=b"", base_addr=0, num_blocks=8, compat=tp2)
+    with pytest.raises(KVIncompatibleError, match="tensor_parallel_size: local=1 remote=2"):
+        COMPAT.check(tp2)

@@ -167,7 +167,7 @@ def test_every_engine_field_reaches_the_engines():
 
 def test_tensor_parallel_size_sets_the_flag_and_the_gpu_count():
     """--tensor-parallel-size 2 and nvidia.com/gpu 2 on GPU pods (none added to CPU pods); refused where
-    the engines cannot shard (P/D, kvstore, LoRA, speculative decoding)."""
+    the engines cannot shard (P/D over pipeline stages, kvstore, LoRA, speculative decoding)."""
     body = load_example("aggregated-pool.yaml")
     body["spec"]["engine"]["tensorParallelSize"] = 2
     (pod,) = _engines(body)
@@ -179,10 +179,17 @@ def test_tensor_parallel_size_sets_the_flag_and_the_gpu_count():
     cpu["spec"]["decode"]["resources"] = {"requests": {"cpu": "4"}}
     assert "nvidia.com/gpu" not in str(_engines(cpu)[0]["containers"][0]["resources"])
     pd = load_example("disaggregated-pool.yaml")
-    pd["spec"]["engine"]["tensorParallelSize"] = 2
-    with pytest.raises(
-        ValueError, match="tensorParallelSize > 1 or engine.pipelineParallelSize > 1 needs mode"
-    ):
+    pd["spec"]["engine"]["tensorParallelSize"] = 2  # one engine spec: prefill and decode shard alike
+    with pytest.raises(ValueError, match="needs no kvstore"):  # no tier over sharded KV yet
+        parse_pool(pd)
+    pd["spec"].pop("kvstore")
+    pods = _engines(pd)
+    assert len(pods) == 2
+    for pod in pods:
+        args = pod["containers"][0]["args"]
+        assert args[args.index("--tensor-parallel-size") + 1] == "2"
+    pd["spec"]["engine"]["pipelineParallelSize"] = 2
+    with pytest.raises(ValueError, match="pipelineParallelSize > 1 needs mode Aggregated"):
         parse_pool(pd)
     spec = copy.deepcopy(body)
     spec["spec"]["engine"]["speculative"] = {"method": "ngram", "numSpeculativeTokens": 3}

@@ -25,12 +25,14 @@ from services.engine.executor.tp_worker import rank_device, worker_main
 from services.engine.executor.worker_messages import (
     STOP,
     KVCacheSize,
+    LoadMemory,
     Ready,
     Step,
     StepDone,
     WorkerDiedError,
     WorkerSpec,
 )
+from services.engine.kv_transfer.rank_transfer import RankTransferClient
 from services.engine.worker.model_runner import ModelRunner
 from services.engine.worker.parallel.groups import ParallelGroups
 from services.engine.worker.parallel.pp_stage import PPStage
@@ -51,12 +53,14 @@ class MultiprocExecutor:
     ) -> None:
         self.size = config.tensor_parallel_size * config.pipeline_parallel_size
         self.runner: ModelRunner | None = None
+        self.load_memory: dict[int, LoadMemory] = {}  # rank -> its resident memory around loading
         self.device = rank_device(config.device, 0)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.size))
         store = TPGroup.store(self.size, COLLECTIVE_TIMEOUT_S)
         ctx = mp.get_context("spawn")
         self.procs: list[BaseProcess] = []
         self.conns: list[Connection] = []
+        self.kv_ranks: list[RankTransferClient] = []  # each worker's NIXL agent (P/D), rank order
         shard_config = config.model_copy(update={"pool_secret": None})  # ranks never talk to other pods
         for rank in range(1, self.size):
             spec = WorkerSpec(
@@ -64,11 +68,16 @@ class MultiprocExecutor:
                 str(dtype).removeprefix("torch."), backend,
             )  # fmt: skip
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=worker_main, args=(spec, child), name=f"kvferry-tp{rank}", daemon=True)
+            kv_parent, kv_child = ctx.Pipe()
+            proc = ctx.Process(
+                target=worker_main, args=(spec, child, kv_child), name=f"kvferry-tp{rank}", daemon=True
+            )
             proc.start()
             child.close()
+            kv_child.close()
             self.procs.append(proc)
             self.conns.append(parent)
+            self.kv_ranks.append(RankTransferClient(kv_parent, rank))
         self.groups = ParallelGroups.join(
             store, 0, config.tensor_parallel_size, config.pipeline_parallel_size, num_layers,
             self.device.type == "cuda", COLLECTIVE_TIMEOUT_S,
@@ -98,6 +107,10 @@ class MultiprocExecutor:
             if not isinstance(ready, Ready) or ready.error is not None:
                 error = ready.error if isinstance(ready, Ready) else type(ready).__name__
                 raise WorkerDiedError(f"tensor-parallel rank {rank} could not start: {error}")
+            if ready.memory is not None:
+                self.load_memory[rank] = ready.memory
+                log.info("rank %d loaded its shard: resident %.0f MiB before, peak %.0f MiB", rank,
+                         ready.memory.before / 2**20, ready.memory.peak / 2**20)  # fmt: skip
 
     def execute(
         self, sched: SchedulerOutput, constraints: StepConstraints | None = None

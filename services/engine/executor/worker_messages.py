@@ -52,10 +52,19 @@ class StepDone:
 
 
 @dataclass(frozen=True)
+class LoadMemory:
+    """A worker's resident memory around loading its shard (bytes; /proc/self/status, Linux)."""
+
+    before: int  # VmRSS once the groups were joined, before any weight was read
+    peak: int  # VmHWM once the weights were loaded (before the KV cache)
+
+
+@dataclass(frozen=True)
 class Ready:
     """A worker loaded its shard and allocated its KV cache (``error``: why it could not)."""
 
     error: str | None = None
+    memory: LoadMemory | None = None
 
 
 STOP = "stop"

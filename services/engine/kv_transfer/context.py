@@ -13,7 +13,8 @@ from services.engine.core.config import EngineConfig
 from services.engine.core.kv_connector import KVConnector, TransferStats
 
 if TYPE_CHECKING:
-    from services.engine.kv_transfer.nixl_transfer import NixlTransfer
+    from services.engine.kv_transfer.nixl_transfer import BlockTransfer
+    from services.engine.kv_transfer.rank_transfer import RankTransferClient
 
 log = logging.getLogger(__name__)
 
@@ -21,23 +22,37 @@ log = logging.getLogger(__name__)
 class KVTransferContext:
     """Handed to a role's connector factory while the engine is built; creates at most one NIXL agent."""
 
-    def __init__(self, config: EngineConfig, kv_cache: torch.Tensor, compat: KVCompat) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        kv_cache: torch.Tensor,
+        compat: KVCompat,
+        ranks: Sequence[RankTransferClient] = (),
+        refusal: str | None = None,
+    ) -> None:
+        """``ranks``: the tensor-parallel workers' agents (their KV shards), when there are any;
+        ``refusal``: why this engine cannot move KV to or from other engines (ValueError on first use)."""
         self.config, self.kv_cache, self.compat = config, kv_cache, compat
+        self.ranks, self.refusal = list(ranks), refusal
         self.block_size = compat.block_size
-        self._transfer: NixlTransfer | None = None
+        self._transfer: BlockTransfer | None = None
         self._transfer_tried = False
 
-    def transfer(self, purpose: str | None = None) -> NixlTransfer | None:
+    def transfer(self, purpose: str | None = None) -> BlockTransfer | None:
         """The engine's NIXL agent over its KV cache (created on first use); None without NIXL.
 
         ``purpose`` names a user that needs NIXL (e.g. "prefill"): its absence is then logged as a warning.
         """
+        if self.refusal is not None:
+            raise ValueError(self.refusal)
         if not self._transfer_tried:
             self._transfer_tried = True
             from services.engine.kv_transfer.nixl_transfer import NixlTransfer, nixl_available
+            from services.engine.kv_transfer.tp_transfer import TPNixlTransfer
 
             if self.config.use_nixl and nixl_available():
-                self._transfer = NixlTransfer(self.kv_cache, self.compat)
+                local = NixlTransfer(self.kv_cache, self.compat)
+                self._transfer = TPNixlTransfer(local, self.ranks) if self.ranks else local
         if self._transfer is None and purpose is not None:
             path = "the kvstore" if self.config.kvstore_url else "nothing: decode will recompute prompts"
             log.warning(
@@ -54,7 +69,9 @@ class KVTransferContext:
             return []
         from services.engine.kv_transfer.kvstore_connector import KVStoreConnector
         from services.engine.kv_transfer.kvstore_tier import KVStoreTier
+        from services.engine.kv_transfer.nixl_transfer import NixlTransfer
 
+        transfer = self.transfer()
         stats = TransferStats()
 
         def on_failure(reason: str, what: str, detail: str | None) -> None:
@@ -65,7 +82,7 @@ class KVTransferContext:
             self.config.kvstore_url,
             self.kv_cache,
             on_failure,
-            transfer=self.transfer(),
+            transfer=transfer if isinstance(transfer, NixlTransfer) else None,  # tensor parallelism: no tier
             pool_secret=self.config.pool_secret,
         )
         return [KVStoreConnector(tier, self.block_size, stats, offload=offload)]

@@ -8,16 +8,16 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
 import numpy as np
 import torch
 from pydantic import Field
 
-from services.common.kv_transfer import KVCompat, KVHandshake, KVTransferError
+from services.common.kv_transfer import KVAgent, KVCompat, KVHandshake, KVTransferError
 from services.common.nixl_agent import NixlAgentConfig, make_agent, nixl_available, nixl_bindings
 
-__all__ = ["NixlConfig", "NixlTransfer", "TransferHandle", "TransferState", "nixl_available"]
+__all__ = ["BlockTransfer", "NixlConfig", "NixlTransfer", "TransferHandle", "TransferState", "nixl_available"]
 
 log = logging.getLogger("kvferry.nixl")
 
@@ -56,6 +56,38 @@ class _Peer:
     num_blocks: int
     dlist: int
     address: str | None
+
+
+class BlockTransfer(Protocol):
+    """What the P/D connectors use of an engine's NIXL agents: NixlTransfer (one KV cache) or
+    TPNixlTransfer (one agent per tensor-parallel rank's KV shard)."""
+
+    engine_id: str
+    compat: KVCompat
+
+    def handshake_json(self) -> str: ...
+
+    def add_peer(self, handshake: KVHandshake | str | bytes, address: str | None = None) -> str: ...
+
+    def has_peer(self, engine_id: str) -> bool: ...
+
+    def remove_peer(self, engine_id: str) -> None: ...
+
+    def read_blocks(
+        self,
+        peer_engine_id: str,
+        remote_block_ids: list[int],
+        local_block_ids: list[int],
+        notify: bytes = b"",
+    ) -> TransferHandle: ...
+
+    def poll(self, handle: TransferHandle) -> TransferState: ...
+
+    def get_notifications(self) -> list[tuple[str, bytes]]: ...
+
+    def send_notification(self, peer_engine_id: str, message: bytes) -> None: ...
+
+    def close(self) -> None: ...
 
 
 def block_descs(base_addr: int, num_blocks: int, bytes_per_block: int, device_id: int) -> np.ndarray:
@@ -116,14 +148,13 @@ class NixlTransfer:
         self._local = self._agent.prepXferDlist(
             self._nb.NIXL_INIT_AGENT, self._nb.nixlXferDList(self._mem(mem_type), local), []
         )
-        self.handshake = KVHandshake(
+        self.agent = KVAgent(
             engine_id=self.engine_id,
             agent_metadata=self._agent.getLocalMD(),
             base_addr=base,
             num_blocks=self.num_blocks,
             device_id=device_id,
             mem_type=mem_type,
-            compat=compat,
         )
 
     def _check_open(self) -> None:
@@ -132,6 +163,11 @@ class NixlTransfer:
 
     def _mem(self, mem_type: str) -> Any:
         return self._nb.VRAM_SEG if mem_type == "VRAM" else self._nb.DRAM_SEG
+
+    @property
+    def handshake(self) -> KVHandshake:
+        """This engine's handshake (one agent: an engine without tensor-parallel workers)."""
+        return KVHandshake(**dict(self.agent), compat=self.compat)
 
     def handshake_json(self) -> str:
         """The handshake body to serve on the HTTP side channel."""
@@ -149,6 +185,11 @@ class NixlTransfer:
         """
         hs = handshake if isinstance(handshake, KVHandshake) else KVHandshake.model_validate_json(handshake)
         self.compat.check(hs.compat, peer=f"engine {hs.engine_id}")
+        return self.add_agent(hs, address)
+
+    def add_agent(self, hs: KVAgent, address: str | None = None) -> str:
+        """Load one peer agent whose KV compatibility was checked (add_peer, or a tensor-parallel rank's
+        agent in its engine's handshake) and return its engine id."""
         with self._lock:
             self._check_open()
             if hs.engine_id in self._peers:
@@ -159,7 +200,7 @@ class NixlTransfer:
                 self._drop_peer(engine_id)
             try:
                 name = self._agent.loadRemoteMD(hs.agent_metadata)
-                descs = block_descs(hs.base_addr, hs.num_blocks, hs.compat.bytes_per_block, hs.device_id)
+                descs = block_descs(hs.base_addr, hs.num_blocks, self.compat.bytes_per_block, hs.device_id)
                 dlist = self._agent.prepXferDlist(
                     name, self._nb.nixlXferDList(self._mem(hs.mem_type), descs), []
                 )

@@ -14,12 +14,14 @@ from tqdm import tqdm
 
 from services.engine.platforms.detect import cpu_has_native_bf16
 from services.engine.worker.linear import pack_linears
+from services.engine.worker.loader.safetensors_slices import SafetensorsSlices
 from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models import get_model_class, is_encoder_architecture
 from services.engine.worker.models.eagle import EagleHead
 from services.engine.worker.models.interface import CausalLM, EmbeddingModel
 from services.engine.worker.parallel.pp_stage import PPStage
 from services.engine.worker.parallel.tp_group import TPGroup
+from services.engine.worker.parallel.tp_shard import TPShard
 from services.engine.worker.quantization.quant_config import QuantConfig, detect
 from services.engine.worker.quantization.quant_plan import QuantPlan, dense_stream
 
@@ -50,12 +52,19 @@ def _safetensors_files(folder: Path) -> list[Path]:
 
 
 def iter_safetensors(
-    folder: Path, wanted: Callable[[str], bool] | None = None
+    folder: Path, wanted: Callable[[str], bool] | None = None, shard: TPShard | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of the folder's safetensors files (``wanted``: only those it accepts are read)."""
+    """Every tensor of the folder's safetensors files (``wanted``: only those it accepts are read;
+    ``shard``: only a tensor-parallel rank's slice of each is read, by plain reads: SafetensorsSlices)."""
     from safetensors import safe_open
 
     for path in _safetensors_files(folder):
+        if shard is not None:
+            with SafetensorsSlices(path) as sliced:
+                for name in sliced.keys():  # noqa: SIM118 - as safe_open's
+                    if wanted is None or wanted(name):
+                        yield name, shard(name, sliced.get_slice(name))
+            continue
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
                 if wanted is None or wanted(name):
@@ -152,7 +161,8 @@ def _build_and_load(
         model.cos_sin_cache = build_rope_cache(dtype).to(device)
     p = Path(path)
     wanted = pp.reads if pp is not None else None
-    tensors = plan.filter(checkpoint_tensors(p)) if plan else dense_stream(checkpoint_tensors(p, wanted))
+    shard = TPShard(cfg, tp) if tp is not None else None  # tensor parallelism refuses quantized weights
+    tensors = plan.filter(checkpoint_tensors(p)) if plan else dense_checkpoint_tensors(p, wanted, shard)
     total = sum(1 for _ in model.parameters())
     bar = tqdm(tensors, desc=f"loading {p.name}", unit="tensor", leave=False, disable=None, total=None)
     cast(EmbeddingModel, model).load_weights(bar)
@@ -193,6 +203,17 @@ def checkpoint_tensors(
         else:
             return iter(iter_safetensors(path, wanted))
     return stream if wanted is None else ((n, t) for n, t in stream if wanted(n))
+
+
+def dense_checkpoint_tensors(
+    path: Path, wanted: Callable[[str], bool] | None = None, shard: TPShard | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors as floats (``shard``: a tensor-parallel rank's slices; a plain safetensors
+    folder reads only those bytes, other formats are dequantized whole, then sliced)."""
+    if shard is not None and path.suffix != ".gguf" and detect(path).method == "none":
+        return iter_safetensors(path, wanted, shard)
+    stream = dense_stream(checkpoint_tensors(path, wanted))
+    return stream if shard is None else ((n, shard(n, t)) for n, t in stream)
 
 
 def weight_bytes(model: nn.Module) -> int:

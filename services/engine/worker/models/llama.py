@@ -17,7 +17,6 @@ from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models.moe import MoEBlock, expert_shard, moe_name
 from services.engine.worker.parallel.pp_stage import PPStage, stage_layers
 from services.engine.worker.parallel.tp_group import TPGroup, shard_config
-from services.engine.worker.parallel.tp_shard import TPShard
 
 
 class RMSNorm(nn.Module):
@@ -145,7 +144,6 @@ class LlamaForCausalLM(nn.Module):
         final norm and LM head on the last) exist here, the others are ``OtherStage`` placeholders."""
         super().__init__()
         self.tp, self.pp, self.vocab_size = tp, pp, cfg.vocab_size
-        self.shard = TPShard(cfg, tp) if tp is not None else None
         cfg = shard_config(cfg, tp) if tp is not None else cfg
         self.cfg = cfg
         self.vocab_start = tp.vocab_rows(self.vocab_size)[0] if tp is not None else 0
@@ -215,7 +213,7 @@ class LlamaForCausalLM(nn.Module):
         """Load HF-named tensors, fusing q/k/v and gate/up; every parameter must be filled."""
         if self.pp is not None:
             weights = ((n, t) for n, t in weights if self.pp.reads(n))
-        load_llama_weights(self, weights, self.cfg, tp_shard=self.shard, staged=self.pp is not None)
+        load_llama_weights(self, weights, self.cfg, staged=self.pp is not None)
 
 
 def load_llama_weights(
@@ -223,19 +221,16 @@ def load_llama_weights(
     weights: Iterable[tuple[str, torch.Tensor]],
     cfg: ModelConfig,
     optional: tuple[str, ...] = (),
-    tp_shard: TPShard | None = None,
     staged: bool = False,
 ) -> None:
     """Copy HF-named tensors into ``module`` (q/k/v and gate/up fused); every parameter not in ``optional``
-    must be filled (ValueError naming the missing ones). ``tp_shard``: a tensor-parallel rank's slices
-    (``cfg`` is then the rank's shard config). ``staged``: a pipeline stage, which skips the tensors of
+    must be filled (ValueError naming the missing ones). Under tensor parallelism the tensors arrive as
+    the rank's slices (the loader's TPShard) and ``cfg`` is the rank's shard config. ``staged``: a pipeline stage, which skips the tensors of
     the embedding, final norm and LM head that another stage holds."""
     params = dict(module.named_parameters())
     filled = dict.fromkeys(params, 0)  # elements copied into each parameter
     for name, tensor in weights:
         name = moe_name(name.removeprefix("model."))
-        if tp_shard is not None:
-            tensor = tp_shard(name, tensor)
         if (expert := expert_shard(name, cfg)) is not None:
             param_name, index, (lo, hi) = expert
             if param_name not in params:
