@@ -47,9 +47,7 @@ def available() -> bool:
 
 
 def _ops() -> ModuleType:
-    from kernels.cpu.build import load_extension
-
-    ops = load_extension().module
+    ops = load()
     if ops is None:
         raise RuntimeError(f"kvferry CPU kernels unavailable: {unavailable_reason()}")
     return ops
