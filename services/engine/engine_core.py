@@ -22,6 +22,7 @@ from services.engine.executor.multiproc_executor import MultiprocExecutor
 from services.engine.executor.tp_checks import check_tensor_parallel, unsupported
 from services.engine.kv_transfer.context import ConnectorFactory, KVTransferContext, aggregated_connectors
 from services.engine.platforms.detect import current_platform
+from services.engine.startup_heap import release_startup_heap
 from services.engine.worker.attention import ComputeBackend, select_backend
 from services.engine.worker.loader.model_loader import (
     load_embedding_model,
@@ -372,6 +373,7 @@ class EngineCore:
         """Stop the tensor-parallel workers (if any) and close the KV connectors."""
         self.executor.shutdown()
         self.connector.close()
+        release_startup_heap()
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)

@@ -21,6 +21,7 @@ from services.engine.core.sampling_params import SamplingParams
 from services.engine.detokenizer import IncrementalDetokenizer
 from services.engine.engine_core import EngineCore
 from services.engine.kv_transfer.context import ConnectorFactory, aggregated_connectors
+from services.engine.startup_heap import freeze_startup_heap
 from services.engine.worker.multimodal.placeholders import ImageInputs, mm_spans
 from services.engine.worker.structured.manager import StructuredOutputManager
 
@@ -97,6 +98,7 @@ class LLMEngine:
         self._ids = itertools.count()
         vision = self.core.model_config.vision
         self.image_inputs = ImageInputs(config.model) if vision is not None else None
+        freeze_startup_heap()  # after the model, tokenizer and grammar tables: the process's long-lived heap
 
     def tokenize_prompt(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):

@@ -295,11 +295,12 @@ def test_paged_attention_shared_prefix(dtype: torch.dtype, decode_kernel: str, c
         torch.set_num_threads(threads)
 
 
-def check_runs(
+def run_inputs(
     groups: list[tuple[int, list[int]]], hq: int, hkv: int, d: int, dtype: torch.dtype, seed: int
-) -> None:
-    """Decode rows in groups that each share their first blocks (shared blocks, tails per row), a prefill
-    row and a row of its own between the groups; blocks shuffled, unused table entries NaN."""
+) -> tuple[torch.Tensor, ...]:
+    """(query, key cache, value cache, block table, query_start_loc, seq_lens) of decode rows in groups
+    that each share their first blocks (shared blocks, tails per row), a prefill row and a row of its
+    own between the groups; blocks shuffled, unused table entries NaN."""
     torch.manual_seed(seed)
     bs = 16
     specs: list[tuple[int, int, int]] = []  # (q_len, group or -1, length past the group's prefix)
@@ -323,11 +324,36 @@ def check_runs(
     for q_len, _, _ in specs:
         starts.append(starts[-1] + q_len)
     qsl, seq_lens = torch.tensor(starts, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32)
-    query = torch.randn(starts[-1], hq, d, dtype=dtype)
+    return torch.randn(starts[-1], hq, d, dtype=dtype), key_cache, value_cache, table, qsl, seq_lens
+
+
+def check_runs(
+    groups: list[tuple[int, list[int]]], hq: int, hkv: int, d: int, dtype: torch.dtype, seed: int
+) -> None:
+    """The cascade path on run_inputs' batch equals the reference."""
+    query, key_cache, value_cache, table, qsl, seq_lens = run_inputs(groups, hq, hkv, d, dtype, seed)
     out = torch.empty_like(query)
-    kc.paged_attention(out, query, key_cache, value_cache, table, qsl, seq_lens, d**-0.5)
+    kc.paged_attention(out, query, key_cache, value_cache, table, qsl, seq_lens, d**-0.5, cascade=True)
     expected = ref_paged_prefill_attention(query, key_cache, value_cache, table, qsl, seq_lens, d**-0.5)
     assert_close(out, expected, dtype, scale=ATTN_TOL[dtype] / TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_attention_cascades_by_default_only_where_amx_runs(dtype: torch.dtype) -> None:
+    """cascade=None (the default) takes the cascade path for bf16 caches where the AMX decode kernel runs,
+    and attends row by row elsewhere (no gain without AMX): bit-equal to that explicit choice."""
+    query, key_cache, value_cache, table, qsl, seq_lens = run_inputs(
+        [(32, [1 + i % 40 for i in range(50)])], 12, 2, 64, dtype, 85
+    )
+    outs = {}
+    for cascade in (None, True, False):
+        outs[cascade] = torch.empty_like(query)
+        kc.paged_attention(
+            outs[cascade], query, key_cache, value_cache, table, qsl, seq_lens, 0.125, cascade=cascade
+        )
+    assert not torch.equal(outs[True], outs[False])  # the two paths round differently on this batch
+    amx = dtype == torch.bfloat16 and bool(kc.load().has_amx_decode)
+    assert torch.equal(outs[None], outs[amx])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -57,12 +57,13 @@ class ModelRunner:
             raise ValueError("this engine serves embeddings only: nothing can be sampled from an encoder")
         return cast(CausalLM, self.model)
 
-    def _logits(self, hidden: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        """The logits of the hidden rows ``idx`` (with LoRA: each row under its request's adapter)."""
+    def _logits(self, hidden: torch.Tensor, idx: torch.Tensor, fp32: bool = True) -> torch.Tensor:
+        """The logits of the hidden rows ``idx`` (with LoRA: each row under its request's adapter); with
+        ``fp32=False`` in the model's dtype (the sampler widens them unless it only takes argmaxes)."""
         if self.lora is None:
-            return self._lm().compute_logits(hidden[idx])
+            return self._lm().compute_logits(hidden[idx], fp32)
         with self.lora.logit_rows(idx.tolist()):
-            return self._lm().compute_logits(hidden[idx])
+            return self._lm().compute_logits(hidden[idx], fp32)
 
     def _update_states(self, sched: SchedulerOutput) -> None:
         gone = sched.finished_req_ids | sched.preempted_req_ids
@@ -184,7 +185,7 @@ class ModelRunner:
 
         Returns the number of rejected drafts per request that verified some.
         """
-        logits = self._logits(hidden, inputs.logits_idx)
+        logits = self._logits(hidden, inputs.logits_idx, fp32=False)
         spec_lens = inputs.spec_lens or [0] * len(inputs.sample_rows)
         rows: list[SamplingRow] = []
         row_reqs: list[str] = []

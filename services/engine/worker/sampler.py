@@ -47,7 +47,7 @@ class TokenMask:
 
 
 class Sampler:
-    """Samples one token per row from fp32 logits [B, V]."""
+    """Samples one token per row from logits [B, V] (widened to fp32 unless every row is plain greedy)."""
 
     def __init__(self, seed: int = 0) -> None:
         self.generator = torch.Generator().manual_seed(seed)

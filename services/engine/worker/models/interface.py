@@ -33,8 +33,8 @@ class EmbeddingModel(Protocol):
 class CausalLM(EmbeddingModel, Protocol):
     """A decoder that also scores the vocabulary."""
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """fp32 logits [R, vocab] of hidden rows [R, hidden]."""
+    def compute_logits(self, hidden: torch.Tensor, fp32: bool = True) -> torch.Tensor:
+        """Logits [R, vocab] of hidden rows [R, hidden]: fp32, or with ``fp32=False`` in the model's dtype."""
         ...
 
     def build_rope_cache(self, dtype: torch.dtype) -> torch.Tensor:

@@ -197,9 +197,10 @@ class LlamaForCausalLM(nn.Module):
         x = self.embed_tokens(local.masked_fill(outside, 0))
         return self.tp.all_reduce(x.masked_fill_(outside[:, None], 0.0))
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """fp32 logits over the whole vocabulary (vocab-parallel: every rank gathers every shard, so each
-        samples the same tokens from the same logits; pipeline stages get the last stage's)."""
+    def compute_logits(self, hidden: torch.Tensor, fp32: bool = True) -> torch.Tensor:
+        """Logits over the whole vocabulary, fp32 unless ``fp32=False`` (vocab-parallel: every rank gathers
+        every shard, so each samples the same tokens from the same logits; pipeline stages get the last
+        stage's, in fp32)."""
         if self.pp is not None and not self.pp.is_last:
             return self.pp.share_logits(None, hidden.shape[0], self.vocab_size, hidden.device)
         logits = self.lm_head(hidden)
@@ -207,7 +208,7 @@ class LlamaForCausalLM(nn.Module):
             logits = self.tp.all_gather_last(logits)[:, : self.vocab_size]
         if self.pp is not None:
             return self.pp.share_logits(logits.float(), hidden.shape[0], self.vocab_size, hidden.device)
-        return logits.float()
+        return logits.float() if fp32 else logits
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load HF-named tensors, fusing q/k/v and gate/up; every parameter must be filled."""

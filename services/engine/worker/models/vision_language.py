@@ -51,8 +51,8 @@ class VisionLanguageModel(nn.Module, abc.ABC):
     ) -> torch.Tensor:
         return self.language_model(input_ids, positions, kv_cache, meta, backend, inputs_embeds=inputs_embeds)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.language_model.compute_logits(hidden)
+    def compute_logits(self, hidden: torch.Tensor, fp32: bool = True) -> torch.Tensor:
+        return self.language_model.compute_logits(hidden, fp32)
 
     @abc.abstractmethod
     def vision_target(self, name: str) -> str | None:
