@@ -1,8 +1,10 @@
 // paged_attention: checks, the parallel run of the work plan (attention_plan.cpp) and the split reduce.
 //
 // Every decode and prefill item runs on torch's intra-op pool with dynamic scheduling, longest first
-// (the plan's order); decode items that are one kv range of a row write (max, sum, unnormalized output)
-// partials, which reduce_splits combines per (sequence, kv head) after all items are done.
+// (the plan's order); each worker claims its next item before it runs one, so that a decode item fetches
+// the next one's K/V into L2 while it computes. Decode items that are one kv range of a row write (max,
+// sum, unnormalized output) partials, which reduce_splits combines per (sequence, kv head) after all items
+// are done.
 #include "ops.h"
 
 #include <ATen/core/Tensor.h>
@@ -50,9 +52,9 @@ void run(const Attn<T>& a, const Plan& plan) {
     std::unique_ptr<DecodeScratch<T>> decode, cascade;
     std::unique_ptr<PrefillScratch<T>> prefill;
   };
-  dynamic_for(
+  dynamic_for_ahead(
       static_cast<int64_t>(plan.items.size()), [] { return State{}; },
-      [&](State& st, int64_t i) {
+      [&](State& st, int64_t i, int64_t j) {
         const WorkItem& it = plan.items[i];
         if (it.run_n > 0) {
           if (!st.cascade)
@@ -61,7 +63,8 @@ void run(const Attn<T>& a, const Plan& plan) {
           cascade_item(a, it, plan.cascade.data() + it.run0, *st.cascade, parts);
         } else if (it.nq == 1) {
           if (!st.decode) st.decode = std::make_unique<DecodeScratch<T>>(plan.heads * G, G, a.head_dim);
-          decode_item(a, it, *st.decode, parts);
+          const bool ahead = j >= 0 && plan.items[j].nq == 1 && plan.items[j].run_n == 0;
+          decode_item(a, it, *st.decode, parts, ahead ? &plan.items[j] : nullptr);
         } else {
           if (!st.prefill) st.prefill = std::make_unique<PrefillScratch<T>>(mgp_max, dp, plan.prefill_heads);
           prefill_item(a, it, *st.prefill);

@@ -153,7 +153,8 @@ Plan make_plan(const int32_t* qsl, const int32_t* lens, const int32_t* bt, int64
                int64_t split_tokens, int64_t window, bool cascade);
 
 template <typename T>
-void decode_item(const Attn<T>& a, const WorkItem& it, DecodeScratch<T>& s, const Partials& parts);
+void decode_item(const Attn<T>& a, const WorkItem& it, DecodeScratch<T>& s, const Partials& parts,
+                 const WorkItem* next);
 
 template <typename T>
 void cascade_item(const Attn<T>& a, const WorkItem& it, const CascadeSeq* seqs, DecodeScratch<T>& s,

@@ -113,4 +113,21 @@ inline void dynamic_for(int64_t n, const Init& init, const F& fn) {
   });
 }
 
+// dynamic_for whose workers claim their next item before running the current one: fn(state, i, j)
+// with j the worker's next item (-1: none), so fn can prefetch j's data while it computes i.
+template <typename Init, typename F>
+inline void dynamic_for_ahead(int64_t n, const Init& init, const F& fn) {
+  if (n <= 0) return;
+  std::atomic<int64_t> next{0};
+  int64_t workers = std::min<int64_t>(n, at::get_num_threads());
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    auto state = init();
+    for (int64_t i = next.fetch_add(1); i < n;) {
+      const int64_t j = next.fetch_add(1);
+      fn(state, i, j < n ? j : -1);
+      i = j;
+    }
+  });
+}
+
 }  // namespace kvf
