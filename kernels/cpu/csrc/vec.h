@@ -125,7 +125,9 @@ inline void dynamic_for(int64_t n, const Init& init, const F& fn) {
 }
 
 // dynamic_for whose workers claim their next item before running the current one: fn(state, i, j)
-// with j the worker's next item (-1: none), so fn can prefetch j's data while it computes i.
+// with j the worker's next item (-1: none), so fn can prefetch j's data while it computes i. Only while
+// at least one item per worker stays unclaimed: near the end (or with as few items as workers) a claim
+// ahead would leave a worker idle beside one holding two items.
 template <typename Init, typename F>
 inline void dynamic_for_ahead(int64_t n, const Init& init, const F& fn) {
   if (n <= 0) return;
@@ -134,9 +136,13 @@ inline void dynamic_for_ahead(int64_t n, const Init& init, const F& fn) {
   at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
     auto state = init();
     for (int64_t i = next.fetch_add(1); i < n;) {
-      const int64_t j = next.fetch_add(1);
-      fn(state, i, j < n ? j : -1);
-      i = j;
+      int64_t j = -1;
+      if (next.load(std::memory_order_relaxed) + workers < n) {
+        j = next.fetch_add(1);
+        if (j >= n) j = -1;
+      }
+      fn(state, i, j);
+      i = j >= 0 ? j : next.fetch_add(1);
     }
   });
 }
