@@ -211,7 +211,8 @@ def bench_model(
                     log(
                         f"[{model} r{rep + 1} {wl}] {eng}: {r['out_tokens']} tok in {r['elapsed_s']:.2f} s = "
                         f"{r['out_tokens'] / r['elapsed_s']:.0f} tok/s (machine busy before {r['busy_before']:.0%}; "
-                        f"during: others {r['others_during']:.0%}, our idle workers {r['idle_workers_during']:.0%})"
+                        f"during: others {r['others_during']:.0%}, our idle workers {r['idle_workers_during']:.0%}, "
+                        f"hypervisor steal {r['steal_during']:.0%})"
                     )
     finally:
         for w in workers.values():
@@ -263,6 +264,7 @@ def summarize(runs: list[dict], machine: dict[str, Any], args: argparse.Namespac
                 "fraction_of_floor": floor / med,
                 "busy_before": [r["busy_before"] for r in rs],
                 "others_during": [r["others_during"] for r in rs],
+                "steal_during": [r.get("steal_during", 0.0) for r in rs],
                 "busy_warnings": sum(r["busy_warning"] for r in rs),
                 "first16_agree_with_kvferry_fp32": agree.get((model, wl, eng)),
             }
@@ -283,12 +285,12 @@ def table(rows: list[dict], engines: list[str]) -> str:
         for e in engines:
             r = by.get((model, wl, e))
             ratio = f" · {r['ratio_vs_vllm']:.2f}x" if r and r["ratio_vs_vllm"] and e != "vllm" else ""
-            noisy = " †" if r and max(r["others_during"]) > 0.15 else ""
+            noisy = " †" if r and max(r["others_during"] + r["steal_during"]) > 0.15 else ""
             cells.append(f"{r['out_tok_s']:.0f}{ratio} · {r['fraction_of_floor']:.0%}{noisy}" if r else "–")
         lines.append(f"| {model} | {workload_label(by, model, wl)} | " + " | ".join(cells) + " |")
     lines.append(
         "\nCells: output tok/s (median of repeats) · ratio to vLLM · fraction of the machine's floor; "
-        "† = other processes used > 15% of the CPUs during a repeat."
+        "† = other processes (or the hypervisor: steal) took > 15% of the CPUs during a repeat."
     )
     return "\n".join(lines)
 

@@ -226,9 +226,11 @@ class EngineProcess:
                 self.proc.wait(timeout=30)
 
 
-def cpu_snapshot(sessions: set[int]) -> tuple[int, int, dict[int, int]]:
-    """(all CPUs' ticks, idle + iowait ticks, {session: user + system ticks}) now: /proc/stat and /proc/*/stat."""
-    vals = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+def cpu_snapshot(sessions: set[int]) -> tuple[int, int, dict[int, int], int]:
+    """(all CPUs' ticks, idle + iowait ticks, {session: user + system ticks}, steal ticks) now: /proc/stat
+    and /proc/*/stat. Steal is time the hypervisor ran something else on our virtual CPUs."""
+    vals = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    steal = vals.pop()
     ours = dict.fromkeys(sessions, 0)
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -237,11 +239,12 @@ def cpu_snapshot(sessions: set[int]) -> tuple[int, int, dict[int, int]]:
             continue
         if int(fields[3]) in ours:  # our workers lead their own sessions (start_new_session)
             ours[int(fields[3])] += int(fields[11]) + int(fields[12])
-    return sum(vals), vals[3] + vals[4], ours
+    return sum(vals), vals[3] + vals[4], ours, steal
 
 
 def cpu_share(a: tuple, b: tuple, running: int | None = None) -> dict[str, float]:
-    """Between two snapshots, as fractions of the whole machine: busy, our running worker, our idle ones, others."""
+    """Between two snapshots, as fractions of the whole machine: busy, our running worker, our idle ones, others;
+    steal as a fraction of the time the virtual CPUs wanted."""
     span = max(1, b[0] - a[0])
     busy = 1.0 - (b[1] - a[1]) / span
     delta = {sid: (b[2][sid] - a[2].get(sid, 0)) / span for sid in b[2]}
@@ -252,6 +255,7 @@ def cpu_share(a: tuple, b: tuple, running: int | None = None) -> dict[str, float
         "running": round(run, 3),
         "idle_workers": round(idle_ours, 3),
         "others": round(max(0.0, busy - run - idle_ours), 3),
+        "steal": round((b[3] - a[3]) / (span + b[3] - a[3]), 3),
     }
 
 
