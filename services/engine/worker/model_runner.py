@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import cast
 
@@ -50,6 +51,7 @@ class ModelRunner:
         self.spec: SpecDecoder | None = None  # set by the engine with --speculative-config
         # vision-language models: image features by content hash
         self.encoder_cache = EncoderCache() if hasattr(model, "encode_images") else None
+        self._signed: tuple[object, bool] = (None, False)  # (model, its compute_logits takes fp32)
 
     def _lm(self) -> CausalLM:
         """The model as a language model (an encoder has no logits: its requests are pooled, never sampled)."""
@@ -60,10 +62,21 @@ class ModelRunner:
     def _logits(self, hidden: torch.Tensor, idx: torch.Tensor, fp32: bool = True) -> torch.Tensor:
         """The logits of the hidden rows ``idx`` (with LoRA: each row under its request's adapter); with
         ``fp32=False`` in the model's dtype (the sampler widens them unless it only takes argmaxes)."""
+        lm, args = self._lm(), self._logits_args(fp32)
         if self.lora is None:
-            return self._lm().compute_logits(hidden[idx], fp32)
+            return lm.compute_logits(hidden[idx], *args)
         with self.lora.logit_rows(idx.tolist()):
-            return self._lm().compute_logits(hidden[idx], fp32)
+            return lm.compute_logits(hidden[idx], *args)
+
+    def _logits_args(self, fp32: bool) -> tuple[bool, ...]:
+        """(fp32,) where the model's compute_logits takes it, else () (a plugin written to the one-argument
+        form always gives fp32); looked up again whenever the runner's model is replaced."""
+        model, takes = self._signed
+        if model is not self.model:
+            fn = getattr(self.model, "compute_logits", None)
+            takes = fn is not None and "fp32" in inspect.signature(fn).parameters
+            self._signed = (self.model, takes)
+        return (fp32,) if takes else ()
 
     def _update_states(self, sched: SchedulerOutput) -> None:
         gone = sched.finished_req_ids | sched.preempted_req_ids

@@ -34,7 +34,10 @@ class CausalLM(EmbeddingModel, Protocol):
     """A decoder that also scores the vocabulary."""
 
     def compute_logits(self, hidden: torch.Tensor, fp32: bool = True) -> torch.Tensor:
-        """Logits [R, vocab] of hidden rows [R, hidden]: fp32, or with ``fp32=False`` in the model's dtype."""
+        """Logits [R, vocab] of hidden rows [R, hidden]: fp32, or with ``fp32=False`` in the model's dtype.
+
+        ``fp32`` is optional for implementations: one without it (a plugin written to the one-argument
+        form) is called with the hidden rows alone and gives fp32 logits."""
         ...
 
     def build_rope_cache(self, dtype: torch.dtype) -> torch.Tensor:
