@@ -17,12 +17,12 @@ from services.engine.core.kv_connector import KVConnector, compose
 from services.engine.core.outputs import EngineCoreOutput
 from services.engine.core.request import Request, RequestStatus
 from services.engine.core.scheduler import Scheduler, SchedulerConfig
+from services.engine.core.startup_heap import release_startup_heap
 from services.engine.executor.executor import Executor, UniprocExecutor
 from services.engine.executor.multiproc_executor import MultiprocExecutor
 from services.engine.executor.tp_checks import check_tensor_parallel, unsupported
 from services.engine.kv_transfer.context import ConnectorFactory, KVTransferContext, aggregated_connectors
 from services.engine.platforms.detect import current_platform
-from services.engine.startup_heap import release_startup_heap
 from services.engine.worker.attention import ComputeBackend, select_backend
 from services.engine.worker.loader.model_loader import (
     load_embedding_model,

@@ -18,10 +18,10 @@ from services.engine.core.outputs import EngineCoreOutput, Logprobs
 from services.engine.core.pooling_params import PoolingParams
 from services.engine.core.request import Request, RequestStatus
 from services.engine.core.sampling_params import SamplingParams
+from services.engine.core.startup_heap import freeze_startup_heap
 from services.engine.detokenizer import IncrementalDetokenizer
 from services.engine.engine_core import EngineCore
 from services.engine.kv_transfer.context import ConnectorFactory, aggregated_connectors
-from services.engine.startup_heap import freeze_startup_heap
 from services.engine.worker.multimodal.placeholders import ImageInputs, mm_spans
 from services.engine.worker.structured.manager import StructuredOutputManager
 
