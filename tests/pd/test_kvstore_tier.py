@@ -199,16 +199,18 @@ def test_store_stopped_then_restarted_is_used_again(llama_dir: Path) -> None:
     """The store goes away under an engine that offloads to it: the engine serves on; a store started
     again on the same address gets blocks again, and another engine reads a prefix from it."""
     port = free_port()
+    # Metrics off: the default metrics port (port + 1) may be taken, and this test reads none of them.
+    fixed = ("--port", str(port), "--metrics-port", "0")
     a = None
     try:
-        with running_kvstore("--port", str(port)) as target:
+        with running_kvstore(*fixed) as target:
             a = start_in_process(llama_dir, "--kvstore-url", f"grpc://{target}", *ARGS)
             first = prompts(1, seed=31)[0] + list(range(3, 60))
             complete(a, first)
             _wait_stored(target, first, (len(first) - 1) // 16)
         for prompt in prompts(4, seed=32):  # the store is gone: answered all the same
             complete(a, prompt)
-        with running_kvstore("--port", str(port)) as target:
+        with running_kvstore(*fixed) as target:
             sent, deadline = _blocks(a, "sent", "kvstore"), time.monotonic() + 20
             for seed in range(40, 80):  # the engine skips a failed tier for 5 s, then offloads again
                 again = prompts(1, seed=seed)[0] + list(range(100, 180))
