@@ -167,6 +167,7 @@ class EngineCore:
             self.connector: KVConnector = compose(list(connectors(self.kv_transfer)))
         except BaseException:
             self.executor.shutdown()
+            self.kv_transfer.close()
             raise
         batched = config.max_num_batched_tokens or _DEFAULT_BATCHED_TOKENS
         if self.task == "embed":  # whole prompts per step: the budget must hold the longest
@@ -370,9 +371,10 @@ class EngineCore:
         return expert_token_counts(self._moe_layers)
 
     def shutdown(self) -> None:
-        """Stop the tensor-parallel workers (if any) and close the KV connectors."""
+        """Stop the tensor-parallel workers (if any), close the KV connectors and this engine's NIXL agent."""
         self.executor.shutdown()
         self.connector.close()
+        self.kv_transfer.close()
         release_startup_heap()
 
     def add_request(self, request: Request) -> None:

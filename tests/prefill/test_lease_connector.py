@@ -81,3 +81,18 @@ def test_nothing_is_held_without_nixl_short_prompts_or_unfinished_requests() -> 
         plain.transition(RequestStatus.FINISHED_STOPPED)
         assert lease.request_finished(plain, [1, 2]) == (False, None)
         assert lease.get_num_new_matched_tokens(plain, 0) == (0, False)  # prefill never loads
+
+
+def test_engine_shutdown_releases_its_nixl_agent(llama_dir) -> None:
+    """A prefill engine's agent (registration, descriptors, peers) is released when the engine shuts down."""
+    from services.engine.core.config import EngineConfig
+    from services.engine.engine_core import EngineCore
+    from services.prefill.role import PrefillRole, PrefillSettings
+
+    role = PrefillRole(PrefillSettings())
+    core = EngineCore(
+        EngineConfig(model=str(llama_dir), num_kv_blocks=16, max_model_len=128), role.connectors
+    )
+    assert role.transfer is not None and not role.transfer.closed
+    core.shutdown()
+    assert role.transfer.closed

@@ -13,7 +13,7 @@ from services.engine.core.config import EngineConfig
 from services.engine.core.kv_connector import KVConnector, TransferStats
 
 if TYPE_CHECKING:
-    from services.engine.kv_transfer.nixl_transfer import BlockTransfer
+    from services.engine.kv_transfer.nixl_transfer import BlockTransfer, NixlTransfer
     from services.engine.kv_transfer.rank_transfer import RankTransferClient
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,7 @@ class KVTransferContext:
         self.ranks, self.refusal = list(ranks), refusal
         self.block_size = compat.block_size
         self._transfer: BlockTransfer | None = None
+        self._local: NixlTransfer | None = None  # this process's agent (workers close theirs with their pipe)
         self._transfer_tried = False
 
     def transfer(self, purpose: str | None = None) -> BlockTransfer | None:
@@ -51,7 +52,7 @@ class KVTransferContext:
             from services.engine.kv_transfer.tp_transfer import TPNixlTransfer
 
             if self.config.use_nixl and nixl_available():
-                local = NixlTransfer(self.kv_cache, self.compat)
+                self._local = local = NixlTransfer(self.kv_cache, self.compat)
                 self._transfer = TPNixlTransfer(local, self.ranks) if self.ranks else local
         if self._transfer is None and purpose is not None:
             path = "the kvstore" if self.config.kvstore_url else "nothing: decode will recompute prompts"
@@ -62,6 +63,11 @@ class KVTransferContext:
                 path,
             )
         return self._transfer
+
+    def close(self) -> None:
+        """Release this process's NIXL agent (its peers, descriptors and registration), if one was made."""
+        if self._local is not None:
+            self._local.close()
 
     def kvstore(self, offload: bool = True) -> list[KVConnector]:
         """The kvstore connector when ``kvstore_url`` is set (none otherwise); ``offload`` puts finished prompts."""

@@ -157,6 +157,10 @@ class NixlTransfer:
             mem_type=mem_type,
         )
 
+    @property
+    def closed(self) -> bool:
+        return self._agent is None
+
     def _check_open(self) -> None:
         if self._agent is None:
             raise KVTransferError(f"NixlTransfer of engine {self.engine_id} is closed")
