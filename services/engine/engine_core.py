@@ -21,6 +21,7 @@ from services.engine.core.startup_heap import release_startup_heap
 from services.engine.executor.executor import Executor, UniprocExecutor
 from services.engine.executor.multiproc_executor import MultiprocExecutor
 from services.engine.executor.tp_checks import check_tensor_parallel, unsupported
+from services.engine.kv_cache_sizer import DEFAULT_BATCHED_TOKENS, KVCacheSizer
 from services.engine.kv_transfer.context import ConnectorFactory, KVTransferContext, aggregated_connectors
 from services.engine.platforms.detect import current_platform
 from services.engine.worker.attention import ComputeBackend, select_backend
@@ -31,7 +32,6 @@ from services.engine.worker.loader.model_loader import (
     resolve_dtype,
 )
 from services.engine.worker.lora.lora_manager import LoRAManager
-from services.engine.worker.memory_profile import dummy_prompts, profile_model
 from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.model_runner import ModelRunner, bytes_per_block, kv_cache_shape
 from services.engine.worker.models import is_encoder_architecture
@@ -49,11 +49,6 @@ from services.engine.worker.spec_decode.setup import build_spec_decoder, draft_m
 from services.engine.worker.structured.manager import StructuredOutputManager
 
 log = logging.getLogger(__name__)
-
-_DEFAULT_CPU_KV_GB = 2.0
-_DEFAULT_GPU_UTILIZATION = 0.9  # vLLM's default
-_ACTIVATION_RESERVE = 0.05  # of the device, kept for a step's activations where no profile step ran
-_DEFAULT_BATCHED_TOKENS = 2048  # per step; longer prompts are chunked (vLLM V1's default)
 
 
 def resolve_task(task: str, model: str, architecture: str) -> str:
@@ -79,28 +74,65 @@ class EngineCore:
         log.info("platform: %s", self.platform.describe())
         self.device = torch.device(self.platform.device)
         self.model_config = load_model_config(config.model)
-        cfg = self.model_config
-        self.max_model_len = min(
-            config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings
+        self._resolve_task_and_length()
+        self.dtype = resolve_dtype(config.dtype, self.model_config, self.device)
+        self.quant = resolve_quant_config(config.quantization, config.model)
+        self.block_size = config.block_size
+        self.draft_config = self._draft_config()
+        self.hasher = BlockHasher(config.model_name, self.block_size, HASH_VERSION)
+        torch.manual_seed(config.seed)
+        backend = self._select_backend()
+        self._start_parallel(backend)
+        try:
+            model, kv_cache = self._load_model(
+                backend
+            )  # the KV cache is sized after the weights are in memory
+        except BaseException:
+            if self._parallel is not None:
+                self._parallel.shutdown()
+            raise
+        self._build_runner(model, kv_cache, backend)
+        self.kv_manager = KVCacheManager(
+            self.num_blocks,
+            self.block_size,
+            config.enable_prefix_caching,
+            sliding_window=self.model_config.kv_window,
         )
+        self._build_connector(kv_cache, connectors)
+        self.scheduler = self._build_scheduler()
+        self.last_step_tokens = 0
+        self.structured: StructuredOutputManager | None = (
+            None  # attached by LLMEngine (it owns the tokenizer)
+        )
+        log.info(
+            "engine ready: %s, %d KV blocks of %d tokens, dtype %s, weights %s, device %s",
+            config.model_name,
+            self.num_blocks,
+            self.block_size,
+            self.dtype,
+            self.quant.describe(),
+            self.device,
+        )
+
+    def _resolve_task_and_length(self) -> None:
+        """The task (generate / embed) and max_model_len (ValueError when above what the model takes)."""
+        config, cfg = self.config, self.model_config
         if config.max_model_len and config.max_model_len > cfg.max_position_embeddings:
             raise ValueError(
                 f"max_model_len={config.max_model_len} exceeds the model's "
                 f"max_position_embeddings={cfg.max_position_embeddings}"
             )
+        self.max_model_len = config.max_model_len or cfg.max_position_embeddings
         self.task = resolve_task(config.task, config.model, cfg.architecture)
         self.encoder = is_encoder_architecture(cfg.architecture)
         if self.encoder and not config.max_model_len:
             self.max_model_len = min(
                 self.max_model_len, sentence_max_seq_length(config.model) or self.max_model_len
             )
-        self.dtype = resolve_dtype(config.dtype, cfg, self.device)
-        self.quant = resolve_quant_config(config.quantization, config.model)
-        self.block_size = config.block_size
-        self.draft_config = self._draft_config()
-        self.hasher = BlockHasher(config.model_name, self.block_size, HASH_VERSION)
-        torch.manual_seed(config.seed)
-        backend = select_backend(self.device, config.attention_backend or self.platform.ops_backend)
+
+    def _select_backend(self) -> ComputeBackend:
+        """The attention / ops backend, and the quantized kernels that go with it (ValueError where none)."""
+        backend = select_backend(self.device, self.config.attention_backend or self.platform.ops_backend)
         self.quant_kernels = "triton" if backend.name == "triton" else "cpu"
         if self.quant.method == "fp8" and self.quant.at_load and self.quant_kernels != "triton":
             raise ValueError("quantization fp8 at load is for GPUs (the Triton kernels); on CPU use int8")
@@ -108,6 +140,11 @@ class EngineCore:
             raise ValueError(
                 f"quantization {self.quant.describe()} on {self.device.type} needs --attention-backend triton"
             )
+        return backend
+
+    def _start_parallel(self, backend: ComputeBackend) -> None:
+        """Tensor / pipeline parallelism: check what it supports, then start the worker ranks."""
+        config, cfg = self.config, self.model_config
         self._parallel: MultiprocExecutor | None = None
         if config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1:
             check_tensor_parallel(config, cfg, self.quant.quantized, self.task == "generate")
@@ -117,14 +154,12 @@ class EngineCore:
         groups = self._parallel.groups if self._parallel is not None else None
         self.tp, self.pp = (groups.tp, groups.pp) if groups is not None else (None, None)
         self.kv_config = rank_kv_config(cfg, groups)  # this rank's KV heads and layers
-        try:
-            model, kv_cache = self._load_model(
-                backend
-            )  # the KV cache is sized after the weights are in memory
-        except BaseException:
-            if self._parallel is not None:
-                self._parallel.shutdown()
-            raise
+
+    def _build_runner(
+        self, model: CausalLM | EmbeddingModel, kv_cache: torch.Tensor, backend: ComputeBackend
+    ) -> None:
+        """The model runner and its executor, with pooling, LoRA slots and the speculative decoder."""
+        cfg, config = self.model_config, self.config
         self._moe_layers = moe_layers(cast(torch.nn.Module, model))  # read by /metrics
         self.runner = ModelRunner(
             model, cfg, kv_cache, self.block_size, backend, self.device, cfg.eos_token_ids, seed=config.seed
@@ -154,9 +189,10 @@ class EngineCore:
                 backend,
                 self.max_model_len,
             )
-        self.kv_manager = KVCacheManager(
-            self.num_blocks, self.block_size, config.enable_prefix_caching, sliding_window=cfg.kv_window
-        )
+
+    def _build_connector(self, kv_cache: torch.Tensor, connectors: ConnectorFactory) -> None:
+        """The role's KV connectors over this engine's cache (refused over pipeline stages)."""
+        config = self.config
         ranks = self._parallel.kv_ranks if self._parallel is not None else []
         staged = config.pipeline_parallel_size > 1
         refusal = (
@@ -169,11 +205,15 @@ class EngineCore:
             self.executor.shutdown()
             self.kv_transfer.close()
             raise
-        batched = config.max_num_batched_tokens or _DEFAULT_BATCHED_TOKENS
+
+    def _build_scheduler(self) -> Scheduler:
+        """The scheduler over the KV manager and connectors, with the step's token and encoder budgets."""
+        config, spec = self.config, self.config.speculative_config
+        batched = config.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS
         if self.task == "embed":  # whole prompts per step: the budget must hold the longest
             batched = max(batched, self.max_model_len)
         encoder_budget, encoder_cache = self._encoder_budget(batched)
-        self.scheduler = Scheduler(
+        return Scheduler(
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
                 max_num_batched_tokens=batched,
@@ -186,19 +226,6 @@ class EngineCore:
             self.kv_manager,
             self.connector,
             encoder_cache,
-        )
-        self.last_step_tokens = 0
-        self.structured: StructuredOutputManager | None = (
-            None  # attached by LLMEngine (it owns the tokenizer)
-        )
-        log.info(
-            "engine ready: %s, %d KV blocks of %d tokens, dtype %s, weights %s, device %s",
-            config.model_name,
-            self.num_blocks,
-            self.block_size,
-            self.dtype,
-            self.quant.describe(),
-            self.device,
         )
 
     def _encoder_budget(self, batched: int) -> tuple[int, EncoderCacheManager | None]:
@@ -276,73 +303,23 @@ class EngineCore:
             model: CausalLM | EmbeddingModel = load_embedding_model(*args)
         else:
             model = load_model(*args, tp=self.tp, pp=self.pp)
-        self._activation_bytes = self._profile(model, backend)
-        self.num_blocks = self._num_blocks()
+        sizer = KVCacheSizer(
+            self.config,
+            self.device,
+            self.dtype,
+            self.kv_config,
+            self.draft_config,
+            self.max_model_len,
+            self.task,
+            self.encoder,
+            sharded=self._parallel is not None,
+        )
+        self._activation_bytes = sizer.profile(model, backend)  # read by the GPU memory test
+        self.num_blocks = sizer.num_blocks(self._activation_bytes)
         if self.encoder:
             return model, torch.empty(0, dtype=self.dtype, device=self.device)
         shape = kv_cache_shape(self.kv_config, self.num_blocks, self.block_size)
         return model, torch.zeros(shape, dtype=self.dtype, device=self.device)
-
-    def _profile(self, model: CausalLM | EmbeddingModel, backend: ComputeBackend) -> int | None:
-        """One CUDA engine whose KV --gpu-memory-utilization sizes: the peak bytes of a step at the full
-        token budget (None: not profiled; sharded engines keep a fixed reserve, as CPUs need none)."""
-        c = self.config
-        if self.device.type != "cuda" or c.num_kv_blocks or c.kv_cache_memory_gb or self.encoder:
-            return None
-        if self.task != "generate" or self._parallel is not None:
-            return None
-        batched = c.max_num_batched_tokens or _DEFAULT_BATCHED_TOKENS
-        lengths = dummy_prompts(batched, c.max_num_seqs, self.max_model_len)
-        peak = profile_model(
-            cast(CausalLM, model), self.kv_config, self.dtype, backend, self.device, self.block_size, lengths
-        )
-        log.info("profile step: %d tokens in %d prompts peaked at %.2f GiB over the weights", sum(lengths),
-                 len(lengths), peak / 2**30)  # fmt: skip
-        return peak
-
-    def _num_blocks(self) -> int:
-        if self.config.num_kv_blocks:
-            return self.config.num_kv_blocks
-        if self.encoder:  # no KV is kept: blocks only count a batch's tokens
-            return self.config.max_num_seqs * -(-self.max_model_len // self.block_size)
-        per_block = bytes_per_block(self.kv_config, self.block_size, self.dtype)  # per rank
-        if self.draft_config is not None:  # the draft's KV lives in the same block ids
-            per_block += bytes_per_block(self.draft_config, self.block_size, self.dtype)
-        budget = self._kv_budget_bytes()
-        needed = self.config.max_num_seqs * -(-self.max_model_len // self.block_size)
-        blocks = min(int(budget // per_block), needed)
-        min_blocks = -(-self.max_model_len // self.block_size)
-        if blocks < min_blocks:
-            raise ValueError(
-                f"kv cache of {blocks} blocks cannot hold one max_model_len={self.max_model_len} "
-                f"sequence ({min_blocks} blocks needed); raise kv_cache_memory_gb or lower max_model_len"
-            )
-        return blocks
-
-    def _kv_budget_bytes(self) -> float:
-        """--kv-cache-memory if given; on GPUs what --gpu-memory-utilization leaves after the weights and a
-        profiled step at the full token budget (a sharded engine: a 5% reserve instead); on CPUs 2 GiB."""
-        c = self.config
-        if c.kv_cache_memory_gb:
-            return c.kv_cache_memory_gb * 2**30
-        if self.device.type == "cuda":
-            util = c.gpu_memory_utilization or _DEFAULT_GPU_UTILIZATION
-            free, total = torch.cuda.mem_get_info(self.device)
-            steps = (
-                self._activation_bytes if self._activation_bytes is not None else total * _ACTIVATION_RESERVE
-            )
-            budget = total * util - (total - free) - steps
-            if budget <= 0:
-                raise ValueError(
-                    f"gpu_memory_utilization={util}: the weights already use {(total - free) / 2**30:.1f} of "
-                    f"{total / 2**30:.1f} GiB and a step {steps / 2**30:.1f} GiB; nothing is left for the KV "
-                    "cache (raise it, or lower max_num_batched_tokens)"
-                )
-            return budget
-        if c.gpu_memory_utilization is not None:
-            log.warning("gpu_memory_utilization applies to GPU engines; this CPU engine sizes its KV cache "
-                        "with kv_cache_memory_gb (default %.0f GiB)", _DEFAULT_CPU_KV_GB)  # fmt: skip
-        return _DEFAULT_CPU_KV_GB * 2**30
 
     def kv_compat(self) -> KVCompat:
         """What a peer engine must match to exchange KV blocks with this one (under tensor parallelism:
