@@ -83,10 +83,8 @@ class EngineCore:
         torch.manual_seed(config.seed)
         backend = self._select_backend()
         self._start_parallel(backend)
-        try:
-            model, kv_cache = self._load_model(
-                backend
-            )  # the KV cache is sized after the weights are in memory
+        try:  # the KV cache is sized after the weights are in memory
+            model, kv_cache = self._load_model(backend)
         except BaseException:
             if self._parallel is not None:
                 self._parallel.shutdown()
@@ -101,9 +99,8 @@ class EngineCore:
         self._build_connector(kv_cache, connectors)
         self.scheduler = self._build_scheduler()
         self.last_step_tokens = 0
-        self.structured: StructuredOutputManager | None = (
-            None  # attached by LLMEngine (it owns the tokenizer)
-        )
+        # attached by LLMEngine (it owns the tokenizer)
+        self.structured: StructuredOutputManager | None = None
         log.info(
             "engine ready: %s, %d KV blocks of %d tokens, dtype %s, weights %s, device %s",
             config.model_name,
