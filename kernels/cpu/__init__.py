@@ -10,10 +10,13 @@ import torch
 __all__ = [
     "available",
     "apply_token_bitmask",
+    "bf16_gemv",
     "fused_add_rms_norm",
     "greedy_argmax",
+    "has_bf16_gemv",
     "has_bf16_int4_gemv",
     "load",
+    "pack_bf16_gemv",
     "paged_attention",
     "reshape_and_cache",
     "rms_norm",
@@ -216,4 +219,29 @@ def woq_int4_gemv(
     rows (bf16 dot products of the exact codes): [M, Npad]."""
     out = torch.empty((x.shape[0], packed.shape[0]), dtype=x.dtype)
     _ops().woq_int4_gemv(out, x.contiguous(), packed, scales_and_zeros, int(group))
+    return out
+
+
+GEMV_TILE = 64  # output features per pair tile of bf16_gemv
+
+
+def has_bf16_gemv() -> bool:
+    """Whether the kernels have ``bf16_gemv`` (built for a CPU with AVX512_BF16)."""
+    ops = load()
+    return bool(ops is not None and ops.has_bf16_gemv)
+
+
+def pack_bf16_gemv(weight: torch.Tensor) -> torch.Tensor:
+    """A bf16 [N, K] weight (K even) as bf16_gemv's pair tiles [ceil(N / 64), K / 2, 64, 2], zero-padded."""
+    n, k = weight.shape
+    if k % 2:
+        raise ValueError(f"bf16_gemv needs an even number of input features, not {k}")
+    padded = torch.nn.functional.pad(weight.to(torch.bfloat16), (0, 0, 0, -n % GEMV_TILE))
+    return padded.view(-1, GEMV_TILE, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+
+def bf16_gemv(x: torch.Tensor, tiles: torch.Tensor, n: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Few bf16 rows x [M, K] @ W^T (+ bias) for W packed by pack_bf16_gemv, N = n output features: [M, n]."""
+    out = torch.empty((x.shape[0], n), dtype=torch.bfloat16)
+    _ops().bf16_gemv(out, x.contiguous(), tiles, bias)
     return out

@@ -22,6 +22,7 @@ SOURCES = (
     "bitmask.cpp",
     "quant_linear.cpp",
     "quant_gemv.cpp",
+    "gemv_bf16.cpp",
     "attention.cpp",
     "attention_decode.cpp",
     "attention_plan.cpp",

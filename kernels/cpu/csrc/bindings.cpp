@@ -36,6 +36,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("has_bf16_int4_gemv") = kvf::has_bf16_int4_gemv();
   m.def("woq_int4_gemv", &kvf::woq_int4_gemv, arg("out"), arg("x"), arg("packed"), arg("scales_and_zeros"),
         arg("group"), nogil);
+  m.attr("has_bf16_gemv") = kvf::has_bf16_gemv();
+  m.def("bf16_gemv", &kvf::bf16_gemv, arg("out"), arg("x"), arg("tiles"), arg("bias") = py::none(), nogil);
   m.def("greedy_argmax", &kvf::greedy_argmax, arg("logits"), nogil);
   m.def("apply_token_bitmask", &kvf::apply_token_bitmask, arg("logits"), arg("bitmask"), arg("rows"),
         arg("mask_rows"), nogil);

@@ -61,6 +61,12 @@ bool has_bf16_int4_gemv();
 void woq_int4_gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sz,
                    int64_t group);
 
+// The bf16 product for few rows: out [M, N] = x [M, K] @ W^T (+ bias), W as pair tiles
+// [ceil(N / 64), K / 2, 64, 2] (kernels.cpu.pack_bf16_gemv), read once per 4 rows of x (AVX512_BF16
+// only: has_bf16_gemv() says whether this build has it).
+bool has_bf16_gemv();
+void bf16_gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& tiles, const std::optional<at::Tensor>& bias);
+
 // Greedy sampling: per row of logits [B, V] (fp32/bf16/fp16), the first index of its maximum, NaN counting
 // as the maximum (torch.max(dim=-1)'s indices); int64 [B].
 at::Tensor greedy_argmax(const at::Tensor& logits);
