@@ -10,6 +10,8 @@ weights faster than oneDNN's kernel when a step is bound by memory bandwidth.
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping
 from types import ModuleType
 
 import torch
@@ -25,6 +27,7 @@ FP32_MIN_ROWS = 8  # fp32: oneDNN's packed kernel from this many rows, F.linear 
 # (2 cores, weights streamed from memory): the GEMV 1.4-1.8x at 1-4 rows, 1.2-1.4x at 8, 1.0-1.2x at 12,
 # 0.8-1.1x at 16 (benchmarks/results/bf16_gemv.json).
 BF16_GEMV_ROWS = 12
+GEMV_CHOICE = "KVFERRY_BF16_GEMV"  # "auto" (default) or "off"
 
 
 def onednn_available() -> bool:
@@ -95,9 +98,17 @@ def pack_linears(model: nn.Module, dtype: torch.dtype, device: torch.device) -> 
     return f"oneDNN pre-packed weights on {swapped} linears, {how}"
 
 
-def bf16_gemv_kernels() -> ModuleType | None:
-    """The CPU kernels' module where it has the bf16 GEMV (an AVX512-BF16 build), else None."""
+def bf16_gemv_kernels(env: Mapping[str, str] = os.environ) -> ModuleType | None:
+    """The CPU kernels' module where it has the bf16 GEMV (an AVX512-BF16 build), else None.
+
+    ``KVFERRY_BF16_GEMV=off`` opts out: the GEMV keeps a second copy of each bf16 weight (its pair tiles
+    beside oneDNN's packed one), which doubles the weights' resident bytes."""
     from kernels import cpu
 
+    choice = env.get(GEMV_CHOICE, "auto")
+    if choice not in ("auto", "off"):
+        raise ValueError(f"{GEMV_CHOICE}={choice!r}: expected 'auto' (the default) or 'off'")
+    if choice == "off":
+        return None
     ops = cpu.load()
     return ops if ops is not None and bool(ops.has_bf16_gemv) else None

@@ -9,7 +9,13 @@ import torch.nn.functional as F
 
 from kernels import cpu
 from kernels.cpu import build
-from services.engine.worker.linear import BF16_GEMV_ROWS, PackedLinear, bf16_gemv_kernels, onednn_available
+from services.engine.worker.linear import (
+    BF16_GEMV_ROWS,
+    PackedLinear,
+    bf16_gemv_kernels,
+    onednn_available,
+    pack_linears,
+)
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="torch without oneDNN")
 
@@ -93,3 +99,25 @@ def test_packed_linear_with_odd_input_features_keeps_f_linear() -> None:
     assert packed.gemv is None and packed.tiles is None and packed.plain is not None
     x = torch.randn(2, 7).bfloat16()
     _close_to_fp32(packed(x), x, layer)
+
+
+def test_the_gemv_can_be_turned_off_by_name_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """KVFERRY_BF16_GEMV=off keeps one copy of each weight (oneDNN's); another value is refused, named."""
+    assert bf16_gemv_kernels({"KVFERRY_BF16_GEMV": "off"}) is None
+    assert (bf16_gemv_kernels({}) is not None) == cpu.has_bf16_gemv()
+    with pytest.raises(ValueError, match="KVFERRY_BF16_GEMV='no'"):
+        bf16_gemv_kernels({"KVFERRY_BF16_GEMV": "no"})
+    totals = {}
+    for choice, gemv in (("off", False), ("auto", cpu.has_bf16_gemv())):
+        monkeypatch.setenv("KVFERRY_BF16_GEMV", choice)
+        model = torch.nn.Sequential(
+            _linear(64, 64, False, torch.bfloat16, 2), _linear(32, 64, True, torch.bfloat16, 3)
+        )
+        said = pack_linears(model, torch.bfloat16, torch.device("cpu"))
+        layers = list(model)
+        assert all(isinstance(m, PackedLinear) and m.plain is None for m in layers)
+        assert all((m.tiles is not None) == gemv for m in layers)
+        assert ("GEMV" in said) == gemv, said
+        totals[choice] = sum(m.weight_bytes() for m in layers)
+    weights = (64 + 32) * 64 * 2
+    assert totals["auto"] >= totals["off"] + (weights if cpu.has_bf16_gemv() else 0)  # the tiles' second copy
