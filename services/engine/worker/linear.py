@@ -50,11 +50,9 @@ class PackedLinear(nn.Module):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
         self.bias = None if linear.bias is None else linear.bias.detach()
         self.min_rows = min_rows
-        self.gemv = (
-            gemv
-            if gemv is not None and weight.dtype == torch.bfloat16 and self.in_features % 2 == 0
-            else None
-        )
+        readable = weight.dtype == torch.bfloat16 and self.in_features % 2 == 0
+        bf16_bias = self.bias is None or self.bias.dtype == torch.bfloat16
+        self.gemv = gemv if gemv is not None and readable and bf16_bias else None
         # the compiled kernel is called directly: per-call wrapper overhead counts at batch 1
         self.tiles = pack_bf16_gemv(weight) if self.gemv is not None else None
         self.plain = weight if min_rows > 1 and self.gemv is None else None
