@@ -108,5 +108,4 @@ def bf16_gemv_kernels(env: Mapping[str, str] = os.environ) -> ModuleType | None:
         raise ValueError(f"{GEMV_CHOICE}={choice!r}: expected 'auto' (the default) or 'off'")
     if choice == "off":
         return None
-    ops = cpu.load()
-    return ops if ops is not None and bool(ops.has_bf16_gemv) else None
+    return cpu.load() if cpu.has_bf16_gemv() else None
