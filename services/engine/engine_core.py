@@ -21,10 +21,10 @@ from services.engine.core.startup_heap import release_startup_heap
 from services.engine.executor.executor import Executor, UniprocExecutor
 from services.engine.executor.multiproc_executor import MultiprocExecutor
 from services.engine.executor.tp_checks import check_tensor_parallel, unsupported
-from services.engine.kv_cache_sizer import DEFAULT_BATCHED_TOKENS, KVCacheSizer
 from services.engine.kv_transfer.context import ConnectorFactory, KVTransferContext, aggregated_connectors
 from services.engine.platforms.detect import current_platform
 from services.engine.worker.attention import ComputeBackend, select_backend
+from services.engine.worker.kv_cache_sizer import DEFAULT_BATCHED_TOKENS, KVCacheSizer
 from services.engine.worker.loader.model_loader import (
     load_embedding_model,
     load_model,
