@@ -37,6 +37,8 @@ class SamplingParams(BaseModel):
     structured_outputs: StructuredSpec | None = None
     # the constraint starts after this text appears in the output (a reasoning model's "</think>")
     structured_outputs_after: str | None = None
+    # OpenAI logit_bias: token id -> bias in [-100, 100] added to that token's logit before sampling
+    logit_bias: dict[int, float] | None = None
 
     @field_validator("structured_outputs", mode="before")
     @classmethod
@@ -63,6 +65,18 @@ class SamplingParams(BaseModel):
             raise ValueError("stop strings must be non-empty")
         return v
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_range(cls, v: dict[int, float] | None) -> dict[int, float] | None:
+        if not v:
+            return None
+        for tok, bias in v.items():
+            if tok < 0:
+                raise ValueError(f"logit_bias token id {tok} must be >= 0")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias for token {tok} is {bias}; it must be in [-100, 100]")
+        return v
+
     @model_validator(mode="after")
     def _consistent(self) -> SamplingParams:
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
@@ -76,6 +90,11 @@ class SamplingParams(BaseModel):
     @property
     def top_k_enabled(self) -> bool:
         return self.top_k > 0
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Anything that changes the row's logits before the argmax (penalties, logit_bias)."""
+        return self.needs_penalties or bool(self.logit_bias)
 
     @property
     def needs_penalties(self) -> bool:

@@ -34,7 +34,7 @@ class SamplingRow:
         """Greedy with nothing that changes or reports the logits: the argmax of the raw row."""
         p = self.params
         masked = bool(self.stop_ids) and self.num_output < p.min_tokens
-        return p.greedy and p.logprobs is None and not p.needs_penalties and not masked
+        return p.greedy and p.logprobs is None and not p.shapes_logits and not masked
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,10 @@ class Sampler:
             p = row.params
             if p.needs_penalties:
                 logits[i] = _apply_penalties(logits[i], row)
+            if p.logit_bias:
+                ids = torch.tensor(list(p.logit_bias), dtype=torch.long, device=logits.device)
+                vals = torch.tensor(list(p.logit_bias.values()), dtype=logits.dtype, device=logits.device)
+                logits[i, ids] += vals
             if row.stop_ids and row.num_output < p.min_tokens:
                 logits[i, list(row.stop_ids)] = float("-inf")
         return logits
