@@ -185,9 +185,12 @@ class Request:
 
     def stop_status(self, max_model_len: int) -> RequestStatus | None:
         """The finished status its last generated token brings (eos, a stop id, max_tokens, the context
-        length), or None; a stop id becomes ``stop_reason``."""
+        length), or None; a stop id becomes ``stop_reason``. Before ``min_tokens`` only a constrained
+        request can stop (its grammar allowed nothing but a stop token)."""
         params, token = self.sampling_params, self.output_token_ids[-1]
-        if self.num_output_tokens >= params.min_tokens:
+        # the sampler masks stop tokens before min_tokens unless an output constraint allows nothing else:
+        # a constrained request that sampled one has ended its grammar, and the grammar's end wins
+        if self.num_output_tokens >= params.min_tokens or params.structured_outputs is not None:
             if token == self.eos_token_id and not params.ignore_eos:
                 return RequestStatus.FINISHED_STOPPED
             if token in params.stop_token_ids:

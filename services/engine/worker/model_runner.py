@@ -24,6 +24,10 @@ from services.engine.worker.structured.manager import StepConstraints
 
 log = logging.getLogger(__name__)
 _PROMPT_LOGITS_SLICE = 512  # prompt rows per logits matrix when scoring prompt tokens
+_NO_TOKEN = (
+    "no token can be sampled: the output constraint, logit_bias and min_tokens together allow none "
+    "at this position"
+)
 
 
 class ModelRunner:
@@ -140,13 +144,19 @@ class ModelRunner:
             pooled = self._pool(hidden, inputs, req_ids) if inputs.pool_rows else ()
             sampled: list[tuple[int, ...]] = [()] * len(req_ids)
             lps: list[tuple[Logprobs, ...]] = [()] * len(req_ids)
+            dead: set[str] = set()
             rejected = (
-                self._sample(hidden, inputs, req_ids, constraints, sampled, lps) if inputs.sample_rows else {}
+                self._sample(hidden, inputs, req_ids, constraints, sampled, lps, dead)
+                if inputs.sample_rows
+                else {}
             )
             starts = [self.states[r].num_computed for r in req_ids] if self.spec is not None else []
             for req_id, n in sched.num_scheduled_tokens:  # rejected drafts' KV is overwritten later
                 self.states[req_id].num_computed += n - rejected.get(req_id, 0)
             proposed = self._propose(req_ids, sampled, hidden, inputs, starts) if starts else ()
+            for req_id in dead:
+                self.states.pop(req_id, None)
+            proposed = tuple(p for p in proposed if p[0] not in dead)
         except Exception as exc:  # noqa: BLE001 - one bad step must not kill the engine
             log.exception("model step failed; failing its %d requests", len(req_ids))
             for req_id in req_ids:
@@ -165,6 +175,8 @@ class ModelRunner:
             prompt_logprobs=prompt_lps,
             pooled=pooled,
             spec_token_ids=proposed,
+            failed_req_ids=frozenset(dead),
+            error=_NO_TOKEN if dead else None,
         )
 
     def _run_encoder(self, sched: SchedulerOutput) -> None:
@@ -193,10 +205,12 @@ class ModelRunner:
         constraints: StepConstraints | None,
         sampled: list[tuple[int, ...]],
         lps: list[tuple[Logprobs, ...]],
+        dead: set[str],
     ) -> dict[str, int]:
         """Sample every logits row; a request verifying drafts keeps the tokens its target confirms.
 
-        Returns the number of rejected drafts per request that verified some.
+        Returns the number of rejected drafts per request that verified some; ``dead`` gets the requests
+        with a row where no token was allowed (their constraint, bias and min_tokens left nothing).
         """
         logits = self._logits(hidden, inputs.logits_idx, fp32=False)
         spec_lens = inputs.spec_lens or [0] * len(inputs.sample_rows)
@@ -209,10 +223,15 @@ class ModelRunner:
                     SamplingRow(st.params, st.prompt_ids, st.output_ids, st.stop_ids, st.spec_ids[:j])
                 )
                 row_reqs.append(req_ids[r])
-        tokens, logprobs = self.sampler(logits, rows, _mask_rows(constraints, row_reqs))
+        out = self.sampler(logits, rows, _mask_rows(constraints, row_reqs))
+        tokens, logprobs = out.tokens, out.logprobs
+        dead.update(row_reqs[j] for j in out.no_token_rows)
         off, rejected = 0, {}
         for r, m in zip(inputs.sample_rows, spec_lens, strict=True):
             st = self.states[req_ids[r]]
+            if req_ids[r] in dead:  # failed by execute: nothing sampled, no draft verified
+                off += m + 1
+                continue
             targets = tokens[off : off + m + 1]
             n = accepted_prefix(targets, st.spec_ids) + 1
             sampled[r] = tuple(targets[:n])
@@ -257,7 +276,7 @@ class ModelRunner:
             if st.num_computed != 0:
                 raise ValueError("an embedding request must run its whole prompt in one step")
             span = hidden[starts[row] : starts[row + 1]]
-            loc = torch.tensor([0, span.shape[0]], dtype=torch.int32)
+            loc = torch.tensor([0, span.shape[0]], dtype=torch.int32, device=span.device)
             dims = st.pooling.dimensions if st.pooling is not None else None
             out.append((req_ids[row], tuple(pool(span, loc, self.pooling, dims)[0].tolist())))
         return tuple(out)

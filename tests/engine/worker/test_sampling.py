@@ -118,13 +118,15 @@ def test_plain_greedy_rows_take_the_argmax_fast_path() -> None:
     greedy = SamplingParams(temperature=0, max_tokens=4)
     rows = [SamplingRow(greedy, [1, 2], [3], (0,)) for _ in range(6)]
     assert all(r.plain_greedy for r in rows)
-    fast, lps = Sampler()(logits, rows)
+    out = Sampler()(logits, rows)
+    fast, lps = out.tokens, out.logprobs
     expected = logits.float().max(dim=-1).indices.tolist()
     assert fast == expected and expected[2] == 10 and lps == [None] * 6
     with_lp = [*rows[:5], SamplingRow(greedy.model_copy(update={"logprobs": 1}), [1], [], ())]
     assert not with_lp[5].plain_greedy
-    slow, lps = Sampler()(logits, with_lp)
+    out = Sampler()(logits, with_lp)
+    slow, lps = out.tokens, out.logprobs
     assert slow == expected and lps[5] is not None
     min_tokens = SamplingRow(greedy.model_copy(update={"min_tokens": 3}), [1], [], (int(expected[0]),))
     assert not min_tokens.plain_greedy
-    assert Sampler()(logits[:1], [min_tokens])[0][0] != expected[0]  # eos masked before min_tokens
+    assert Sampler()(logits[:1], [min_tokens]).tokens[0] != expected[0]  # eos masked before min_tokens

@@ -36,7 +36,7 @@ class RouterGate(nn.Module):
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> RouterGate:
         super()._apply(fn, recurse)  # .to(dtype) / .to(device) / to_empty, then back to fp32
-        self.weight.data = self.weight.data.float()
+        self.weight = nn.Parameter(self.weight.detach().float(), requires_grad=False)
         return self
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import torch
 
-_BITS = torch.arange(32, dtype=torch.int32)
-
 
 def apply_token_bitmask(
     logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor, mask_rows: torch.Tensor
@@ -42,7 +40,8 @@ def apply_token_bitmask_torch(
     """The same in plain torch (other devices and dtypes, and the reference the C++ kernel is tested against)."""
     vocab = logits.shape[1]
     words = bitmask.index_select(0, mask_rows)  # [R, W] int32
-    allowed = ((words.unsqueeze(-1) >> _BITS) & 1).view(words.shape[0], -1).bool()
+    bits = torch.arange(32, dtype=torch.int32, device=words.device)
+    allowed = ((words.unsqueeze(-1) >> bits) & 1).view(words.shape[0], -1).bool()
     width = min(vocab, allowed.shape[1])
     sub = logits.index_select(0, rows)
     sub[:, :width].masked_fill_(~allowed[:, :width], float("-inf"))
