@@ -9,7 +9,7 @@ wraps the results of ops on GPU inputs (and of factories asked for ``device='cud
 copy between devices (real CUDA raises there too, or silently syncs, for indices). Unlike the meta
 device, the values are real, so the engine's data-dependent code (``.tolist()``, argmax, grammar
 masks) runs exactly as it would on the GPU path, and the step's output can be checked too.
-``torch.cuda``'s queries are answered as one idle 80 GiB device; the Triton backend cannot run here
+``torch.cuda``'s queries are answered as one 1 GiB device with 64 MiB in use; the Triton backend cannot run here
 (the tests use the plain torch backend, the GPU path's reference).
 """
 
@@ -140,7 +140,7 @@ class FakeCuda(TorchDispatchMode):
 
 def _fake_props() -> Any:
     class Props:
-        name, major, minor, total_memory, multi_processor_count = "FakeCuda", 9, 0, 80 * _GIB, 132
+        name, major, minor, total_memory, multi_processor_count = "FakeCuda", 9, 0, _GIB, 132
 
     return Props()
 
@@ -169,7 +169,7 @@ def fake_cuda(monkeypatch: Any) -> Iterator[FakeCuda]:
     monkeypatch.setattr(cuda, "get_device_properties", lambda *a: _fake_props())
     monkeypatch.setattr(cuda, "get_device_name", lambda *a: "FakeCuda")
     monkeypatch.setattr(cuda, "get_device_capability", lambda *a: (9, 0))
-    monkeypatch.setattr(cuda, "mem_get_info", lambda *a: (70 * _GIB, 80 * _GIB))
+    monkeypatch.setattr(cuda, "mem_get_info", lambda *a: (_GIB - 64 * 2**20, _GIB))
     for name in ("synchronize", "empty_cache", "reset_peak_memory_stats", "set_device"):
         monkeypatch.setattr(cuda, name, lambda *a, **k: None)
     for name in ("memory_allocated", "max_memory_allocated", "memory_reserved"):

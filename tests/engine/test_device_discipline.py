@@ -13,12 +13,17 @@ from typing import Any
 
 import pytest
 
+import kernels.cpu as cpu_kernels
 from services.common.protocol_structured import StructuredSpec
 from services.engine import LLM, SamplingParams
 from tests.checkpoints import build_llava, build_tokenizer
 from tests.engine.fake_cuda import fake_cuda
 
 PROMPTS = [[5, 9, 13, 200, 7], list(range(3, 40)), [42, 42, 43]]
+
+
+def _no_cpu_kernels() -> None:
+    raise AssertionError("a GPU engine asked for the C++ CPU kernels (a GPU pod must not compile them)")
 
 
 def _on(
@@ -29,6 +34,7 @@ def _on(
     if device == "cpu":
         return run(LLM(model=str(model), device="cpu", **settings))
     with monkeypatch.context() as mp, fake_cuda(mp) as mode:
+        mp.setattr(cpu_kernels, "load", _no_cpu_kernels)  # a GPU engine never builds or loads them
         result = run(LLM(model=str(model), device="cuda", **settings))
     assert not mode.mixups, "device mix-up:\n" + "\n".join(mode.mixups)
     return result
@@ -190,3 +196,25 @@ def test_multimodal_merge_on_cuda(
     prompt = {"prompt_token_ids": [1, 5, 6, marker, 7, 8], "multi_modal_data": {"image": [image]}}
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     _same_on_both("multimodal merge", model, _tokens(params, [prompt]), monkeypatch)
+
+
+def test_memory_profile_step_runs_the_worst_case_sampler_on_cuda(
+    llama_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--gpu-memory-utilization profiles a step whose every row samples as the worst request would."""
+    from services.engine.worker.memory_profile import WORST_CASE
+    from services.engine.worker.sampler import Sampler
+
+    seen: list[tuple[int, bool, SamplingParams]] = []
+    real = Sampler.__call__
+
+    def spy(self: Sampler, logits: Any, rows: list, mask: Any = None) -> Any:
+        seen.append((len(rows), mask is not None, rows[0].params))
+        return real(self, logits, rows, mask)
+
+    monkeypatch.setattr(Sampler, "__call__", spy)
+    with monkeypatch.context() as mp, fake_cuda(mp) as mode:
+        LLM(model=str(llama_dir), device="cuda", attention_backend="torch", dtype="float32",
+            gpu_memory_utilization=0.2, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=128)  # fmt: skip
+    assert not mode.mixups, "memory profile step:\n" + "\n".join(mode.mixups)
+    assert seen == [(4, True, WORST_CASE)]

@@ -25,7 +25,10 @@ def device_facts(requested: str = "auto", check_cpu_kernels: bool = True) -> Dev
         props = xpu_mod.get_device_properties(min(index, xpu - 1))
         facts.update(gpu_name=props.name, gpu_memory_bytes=getattr(props, "total_memory", 0))
     facts.update(
-        cpu_name=_cpu_name(), cpu_flags=cpu_flags(), cpu_kernels=_kernels() if check_cpu_kernels else True
+        cpu_name=_cpu_name(),
+        cpu_flags=cpu_flags(),
+        # a GPU pod never builds the C++ CPU kernels (minutes of g++ at start-up for nothing)
+        cpu_kernels=_kernels() if check_cpu_kernels and not _gpu_bound(requested, cuda, xpu) else False,
     )
     return DeviceFacts(**facts)
 
@@ -58,6 +61,13 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return ""
+
+
+def _gpu_bound(requested: str, cuda: int, xpu: int) -> bool:
+    """Whether ``--device requested`` lands on a GPU of this machine."""
+    if requested.startswith("cpu"):
+        return False
+    return bool(cuda or xpu) or requested.startswith(("cuda", "xpu"))
 
 
 def _kernels() -> bool:

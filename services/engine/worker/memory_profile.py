@@ -14,8 +14,23 @@ from services.engine.worker.attention import ComputeBackend
 from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.model_runner import ModelRunner, kv_cache_shape
 from services.engine.worker.models.interface import CausalLM
+from services.engine.worker.structured.manager import StepConstraints
 
-_GREEDY = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+# the sampler's worst case: every row samples (fp32 logits, the top-p/top-k sort, noise), reports the most
+# logprobs, carries penalties and a grammar bitmask, so --gpu-memory-utilization leaves room for all of it
+WORST_CASE = SamplingParams(
+    temperature=1.0,
+    top_p=0.9,
+    top_k=50,
+    min_p=0.01,
+    seed=0,
+    presence_penalty=0.5,
+    frequency_penalty=0.5,
+    repetition_penalty=1.1,
+    logprobs=20,
+    max_tokens=1,
+    ignore_eos=True,
+)
 
 
 def dummy_prompts(num_tokens: int, max_seqs: int, max_model_len: int) -> list[int]:
@@ -32,6 +47,13 @@ def profile_blocks(lengths: list[int], block_size: int) -> int:
     return sum(-(-length // block_size) for length in lengths)
 
 
+def all_allowed(reqs: list[NewRequestData], vocab_size: int) -> StepConstraints:
+    """A grammar bitmask row per request that allows every token (the mask's memory, not its effect)."""
+    words = -(-vocab_size // 32)
+    bitmask = torch.full((len(reqs), words), -1, dtype=torch.int32)
+    return StepConstraints({r.req_id: i for i, r in enumerate(reqs)}, bitmask)
+
+
 def profile_step(runner: ModelRunner, lengths: list[int]) -> int:
     """Peak CUDA bytes allocated while ``runner`` prefills prompts of ``lengths`` in one step, over what
     was allocated before (the runner's KV cache needs ``profile_blocks`` blocks); the runner forgets the
@@ -42,13 +64,13 @@ def profile_step(runner: ModelRunner, lengths: list[int]) -> int:
         blocks = tuple(range(block, block + -(-length // runner.block_size)))
         block += len(blocks)
         rid = f"profile-{i}"
-        reqs.append(NewRequestData(rid, (0,) * length, (), _GREEDY, blocks, 0))
+        reqs.append(NewRequestData(rid, (0,) * length, (), WORST_CASE, blocks, 0))
         sched_tokens.append((rid, length))
     step = SchedulerOutput(tuple(reqs), (), tuple(sched_tokens), sum(lengths))
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
-    out = runner.execute(step)
+    out = runner.execute(step, all_allowed(reqs, runner.cfg.vocab_size))
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - before
     runner.execute(SchedulerOutput((), (), (), 0, finished_req_ids=frozenset(r.req_id for r in reqs)))

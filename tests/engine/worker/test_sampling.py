@@ -130,3 +130,37 @@ def test_plain_greedy_rows_take_the_argmax_fast_path() -> None:
     min_tokens = SamplingRow(greedy.model_copy(update={"min_tokens": 3}), [1], [], (int(expected[0]),))
     assert not min_tokens.plain_greedy
     assert Sampler()(logits[:1], [min_tokens]).tokens[0] != expected[0]  # eos masked before min_tokens
+
+
+def test_seeded_noise_depends_only_on_the_key_and_is_exponential() -> None:
+    from services.engine.worker.seeded_noise import seeded_exponential
+
+    keys = torch.tensor([7, 8, 7, 2**62 + 5], dtype=torch.int64)
+    noise = seeded_exponential(keys, 50_000)
+    assert torch.equal(noise[0], noise[2]) and not torch.equal(noise[0], noise[1])
+    assert not torch.equal(noise[0], noise[3])
+    assert abs(float(noise.mean()) - 1.0) < 0.01 and abs(float(noise.var()) - 1.0) < 0.03
+    assert bool((noise > 0).all()) and bool(torch.isfinite(noise).all())
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_batched_filters_draw_from_the_filtered_distribution(seeded: bool) -> None:
+    """4,000 rows in one batch: temperature-1 draws follow the probabilities; top-k, top-p and min-p keep
+    exactly the tokens vLLM/OpenAI keep."""
+    from services.engine.worker.sampler import Sampler, SamplingRow
+
+    probs = torch.tensor([0.5, 0.25, 0.15, 0.1])
+    logits = probs.log().repeat(4000, 1)
+
+    def draw(**kw: object) -> torch.Tensor:
+        rows = [
+            SamplingRow(SamplingParams(temperature=1.0, seed=i if seeded else None, **kw), [1], [], ())
+            for i in range(4000)
+        ]
+        return torch.tensor(Sampler(seed=3)(logits.clone(), rows).tokens)
+
+    freq = torch.bincount(draw(), minlength=4).float() / 4000
+    assert torch.allclose(freq, probs, atol=0.03), freq
+    assert set(draw(top_k=2).tolist()) == {0, 1}
+    assert set(draw(top_p=0.6).tolist()) == {0, 1}  # mass before token 2 is 0.75 >= 0.6
+    assert set(draw(min_p=0.35).tolist()) == {0, 1}  # 0.15 < 0.35 * 0.5
