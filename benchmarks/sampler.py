@@ -48,7 +48,7 @@ def main() -> None:
             batched, looped = median_ms(
                 [
                     lambda logits=logits, rows=rows: sampler(logits, rows),
-                    lambda logits=logits, rows=rows: [
+                    lambda logits=logits, rows=rows, b=b: [
                         sampler(logits[i : i + 1], rows[i : i + 1]) for i in range(b)
                     ],
                 ],

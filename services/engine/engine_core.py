@@ -296,10 +296,11 @@ class EngineCore:
             self.quant,
             self.quant_kernels,
         )
+        dummy = self.config.load_format == "dummy"
         if self.task == "embed":
-            model: CausalLM | EmbeddingModel = load_embedding_model(*args)
+            model: CausalLM | EmbeddingModel = load_embedding_model(*args, dummy=dummy)
         else:
-            model = load_model(*args, tp=self.tp, pp=self.pp)
+            model = load_model(*args, tp=self.tp, pp=self.pp, dummy=dummy)
         sizer = KVCacheSizer(
             self.config,
             self.device,

@@ -38,6 +38,11 @@ class EngineConfig(BaseModel):
     tensor_parallel_size: int = Field(1, ge=1, le=64)  # ranks, one process each (gloo on CPU, NCCL)
     pipeline_parallel_size: int = Field(1, ge=1, le=64)  # stages of layers, ranks = tensor x pipeline
     seed: int = 0
+    # "dummy": random weights (std 0.02, norms 1) instead of the checkpoint's tensors: only config.json and
+    # the tokenizer are read (benchmarks and the GPU check of a model shape without its weights, as vLLM's)
+    load_format: Literal["auto", "dummy"] = "auto"
+    # CUDA: decode steps replay captured CUDA graphs unless this is set (always eager on other devices)
+    enforce_eager: bool = False
     attention_backend: Literal["cpu", "torch", "triton"] | None = None
     task: Literal["auto", "generate", "embed"] = (
         "auto"  # auto: embed for encoder / sentence-transformers models

@@ -80,6 +80,13 @@ def add_parser(
     add("--no-prefix-caching", dest="prefix_caching", action="store_false", help="disable prefix caching")
     add("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     add(
+        "--load-format",
+        choices=["auto", "dummy"],
+        default="auto",
+        help="dummy: random weights of the checkpoint's shape (only config.json and the tokenizer are read)",
+    )
+    add("--enforce-eager", action="store_true", help="CUDA: run decode steps eagerly, no CUDA graphs")
+    add(
         "--gpu-memory-utilization",
         type=float,
         default=None,
@@ -263,6 +270,8 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
         pipeline_parallel_size=args.pipeline_parallel_size,
         task=args.task,
         attention_backend=args.attention_backend,
+        load_format=args.load_format,
+        enforce_eager=args.enforce_eager,
         seed=args.seed,
         kvstore_url=args.kvstore_url,
         use_nixl=args.use_nixl,

@@ -90,6 +90,7 @@ def load_model(
     kernels: str = "cpu",
     tp: TPGroup | None = None,
     pp: PPStage | None = None,
+    dummy: bool = False,
 ) -> CausalLM:
     """Instantiate the registered class for ``cfg.architecture`` and fill it with the checkpoint
     (``tp``: only this tensor-parallel rank's slices, read tensor by tensor; ``pp``: only this pipeline
@@ -101,7 +102,16 @@ def load_model(
     return cast(
         CausalLM,
         _build_and_load(
-            path, cfg, dtype, device, max_positions, quant or QuantConfig(), kernels, tp=tp, pp=pp
+            path,
+            cfg,
+            dtype,
+            device,
+            max_positions,
+            quant or QuantConfig(),
+            kernels,
+            tp=tp,
+            pp=pp,
+            dummy=dummy,
         ),
     )
 
@@ -114,11 +124,14 @@ def load_embedding_model(
     max_positions: int,
     quant: QuantConfig | None = None,
     kernels: str = "cpu",
+    dummy: bool = False,
 ) -> EmbeddingModel:
     """Like ``load_model`` for a model that serves embeddings: an encoder, or a decoder to pool."""
     return cast(
         EmbeddingModel,
-        _build_and_load(path, cfg, dtype, device, max_positions, quant or QuantConfig(), kernels),
+        _build_and_load(
+            path, cfg, dtype, device, max_positions, quant or QuantConfig(), kernels, dummy=dummy
+        ),
     )
 
 
@@ -146,8 +159,12 @@ def _build_and_load(
     cls: type[nn.Module] | None = None,
     tp: TPGroup | None = None,
     pp: PPStage | None = None,
+    dummy: bool = False,
 ) -> nn.Module:
-    """``kernels``: which quantized layers to build, "cpu" (torch's packed CPU ops) or "triton"."""
+    """``kernels``: which quantized layers to build, "cpu" (torch's packed CPU ops) or "triton";
+    ``dummy``: random weights, no checkpoint tensor is read."""
+    if dummy and quant.quantized:
+        raise ValueError("load_format='dummy' builds float weights: it cannot be combined with quantization")
     cls = cls or get_model_class(cfg.architecture)
     shards = {name: group for name, group in (("tp", tp), ("pp", pp)) if group is not None}
     with torch.device("meta"):
@@ -162,10 +179,13 @@ def _build_and_load(
     p = Path(path)
     wanted = pp.reads if pp is not None else None
     shard = TPShard(cfg, tp) if tp is not None else None  # tensor parallelism refuses quantized weights
-    tensors = plan.filter(checkpoint_tensors(p)) if plan else dense_checkpoint_tensors(p, wanted, shard)
     total = sum(1 for _ in model.parameters())
-    bar = tqdm(tensors, desc=f"loading {p.name}", unit="tensor", leave=False, disable=None, total=None)
-    cast(EmbeddingModel, model).load_weights(bar)
+    if dummy:
+        random_weights(model)
+    else:
+        tensors = plan.filter(checkpoint_tensors(p)) if plan else dense_checkpoint_tensors(p, wanted, shard)
+        bar = tqdm(tensors, desc=f"loading {p.name}", unit="tensor", leave=False, disable=None, total=None)
+        cast(EmbeddingModel, model).load_weights(bar)
     quantized = plan.finish(model) if plan else "none"
     model.to(device).eval()
     linears = pack_linears(model, dtype, device)
@@ -179,6 +199,18 @@ def _build_and_load(
         linears,
     )
     return model
+
+
+def random_weights(model: nn.Module) -> None:
+    """load_format='dummy': every parameter random on its own device (std 0.02; norm weights 1, biases 0)."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight") or ".norm" in name and name.endswith("weight"):
+                param.fill_(1.0)
+            elif name.endswith("bias"):
+                param.zero_()
+            else:
+                param.normal_(0.0, 0.02)
 
 
 def checkpoint_tensors(
