@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from scripts.docsgen.markdown import code, generated_header, table
@@ -19,10 +21,19 @@ def _sub_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 
 def _portable(text: str) -> str:
     """Machine-specific paths in defaults or help become the variables they come from."""
-    home = os.environ.get("KVFERRY_HOME")
-    if home:
-        text = text.replace(home, "$KVFERRY_HOME")
     return text.replace(str(Path.home()), "~")
+
+
+@contextlib.contextmanager
+def _documented_environment() -> Iterator[None]:
+    """Parsers read $KVFERRY_* and $POD_NAME for defaults: build them as on a machine that sets none."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith(("KVFERRY_", "POD_"))}
+    for key in saved:
+        del os.environ[key]
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
 
 
 class CliReference:
@@ -39,7 +50,8 @@ class CliReference:
             table(["command", "what it runs"], [(code(f"kvferry {n}"), h) for n, _, h in cli.SUBCOMMANDS])
         )
         for name, _target, help_text in cli.SUBCOMMANDS:
-            top = cli.build_parser([name])
+            with _documented_environment():
+                top = cli.build_parser([name])
             out.append(self._section(f"kvferry {name}", _sub_parsers(top)[name], level=2, lead=help_text))
         return "".join(out)
 

@@ -27,6 +27,15 @@ def test_generated_pages_are_current():
     assert not stale, f"regenerate with `make docs`: {stale} differ from what their sources give"
 
 
+def test_cli_reference_does_not_depend_on_the_environment(monkeypatch):
+    from scripts.docsgen.cli_reference import CliReference
+
+    plain = CliReference().render()
+    monkeypatch.setenv("KVFERRY_BLOCK_SIZE", "32")
+    monkeypatch.setenv("KVFERRY_MODEL_ID", "some-pool-model")
+    assert CliReference().render() == plain
+
+
 def test_every_benchmark_result_is_described():
     unknown = [
         p.name
