@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,18 +29,19 @@ def _engine(full: bool) -> CollectorRegistry:
     from services.engine.core.spec_stats import SpecDecodingStats
     from services.engine.entrypoints.metrics import ServerMetrics
 
-    optional = {
-        "lora": LoRAStats(
-            running=(), waiting=(), max_loras=1, loads=0, evictions=0, slots_used=0, requests=(("a", 0),)
-        ),
-        "spec": SpecDecodingStats(accepted_per_pos=[0]),
-        "moe_expert_tokens": [(0, [0])],
-        "mm_cache": (0, 0),
-    }
     stats = EngineStats(
         num_running=0, num_waiting=0, kv_cache_usage=0.0, prefix_queries=0, prefix_hits=0,
-        num_preemptions=0, num_blocks=1, block_size=16, **(optional if full else {}),
+        num_preemptions=0, num_blocks=1, block_size=16,
     )  # fmt: skip
+    if full:  # every optional family: LoRA, speculative decoding, MoE experts, the encoder cache
+        stats = dataclasses.replace(
+            stats,
+            lora=LoRAStats(running=(), waiting=(), max_loras=1, loads=0, evictions=0, slots_used=0,
+                           requests=(("a", 0),)),
+            spec=SpecDecodingStats(accepted_per_pos=[0]),
+            moe_expert_tokens=[(0, [0])],
+            mm_cache=(0, 0),
+        )  # fmt: skip
     return ServerMetrics(lambda: stats, model="MODEL").registry
 
 
@@ -74,7 +76,7 @@ COMPONENTS = (
 
 def _families(registry: CollectorRegistry) -> dict[str, tuple[str, str, list[str], dict[str, list[str]]]]:
     """name -> (type, help, label names, label values seen without any traffic)."""
-    names = {}
+    names: dict[str, list[str]] = {}
     for collector in list(registry._collector_to_names):
         for labelname in getattr(collector, "_labelnames", ()) or ():
             names.setdefault(getattr(collector, "_name", ""), []).append(labelname)
