@@ -59,7 +59,7 @@ class CrdReference:
             f"`apiVersion: {models.API_VERSION}`, `kind: {models.KIND}` (plural `{models.PLURAL}`, short name "
             f"`{models.SHORT_NAMES[0]}`). The CRD (`crds/{models.PLURAL}.{models.GROUP}.yaml`) and this page "
             "are both generated from the pydantic models, so they cannot disagree. A field marked required must "
-            "be set; the API server applies the defaults shown; unknown fields are rejected.\n\n"
+            "be set; the API server applies the defaults shown. Unknown fields are an error for the operator and `kvferry render` (the models forbid them) and for `kubectl apply` (strict field validation); the API server prunes them from other clients.\n\n"
         )
         out.append(self._rules(models.KIND, schema))
         for part in ("spec", "status"):
