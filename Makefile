@@ -10,7 +10,7 @@ KVFERRY_HOME ?= $(HOME)/.cache/kvferry
 export KVFERRY_HOME
 STAMP := $(VENV)/.setup-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
-.PHONY: setup prometheus chromium dashboards cpu-kernels docs test test-all test-gpu test-reliability lint run bench bench-kernels bench-vllm crds proto images helm clean
+.PHONY: setup prometheus chromium dashboards cpu-kernels docs test test-all test-gpu test-reliability lint run bench bench-kernels bench-vllm crds proto images helm clean gpu-check gpu-wheels
 
 setup: $(STAMP) redis prometheus chromium model helm cpu-kernels
 
@@ -116,3 +116,15 @@ images:
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# The prepared check for a bare CUDA machine (benchmarks/gpu_check.py): pytest -m gpu, the kernel benchmark,
+# the engine end to end, kvferry serve + the openai client; JSON under $(OUT) or build/gpu-check.
+# SMOKE=1 rehearses the same script on the CPU (interpreted Triton, tiny shapes); CI runs it.
+# On the GPU machine (python3 with torch and triton): python3 benchmarks/gpu_check.py
+SMOKE ?=
+gpu-check: $(if $(SMOKE),setup,)
+	SMOKE=$(SMOKE) $(if $(SMOKE),$(PY),python3) benchmarks/gpu_check.py
+
+# cp312 manylinux wheels of what the GPU image lacks (pydantic, fastapi, openai, xgrammar, ...) into .whl/
+gpu-wheels: setup
+	$(PY) -m benchmarks.gpu_check_env download

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -51,6 +52,9 @@ FULL = Shapes(
     model=LLAMA3_8B,
     step_batches=(1, 16, 64),
     step_contexts=(512, 4096),
+)
+QUICK = dataclasses.replace(
+    FULL, prefill_problems=((1, 0, 1024), (4, 0, 4096)), step_batches=(1, 64), step_contexts=(512,)
 )
 TINY_LLAMA = {
     "vocab_size": 256,
@@ -257,6 +261,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="tiny shapes on the CPU under TRITON_INTERPRET=1: checks every row runs, numbers mean nothing",
     )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the GPU check's cut: every decode cell, two prefill problems, two decode-step cells",
+    )
     args = parser.parse_args(argv)
     if not args.smoke and not torch.cuda.is_available():
         print(
@@ -264,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             "(--smoke runs tiny shapes in the interpreter). Skipped."
         )
         return 0
-    sh = SMOKE if args.smoke else FULL
+    sh = SMOKE if args.smoke else QUICK if args.quick else FULL
     copy_bw, rows = run(sh)
     print_attention(sh, copy_bw, rows)
     print_pointwise_and_steps(rows)

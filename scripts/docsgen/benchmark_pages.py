@@ -44,6 +44,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         "python benchmarks/cpu_kernels.py",
         "the C++ kernels of `kernels/cpu` against their torch references (and a baseline build), per shape.",
     ),
+    "sampler": Benchmark(
+        "Sampler: one batch vs a loop of rows",
+        "python benchmarks/sampler.py",
+        "one sampler call over B rows against B one-row calls (what a per-row loop costs), on the CPU; vocabulary 49,152.",
+    ),
     "lora": Benchmark(
         "LoRA adapters",
         "python benchmarks/lora.py",
