@@ -50,9 +50,10 @@ def part_pytest(out: Path, smoke: bool) -> dict:
 
 
 def _pytest_counts(line: str) -> dict[str, int]:
+    """{'passed': 3, 'skipped': 2, ...} from pytest's closing line."""
     words = line.replace(",", " ").split()
-    return {w: int(n) for n, w in zip(words, words[1:]) if n.isdigit() and w in ("passed", "failed", "skipped",
-                                                                                  "error", "errors", "deselected")}  # fmt: skip
+    kinds = ("passed", "failed", "skipped", "error", "errors", "deselected")
+    return {w: int(n) for n, w in zip(words, words[1:], strict=False) if n.isdigit() and w in kinds}
 
 
 def part_kernels(out: Path, smoke: bool) -> dict:
