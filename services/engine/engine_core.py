@@ -24,6 +24,7 @@ from services.engine.executor.tp_checks import check_tensor_parallel, unsupporte
 from services.engine.kv_transfer.context import ConnectorFactory, KVTransferContext, aggregated_connectors
 from services.engine.platforms.detect import current_platform
 from services.engine.worker.attention import ComputeBackend, select_backend
+from services.engine.worker.cuda_graphs import GraphFacts, decode_graphs
 from services.engine.worker.kv_cache_sizer import DEFAULT_BATCHED_TOKENS, KVCacheSizer
 from services.engine.worker.loader.model_loader import (
     load_embedding_model,
@@ -186,6 +187,29 @@ class EngineCore:
                 backend,
                 self.max_model_len,
             )
+
+        self.runner.graphs = decode_graphs(
+            self._graph_facts(backend),
+            lambda ids, pos, meta: model(ids, pos, kv_cache, meta, backend),
+            config.max_num_seqs,
+            self.max_model_len,
+            self.block_size,
+        )
+
+    def _graph_facts(self, backend: ComputeBackend) -> GraphFacts:
+        config = self.config
+        return GraphFacts(
+            device=self.device,
+            backend=backend.name,
+            enforce_eager=config.enforce_eager,
+            generates=self.task == "generate",
+            lora=self.lora is not None,
+            speculative=config.speculative_config is not None,
+            vision=self.runner.encoder_cache is not None,
+            parallel=self._parallel is not None,
+            moe=bool(self._moe_layers),
+            quantized=self.quant.quantized,
+        )
 
     def _build_connector(self, kv_cache: torch.Tensor, connectors: ConnectorFactory) -> None:
         """The role's KV connectors over this engine's cache (refused over pipeline stages)."""

@@ -10,6 +10,7 @@ import torch
 
 from services.engine.core.outputs import Logprobs, ModelRunnerOutput, SchedulerOutput
 from services.engine.worker.attention import ComputeBackend
+from services.engine.worker.cuda_graphs import DecodeGraphs
 from services.engine.worker.decode_inputs import DecodeInputs
 from services.engine.worker.input_batch import CachedRequestState, PromptLogprobRows, StepInputs
 from services.engine.worker.lora.lora_manager import LoRAManager
@@ -53,6 +54,7 @@ class ModelRunner:
         self.pooling: PoolingConfig | None = None  # set by the engine for --task embed
         self.lora: LoRAManager | None = None  # set by the engine with --enable-lora
         self.spec: SpecDecoder | None = None  # set by the engine with --speculative-config
+        self.graphs: DecodeGraphs | None = None  # set by the engine on CUDA unless --enforce-eager
         # vision-language models: image features by content hash
         self.encoder_cache = EncoderCache() if hasattr(model, "encode_images") else None
         self._signed: tuple[object, bool] = (None, False)  # (model, its compute_logits takes fp32)
@@ -137,9 +139,12 @@ class ModelRunner:
                 self.lora.prepare(names, inputs.meta.query_start_loc.tolist())
             extra = self._image_embeddings(sched, inputs) if self.encoder_cache is not None else None
             kwargs = {"inputs_embeds": extra} if extra is not None else {}
-            hidden = self.model(
-                inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta, self.backend, **kwargs
-            )
+            if self.graphs is not None and extra is None and self.graphs.serves(inputs):
+                hidden = self.graphs.run(inputs)  # a pure decode step: replay its batch size's graph
+            else:
+                hidden = self.model(
+                    inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta, self.backend, **kwargs
+                )
             prompt_lps = tuple(self._prompt_logprobs(hidden, rows) for rows in inputs.prompt_rows)
             pooled = self._pool(hidden, inputs, req_ids) if inputs.pool_rows else ()
             sampled: list[tuple[int, ...]] = [()] * len(req_ids)
