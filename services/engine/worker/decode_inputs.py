@@ -16,6 +16,7 @@ import torch
 
 from services.engine.core.outputs import SchedulerOutput
 from services.engine.worker.attention import AttentionMetadata, ComputeBackend, build_metadata
+from services.engine.worker.device_copy import to_device
 from services.engine.worker.input_batch import CachedRequestState, StepInputs, build_inputs
 
 _SPARE_BLOCKS = 8  # block-table columns kept free so a growing batch rarely forces a rebuild
@@ -108,13 +109,16 @@ class DecodeInputs:
 
     def _inputs(self, a: _Arrays) -> StepInputs:
         dev, batch = self.device, len(a.order)
-        as_tensor = torch.from_numpy if dev.type == "cpu" else lambda x: torch.from_numpy(x).to(dev)
+
+        def as_tensor(x: np.ndarray) -> torch.Tensor:  # the arrays change next step: copied (pinned) now
+            return to_device(torch.from_numpy(x), dev)
+
         table = torch.from_numpy(a.table)
         meta = AttentionMetadata(
             slot_mapping=as_tensor(a.slots),
             query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device=dev),
             seq_lens=as_tensor(a.seq_lens),
-            block_tables=table if dev.type == "cpu" else table.to(dev),
+            block_tables=as_tensor(a.table),
             block_size=self.block_size,
             max_query_len=1,
             max_seq_len=int(a.seq_lens.max()),

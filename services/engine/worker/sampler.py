@@ -10,7 +10,8 @@ import torch
 import kernels.cpu as cpu_kernels
 from services.engine.core.outputs import Logprobs
 from services.engine.core.sampling_params import SamplingParams
-from services.engine.worker.sampling_batch import SamplingBatch, to_device
+from services.engine.worker.device_copy import to_device
+from services.engine.worker.sampling_batch import SamplingBatch
 from services.engine.worker.seeded_noise import seeded_exponential
 from services.engine.worker.structured.bitmask import apply_token_bitmask
 

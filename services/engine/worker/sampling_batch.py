@@ -13,21 +13,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from services.engine.worker.device_copy import to_device
+
 if TYPE_CHECKING:
     from services.engine.worker.sampler import SamplingRow
 
 _SEED_STRIDE = 1_000_003
 _KEY_MOD = 2**63
-
-
-def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``host`` (a fresh CPU tensor) on ``device``: itself on the CPU, else one non-blocking copy from
-    pinned memory (the pinned buffer lives until the copy is done: the caching host allocator keeps it)."""
-    if device.type == "cpu":
-        return host
-    if torch.cuda.is_available():
-        host = host.pin_memory()
-    return host.to(device, non_blocking=True)
 
 
 def _pairs(device: torch.device, rows: list[int], cols: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

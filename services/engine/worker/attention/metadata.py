@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from services.engine.worker.device_copy import to_device
+
 
 @dataclass
 class AttentionMetadata:
@@ -45,10 +47,10 @@ def build_metadata(
     for n in q_lens:
         starts.append(starts[-1] + n)
     return AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        block_tables=table.to(device),
+        slot_mapping=to_device(torch.tensor(slots, dtype=torch.int64), device),
+        query_start_loc=to_device(torch.tensor(starts, dtype=torch.int32), device),
+        seq_lens=to_device(torch.tensor(seq_lens, dtype=torch.int32), device),
+        block_tables=to_device(table, device) if device.type != "cpu" else table,
         block_size=block_size,
         max_query_len=max(q_lens, default=0),
         max_seq_len=max(seq_lens, default=0),
