@@ -3,6 +3,7 @@ logprobs; one batch on the logits' device (no per-row loop over tensors)."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
 import torch
@@ -63,6 +64,7 @@ class Sampler:
 
     def __init__(self, seed: int = 0) -> None:
         self.generator = torch.Generator().manual_seed(seed)  # unseeded rows on the CPU
+        self.rng = random.Random(seed)  # unseeded rows' noise keys on other devices
 
     def __call__(
         self, logits: torch.Tensor, rows: list[SamplingRow], mask: TokenMask | None = None
@@ -71,7 +73,7 @@ class Sampler:
         if plain and cpu_kernels.available():  # one pass over each row, in the logits' own dtype
             return SamplerOutput(cpu_kernels.greedy_argmax(logits).tolist(), [None] * len(rows))
         logits = logits.float()
-        batch = SamplingBatch.build(rows, logits.shape[1], logits.device)
+        batch = SamplingBatch.build(rows, logits.shape[1], logits.device, self.rng)
         want_lp = [j for j, r in enumerate(rows) if r.params.logprobs is not None]
         lp_rows = to_device(torch.tensor(want_lp, dtype=torch.int64), logits.device) if want_lp else None
         raw_lp = torch.log_softmax(logits.index_select(0, lp_rows), dim=-1) if lp_rows is not None else None
@@ -102,8 +104,10 @@ class Sampler:
             return tokens
         idx = batch.random_rows
         probs = filtered_probs(logits.index_select(0, idx), batch, idx)
-        noise = torch.empty_like(probs)
-        noise.exponential_(generator=self.generator if probs.device.type == "cpu" else None)
+        if probs.device.type == "cpu":
+            noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        else:  # every row is keyed (no device generator: the same on every rank)
+            noise = torch.empty_like(probs)
         if batch.seeded_rows.numel():
             noise.index_copy_(0, batch.seeded_rows, seeded_exponential(batch.seed_keys, probs.shape[1]))
         # Exponential race: argmax p/q with q ~ Exp(1) draws from p, reproducibly per seeded row.

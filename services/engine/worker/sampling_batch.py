@@ -8,6 +8,7 @@ whole batches with no per-row Python loop over tensors.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,8 +38,8 @@ class SamplingBatch:
     min_p: torch.Tensor  # fp32 [B]
     top_k: torch.Tensor  # int64 [B] (vocab when off)
     random_rows: torch.Tensor  # int64 [R]: rows that sample
-    seeded_rows: torch.Tensor  # int64 [S]: positions in random_rows whose noise is seeded
-    seed_keys: torch.Tensor  # int64 [S]: (seed, position) keys of those rows
+    seeded_rows: torch.Tensor  # int64 [S]: positions in random_rows whose noise comes from a key
+    seed_keys: torch.Tensor  # int64 [S]: their keys ((seed, position), or random for unseeded rows)
     any_random: bool
     any_top_k: bool
     any_top_p: bool
@@ -48,7 +49,11 @@ class SamplingBatch:
     held_stops: tuple[torch.Tensor, torch.Tensor] | None  # (rows, tokens) masked before min_tokens
 
     @classmethod
-    def build(cls, rows: list[SamplingRow], vocab: int, device: torch.device) -> SamplingBatch:
+    def build(
+        cls, rows: list[SamplingRow], vocab: int, device: torch.device, rng: random.Random
+    ) -> SamplingBatch:
+        """``rng`` keys the unseeded rows off the CPU (every rank of a tensor-parallel engine draws the
+        same keys, as the ranks' samplers are seeded alike); on the CPU they draw from a generator."""
         floats = [
             (1.0 if r.params.greedy else r.params.temperature, r.params.top_p, r.params.min_p) for r in rows
         ]
@@ -56,9 +61,10 @@ class SamplingBatch:
         f = to_device(torch.tensor(floats, dtype=torch.float32).reshape(-1, 3), device)
         i = to_device(torch.tensor(ints, dtype=torch.int64).reshape(-1, 2), device)
         random_rows = [j for j, r in enumerate(rows) if not r.params.greedy]
-        seeded = [(k, rows[j]) for k, j in enumerate(random_rows) if rows[j].params.seed is not None]
-        keys = [((r.params.seed or 0) * _SEED_STRIDE + r.num_output) % _KEY_MOD for _, r in seeded]
-        sk = _pairs(device, [k for k, _ in seeded], keys)
+        keyed = device.type != "cpu"  # every random row gets a key; on the CPU only the seeded ones
+        picked = [(k, rows[j]) for k, j in enumerate(random_rows) if keyed or rows[j].params.seed is not None]
+        keys = [_key(r, rng) for _, r in picked]
+        sk = _pairs(device, [k for k, _ in picked], keys)
         return cls(
             greedy=i[:, 1].bool(),
             temperature=f[:, 0],
@@ -76,6 +82,13 @@ class SamplingBatch:
             bias=_bias(rows, vocab, device),
             held_stops=_held_stops(rows, vocab, device),
         )
+
+
+def _key(row: SamplingRow, rng: random.Random) -> int:
+    """A seeded row's key is (seed, position): its draw there is the same on any engine and device."""
+    if row.params.seed is None:
+        return rng.getrandbits(63)
+    return (row.params.seed * _SEED_STRIDE + row.num_output) % _KEY_MOD
 
 
 @dataclass(frozen=True)
