@@ -357,3 +357,17 @@ def build_llava(out: Path, seed: int = 0) -> Path:
         str(out)
     )
     return out
+
+
+def token_bytes(tokenizer: object, ids: list[int]) -> bytes:
+    """The bytes of byte-level BPE token ids (a partial UTF-8 character stays bytes, as the grammar and the
+    logprobs ``bytes`` field see it); ``tokenizer`` is a services.common Tokenizer."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    others = [b for b in range(256) if b not in printable]  # the byte-level alphabet: shifted past 255
+    byte_of = {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(others)}
+    pieces = [tokenizer.id_to_token(t) or "" for t in ids]  # type: ignore[attr-defined]
+    return b"".join(bytes(byte_of[c] for c in p) for p in pieces)

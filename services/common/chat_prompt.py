@@ -33,11 +33,37 @@ def encode_messages(
     template refuses, or when a model without the marker gets images (videos)."""
     try:
         chat = conversation(messages, image_marker, video_marker)
+        if any(m.has_media() for m in messages) and tokenizer.renders_content_parts():
+            ids = _parts_rendered(
+                tokenizer, messages, add_generation_prompt, tools, image_marker, video_marker
+            )
+            if ids is not None:
+                return ids
         return tokenizer.encode_chat(chat, add_generation_prompt, tools)
     except ChatTemplateError as exc:
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
     except ValueError as exc:
         raise bad_request(str(exc), "messages") from exc
+
+
+def _parts_rendered(
+    tokenizer: Tokenizer,
+    messages: Sequence[ChatMessage],
+    add_generation_prompt: bool,
+    tools: list[dict[str, Any]] | None,
+    image_marker: str | None,
+    video_marker: str | None,
+) -> list[int] | None:
+    """The ids when the model's template places the media parts itself (as HF's processor renders them),
+    provided it wrote exactly one of the model's markers per part; else None (the markers are joined in)."""
+    text = tokenizer.apply_chat_template(
+        conversation(messages, parts=True), add_generation_prompt, **({"tools": tools} if tools else {})
+    )
+    for marker, kind in ((image_marker, "image"), (video_marker, "video")):
+        wanted = sum(p["type"] == kind for m in messages for p in m.template_parts())
+        if wanted and (marker is None or text.count(marker) != wanted):
+            return None
+    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def image_urls(body: ChatCompletionRequest) -> list[str]:

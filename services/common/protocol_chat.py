@@ -114,6 +114,22 @@ class ChatMessage(RequestModel):
                 parts.append(image_marker if isinstance(part, ImageUrlContentPart) else video_marker)
         return "\n".join(p for p in parts if p is not None)
 
+    def has_media(self) -> bool:
+        """Whether it has an image or video part."""
+        media = (ImageUrlContentPart, VideoUrlContentPart)
+        return isinstance(self.content, list) and any(isinstance(p, media) for p in self.content)
+
+    def template_parts(self) -> list[dict[str, str]]:
+        """The content as a chat template's parts, in order: text, ``{"type": "image"}``, ``{"type": "video"}``."""
+        kinds = {ImageUrlContentPart: "image", VideoUrlContentPart: "video"}
+        out: list[dict[str, str]] = []
+        for part in self.content if isinstance(self.content, list) else []:
+            if isinstance(part, TextContentPart):
+                out.append({"type": "text", "text": part.text})
+            elif type(part) in kinds:
+                out.append({"type": kinds[type(part)]})
+        return out
+
     def image_urls(self) -> list[str]:
         """The URLs of its image parts, in order."""
         if not isinstance(self.content, list):
@@ -178,15 +194,21 @@ class ChatCompletionRequest(SamplingRequest):
 
 
 def conversation(
-    messages: Sequence[ChatMessage], image_marker: str | None = None, video_marker: str | None = None
+    messages: Sequence[ChatMessage],
+    image_marker: str | None = None,
+    video_marker: str | None = None,
+    parts: bool = False,
 ) -> list[dict[str, Any]]:
     """Messages as chat-template dicts: ``{"role", "content"}`` plus ``tool_calls`` (arguments parsed to
     objects, as HF templates expect) and ``tool_call_id``; ``developer`` is rendered as ``system``;
-    image (video) parts as ``image_marker`` (``video_marker``), the model's placeholder tokens."""
+    image (video) parts as ``image_marker`` (``video_marker``), the model's placeholder tokens; with
+    ``parts``, a message with media keeps its parts in order (``{"type": "text" | "image" | "video"}``)
+    for a template that places them itself, as HF processors do."""
     out: list[dict[str, Any]] = []
     for m in messages:
         role = "system" if m.role == "developer" else m.role
-        item: dict[str, Any] = {"role": role, "content": m.text(image_marker, video_marker)}
+        content: Any = m.template_parts() if parts and m.has_media() else m.text(image_marker, video_marker)
+        item: dict[str, Any] = {"role": role, "content": content}
         if m.tool_calls:
             item["tool_calls"] = [
                 {

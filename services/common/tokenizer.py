@@ -47,6 +47,7 @@ class Tokenizer:
         self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self._template: jinja2.Template | None = None
+        self._parts: bool | None = None  # renders_content_parts, probed once
         # Servers set this to max_model_len: a text that cannot fit is refused before it is tokenized
         # (tokenizing 10 MB takes seconds on the event loop). None (offline use): no limit.
         self.max_text_tokens: int | None = None
@@ -114,7 +115,21 @@ class Tokenizer:
 
     def set_chat_template(self, template: str) -> None:
         """Replace the model's chat template (``--chat-template FILE``)."""
-        self.chat_template, self._template = template, None
+        self.chat_template, self._template, self._parts = template, None, None
+
+    def renders_content_parts(self) -> bool:
+        """Whether the chat template renders list content itself (``{"type": "image"}`` parts where they
+        stand, as HF processors pass them), rather than printing the list."""
+        if self._parts is None:
+            probe = [
+                {"role": "user", "content": [{"type": "text", "text": "kvferry_probe_a1"}, {"type": "image"}]}
+            ]
+            try:
+                out = self.apply_chat_template(probe, True)
+                self._parts = "kvferry_probe_a1" in out and "'type'" not in out and '"type"' not in out
+            except (ChatTemplateError, jinja2.TemplateError, TypeError, AttributeError):
+                self._parts = False
+        return self._parts
 
     def renders_tools(self) -> bool:
         """Whether the chat template shows the model the ``tools`` it is given (SmolLM2's drops them)."""

@@ -133,3 +133,60 @@ def test_the_router_routes_by_image_prefix(llava_dir: Path, tmp_path: Path, redi
         router.stop()
         for e in engines:
             e.stop()
+
+
+# A template that places content parts itself, as llava-hf's do: an image part is "<image>" where it stands
+PARTS_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}{% if part['type'] == 'text' %}{{ part['text'] }}"
+    "{% elif part['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def _hf_chat_greedy(llava_dir: Path, template: Path, messages: list[dict], images: list, n: int) -> list[int]:
+    """HF's rendering (its tokenizer's apply_chat_template with the parts) and LlavaForConditionalGeneration."""
+    import torch
+    from transformers import CLIPImageProcessor, LlavaForConditionalGeneration, PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(llava_dir / "tokenizer.json"))
+    tok.chat_template = template.read_text()
+    parts = [{"role": m["role"], "content": [{"type": "image"} if p["type"] == "image_url" else p for p in m["content"]]}
+             for m in messages]  # fmt: skip
+    text = tok.apply_chat_template(parts, add_generation_prompt=True, tokenize=False)
+    model = LlavaForConditionalGeneration.from_pretrained(str(llava_dir), dtype=torch.float32).eval()
+    marker = model.config.image_token_index
+    ids = [t for tok_id in tok(text, add_special_tokens=False)["input_ids"]
+           for t in ([tok_id] * 16 if tok_id == marker else [tok_id])]  # fmt: skip
+    pixels = CLIPImageProcessor.from_pretrained(str(llava_dir))(images=images, return_tensors="pt")[
+        "pixel_values"
+    ]
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), pixel_values=pixels, max_new_tokens=n, do_sample=False,
+                             attention_mask=torch.ones(1, len(ids), dtype=torch.long), pad_token_id=0)  # fmt: skip
+    return out[0, len(ids) :].tolist()
+
+
+@pytest.mark.parametrize("images_first", [False, True])
+def test_chat_renders_parts_through_the_models_template_as_hf_does(
+    llava_dir: Path, tmp_path: Path, images_first: bool
+) -> None:
+    """Odd image sizes, the image parts after or before the text: the server's answer is HF's."""
+    template = tmp_path / "parts.jinja"
+    template.write_text(PARTS_TEMPLATE)
+    a, b = _data_url(11, (61, 47)), _data_url(12, (40, 90))
+    text = [{"type": "text", "text": "compare these two pictures"}]
+    pics = [{"type": "image_url", "image_url": {"url": u}} for u in (a, b)]
+    messages = [{"role": "user", "content": pics + text if images_first else text + pics}]
+    engine = start_in_process(llava_dir, "--num-kv-blocks", "64", "--chat-template", str(template))
+    try:
+        client = openai.OpenAI(base_url=f"{engine.url}/v1", api_key="x", max_retries=0)
+        got = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=6, temperature=0,
+                                             logprobs=True)  # fmt: skip
+        ours = [t.token for t in got.choices[0].logprobs.content]  # each token's own text
+    finally:
+        engine.stop()
+    expected = _hf_chat_greedy(llava_dir, template, messages, [_decode(a), _decode(b)], 6)
+    tok = Tokenizer(llava_dir)
+    assert ours == [tok.decode([t]) for t in expected]

@@ -15,6 +15,7 @@ import pytest
 
 from services.common.protocol_structured import StructuredSpec
 from services.engine import LLM, SamplingParams
+from tests.checkpoints import token_bytes
 
 SCHEMA = {
     "type": "object",
@@ -58,15 +59,8 @@ def _sampled(llm: LLM, spec: StructuredSpec, n: int = 32, max_tokens: int = 120)
 def _grammar_text(llm: LLM, token_ids: list[int]) -> str:
     """The output's bytes as the grammar reads them: xgrammar takes an encoded surrogate (ED A0..BF xx) for
     one character where Python's decoder gives three U+FFFD, so decode with ``surrogatepass``."""
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("¡"), ord("¬") + 1),
-        *range(ord("®"), ord("ÿ") + 1),
-    ]
-    others = [b for b in range(256) if b not in printable]  # the byte-level BPE alphabet: shifted past 255
-    byte_of = {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(others)}
-    pieces = [llm.tokenizer._tok.id_to_token(t) for t in token_ids if t not in llm.engine.core.runner.eos_ids]
-    return b"".join(bytes(byte_of[c] for c in p) for p in pieces).decode("utf-8", errors="surrogatepass")
+    ids = [t for t in token_ids if t not in llm.engine.core.runner.eos_ids]
+    return token_bytes(llm.tokenizer, ids).decode("utf-8", errors="surrogatepass")
 
 
 def test_json_schema_every_sample_validates(llm: LLM) -> None:
