@@ -95,7 +95,28 @@ def test_tp2_equals_tp1_across_families(kind: str, family_dir, qwen2_dir: Path) 
         assert _tokens(two, _prompts(8)) == _tokens(one, _prompts(8))
 
 
-def test_unsupported_settings_are_refused(llama_dir: Path, family_dir) -> None:
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_tp2_equals_tp1_with_speculative_decoding(llama_dir: Path, method: str) -> None:
+    """n-gram and draft-model speculation under TP=2: drafts proposed on rank 0 (the draft unsharded),
+    verified alike on every rank; greedy and seeded tokens equal TP=1's."""
+    spec = {"method": method, "num_speculative_tokens": 3} | (
+        {"model": str(llama_dir)} if method != "ngram" else {}
+    )
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], list(range(3, 40)), [9] * 5]
+    seeded = SamplingParams(temperature=0.8, seed=3, max_tokens=12, ignore_eos=True)
+    for one, two in _pair(llama_dir, num_kv_blocks=128, speculative_config=spec):
+        assert _tokens(two, prompts) == _tokens(one, prompts)
+        assert _tokens(two, prompts, seeded) == _tokens(one, prompts, seeded)
+        assert two.engine.core.runner.spec is not None
+
+
+def test_unsupported_settings_are_refused(llama_dir: Path, family_dir, tmp_path: Path) -> None:
+    from tests.checkpoints import build_eagle_head
+
+    head = build_eagle_head(llama_dir, tmp_path / "eagle")
+    with pytest.raises(ValueError, match="speculative_config method eagle is not supported with tensor"):
+        LLM(model=str(llama_dir), tensor_parallel_size=2,
+            speculative_config={"method": "eagle", "num_speculative_tokens": 2, "model": str(head)})  # fmt: skip
     with pytest.raises(ValueError, match="enable_lora is not supported with tensor parallelism"):
         LLM(model=str(llama_dir), tensor_parallel_size=2, enable_lora=True)
     with pytest.raises(ValueError, match="quantization is not supported with tensor parallelism"):

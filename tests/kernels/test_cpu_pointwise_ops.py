@@ -18,6 +18,7 @@ from kernels.reference import (
     ref_rotary_embedding,
     ref_silu_and_mul,
 )
+from services.engine.worker.quantization.quantized_linear import pack_int4_tiles
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -119,18 +120,19 @@ def test_build_identity_and_cache() -> None:
 def test_woq_int4_linear_equals_torchs_int4pack_kernel(
     m: int, n: int, k: int, group: int, tile: int, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The tile-dequantizing GEMM reads torch's int4pack layout exactly as torch's own kernel does."""
+    """The tile-dequantizing GEMM on kvferry's tiles computes what torch's kernel does on its own packing."""
     monkeypatch.setattr(kc, "WOQ_TILE_ROWS", tile)  # n is not a multiple of the tile: a partial last tile
     codes = torch.randint(0, 16, (n, k), dtype=torch.int32)
-    packed = torch._convert_weight_to_int4pack_for_cpu(codes, 1)
+    packed = torch._convert_weight_to_int4pack_for_cpu(codes, 1)  # torch's own packing (ISA-dependent)
     sz = torch.stack([torch.rand(k // group, n) * 0.02 + 0.001, torch.randn(k // group, n) * 0.01], -1).to(
         dtype
     )
     x = torch.randn(m, k, dtype=dtype)
     expected = torch._weight_int4pack_mm_for_cpu(x, packed, group, sz)
-    assert_close(kc.woq_int4_linear(x, packed, sz, group), expected, dtype)
+    ours = pack_int4_tiles(codes)  # kvferry's tiles: torch's packing on AVX-512, not on AVX2
+    assert_close(kc.woq_int4_linear(x, ours, sz, group), expected, dtype)
     with torch.inference_mode():  # as the engine calls it: worker threads must write the output too
-        assert_close(kc.woq_int4_linear(x, packed, sz, group), expected, dtype)
+        assert_close(kc.woq_int4_linear(x, ours, sz, group), expected, dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

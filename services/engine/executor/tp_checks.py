@@ -16,12 +16,14 @@ from services.engine.worker.parallel.tp_group import check_divisible
 def check_tensor_parallel(config: EngineConfig, cfg: ModelConfig, quantized: bool, generate: bool) -> None:
     """ValueError naming the first setting that tensor_parallel_size / pipeline_parallel_size > 1
     cannot serve (yet)."""
-    tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
+    tp, pp, spec = config.tensor_parallel_size, config.pipeline_parallel_size, config.speculative_config
     refused = {
         "task": not generate,  # encoders / embeddings
         "quantization": quantized,
         "enable_lora": config.enable_lora,
-        "speculative_config": config.speculative_config is not None,
+        # EAGLE's head reads the target's embedding and LM head, vocab-parallel shards under TP; n-gram and
+        # draft-model speculation run on rank 0 (the draft unsharded) and every rank verifies alike
+        "speculative_config method eagle": spec is not None and spec.method == "eagle",
         "kvstore_url": config.kvstore_url is not None,
         "device xpu": config.device.startswith("xpu"),
     }

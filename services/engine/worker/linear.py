@@ -83,6 +83,8 @@ def pack_linears(model: nn.Module, dtype: torch.dtype, device: torch.device) -> 
     """Swap every nn.Linear of a loaded model for a PackedLinear where that pays; says what it did."""
     if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16) or not onednn_available():
         return "plain F.linear"
+    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return "plain F.linear (oneDNN has no bf16 path on this CPU: it needs AVX-512 or AVX-NE-CONVERT)"
     gemv = bf16_gemv_kernels() if dtype == torch.bfloat16 else None
     min_rows = FP32_MIN_ROWS if dtype == torch.float32 else BF16_GEMV_ROWS if gemv is not None else 1
     swapped = 0

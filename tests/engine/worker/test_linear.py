@@ -38,8 +38,9 @@ def test_bf16_gemv_is_built_exactly_on_cpus_with_avx512_bf16() -> None:
     spec = build.build_spec()
     native = spec.capability == "AVX512" and "-march=native" in spec.cflags
     assert cpu.has_bf16_gemv() == (native and "avx512_bf16" in spec.flags)
-    layer = PackedLinear(_linear(64, 64, False, torch.bfloat16, 0), BF16_GEMV_ROWS, bf16_gemv_kernels())
-    assert (layer.gemv is not None) == cpu.has_bf16_gemv()
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():  # a bf16 PackedLinear needs oneDNN's bf16 path
+        layer = PackedLinear(_linear(64, 64, False, torch.bfloat16, 0), BF16_GEMV_ROWS, bf16_gemv_kernels())
+        assert (layer.gemv is not None) == cpu.has_bf16_gemv()
     fp32 = PackedLinear(_linear(64, 64, False, torch.float32, 0), 8, bf16_gemv_kernels())
     assert fp32.gemv is None and fp32.plain is not None  # fp32 x is never rounded to bf16
 
@@ -71,6 +72,12 @@ def test_bf16_gemv_rejects_what_it_cannot_read() -> None:
         cpu.bf16_gemv(torch.zeros(1, 8), tiles, 64)  # fp32 x
 
 
+ONEDNN_BF16 = pytest.mark.skipif(
+    not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="oneDNN has no bf16 path on this CPU"
+)
+
+
+@ONEDNN_BF16
 @pytest.mark.parametrize("rows", [1, 3, 4, 11, 12, 17])
 def test_packed_linear_in_bf16_takes_the_gemv_below_its_crossover(rows: int) -> None:
     layer = _linear(300, 256, True, torch.bfloat16, rows)
@@ -93,6 +100,7 @@ def test_packed_linear_in_bf16_takes_the_gemv_below_its_crossover(rows: int) -> 
     assert packed(x.view(1, rows, 256)).shape == (1, rows, 300)  # [batch, tokens, features] inputs too
 
 
+@ONEDNN_BF16
 def test_packed_linear_with_odd_input_features_keeps_f_linear() -> None:
     layer = _linear(16, 7, False, torch.bfloat16, 1)
     packed = PackedLinear(layer, BF16_GEMV_ROWS, bf16_gemv_kernels())
@@ -101,6 +109,7 @@ def test_packed_linear_with_odd_input_features_keeps_f_linear() -> None:
     _close_to_fp32(packed(x), x, layer)
 
 
+@ONEDNN_BF16
 def test_the_gemv_can_be_turned_off_by_name_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """KVFERRY_BF16_GEMV=off keeps one copy of each weight (oneDNN's); another value is refused, named."""
     assert bf16_gemv_kernels({"KVFERRY_BF16_GEMV": "off"}) is None

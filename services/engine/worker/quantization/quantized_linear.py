@@ -11,6 +11,7 @@ the C++ kernels the dense path dequantizes the whole weight with torch ops (slow
 
 from __future__ import annotations
 
+import functools
 from types import ModuleType
 
 import torch
@@ -23,6 +24,22 @@ INT4_GROUPS = (256, 128, 64, 32)  # group sizes torch's int4pack kernel takes
 _BLOCK_N = 64  # int4pack's CPU layout tiles output rows by 64: byte j of a tile holds rows j and j + 32
 INT4_DENSE_ROWS = 16
 INT8_DENSE_ROWS = 16
+
+
+def pack_int4_tiles(codes: torch.Tensor) -> torch.Tensor:
+    """4-bit codes [N (a multiple of 64), K] as kvferry's kernels read them, on any CPU: tiles of 64
+    output rows, byte j of (tile, k) holding row j in its low nibble and row j + 32 in its high one
+    (torch's int4pack layout on AVX-512; on AVX2 torch packs 32-row tiles instead)."""
+    n, k = codes.shape
+    tiles = codes.to(torch.uint8).view(n // _BLOCK_N, 2, _BLOCK_N // 2, k)  # [tile, half, j, k]
+    return (tiles[:, 0] | (tiles[:, 1] << 4)).transpose(1, 2).contiguous().view(n, k // 2)
+
+
+@functools.cache
+def torch_packs_int4_tiles() -> bool:
+    """Whether torch's int4pack kernel on this CPU reads kvferry's tiles (it packs that way on AVX-512)."""
+    codes = torch.arange(_BLOCK_N * 4, dtype=torch.int32).remainder(16).view(_BLOCK_N, 4)
+    return torch.equal(torch._convert_weight_to_int4pack_for_cpu(codes, 1), pack_int4_tiles(codes))
 
 
 class Int4Linear(nn.Module):
@@ -50,7 +67,13 @@ class Int4Linear(nn.Module):
         self.gemv = _extension() if dtype == torch.bfloat16 and has_int4_gemv(self.ops) else None
         pad = -self.out_features % _BLOCK_N
         codes = F.pad(gw.codes.to(torch.int32), (0, 0, 0, pad))
-        self.packed = torch._convert_weight_to_int4pack_for_cpu(codes, 1)
+        # kvferry's kernels read the 64-row tiles; torch's kernel reads its own packing, which is that
+        # layout only where torch runs AVX-512 (32-row tiles on AVX2 CPUs)
+        self.native = self.ops is None  # no C++ kernels: torch's packing and kernel for every batch
+        self.packed = (
+            torch._convert_weight_to_int4pack_for_cpu(codes, 1) if self.native else pack_int4_tiles(codes)
+        )
+        self.torch_reads_tiles = self.native or torch_packs_int4_tiles()
         scales, offsets = (F.pad(t, (0, 0, 0, pad)) for t in (gw.scales, gw.offsets))
         # int4pack computes (q - 8) * scale + zero; ours is q * scale + offset
         self.scales_and_zeros = (
@@ -59,34 +82,21 @@ class Int4Linear(nn.Module):
         self.perm = gw.perm
         self.bias = None if bias is None else bias.to(dtype)
 
-    def dense_weight(self) -> torch.Tensor:
-        """The [N, K] weight in ``dtype`` (input columns in stored order), unpacked from the int4pack tiles."""
-        n_pad, k = self.packed.shape[0], self.in_features
-        tiles = self.packed.view(n_pad // _BLOCK_N, k, _BLOCK_N // 2)
-        codes = (
-            torch.cat([tiles & 0x0F, tiles >> 4], dim=-1)
-            .transpose(1, 2)
-            .reshape(n_pad, k // self.group, self.group)
-        )
-        sz = self.scales_and_zeros.transpose(0, 1)  # [N, G, 2]
-        w = (codes.to(self.dtype) - 8) * sz[..., 0:1] + sz[..., 1:2]
-        return w.view(n_pad, k)[: self.out_features]
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         if self.perm is not None:
             rows = rows.index_select(1, self.perm)
-        if rows.shape[0] < self.min_dense_rows and self.gemv is not None:
+        small = rows.shape[0] < self.min_dense_rows
+        if small and self.gemv is not None:
             out = torch.empty((rows.shape[0], self.packed.shape[0]), dtype=rows.dtype)
             self.gemv.woq_int4_gemv(out, rows.contiguous(), self.packed, self.scales_and_zeros, self.group)
-        elif rows.shape[0] < self.min_dense_rows:
+        elif self.native or (small and self.torch_reads_tiles):
             out = torch._weight_int4pack_mm_for_cpu(
                 rows.contiguous(), self.packed, self.group, self.scales_and_zeros
             )
-        elif self.ops is not None:
-            out = self.ops.woq_int4_linear(rows, self.packed, self.scales_and_zeros, self.group)
         else:
-            out = F.linear(rows, self.dense_weight())
+            assert self.ops is not None
+            out = self.ops.woq_int4_linear(rows, self.packed, self.scales_and_zeros, self.group)
         if out.shape[1] != self.out_features:  # int4pack pads the output rows to a multiple of 64
             out = out[:, : self.out_features].contiguous()
         if self.bias is not None:

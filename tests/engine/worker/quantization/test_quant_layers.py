@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from services.engine.worker.quantization import quantized_linear
 from services.engine.worker.quantization.gguf_blocks import gguf_weight
 from services.engine.worker.quantization.gptq_awq import awq_weight, gptq_weight
 from services.engine.worker.quantization.group_quant_weight import GroupQuantWeight
@@ -51,8 +52,11 @@ def test_int4_linear_equals_dequantized_matmul(n: int, k: int, act_order: bool, 
     x = torch.randn(rows, k)
     ref = x @ gw.dequantize().t() + bias
     torch.testing.assert_close(layer(x), ref, rtol=1e-5, atol=1e-4)
-    layer.ops = None  # without the C++ kernels: torch dequantizes the whole weight
-    torch.testing.assert_close(layer(x), ref, rtol=1e-5, atol=1e-4)
+    with pytest.MonkeyPatch.context() as mp:  # without the C++ kernels: torch's packing and kernel
+        mp.setattr(quantized_linear, "cpu_ops", lambda: None)
+        plain = Int4Linear(gw, bias, torch.float32, min_dense_rows=16)
+    assert plain.native
+    torch.testing.assert_close(plain(x), ref, rtol=1e-5, atol=1e-4)
 
 
 def test_int4_linear_in_bfloat16_is_close() -> None:
