@@ -145,7 +145,12 @@ def _add_serving_flags(add: Callable[..., object]) -> None:
     add(
         "--reasoning-parser", default=None, help="deepseek_r1 | qwen3: <think> text goes to reasoning_content"
     )
-    add("--request-timeout", type=float, default=None, help="seconds before a request is aborted")
+    add(
+        "--request-timeout",
+        type=float,
+        default=600.0,  # ServerSettings' DEFAULT_REQUEST_TIMEOUT_S (serving imports torch: not here)
+        help="seconds before a request is aborted and its KV freed (default 600; 0: no limit)",
+    )
     add("--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits for running requests")
 
 
@@ -277,7 +282,7 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
     server = ServerSettings(
         allow_runtime_lora_updating=args.allow_runtime_lora_updating,
         api_key=args.api_key,
-        request_timeout=args.request_timeout,
+        request_timeout=args.request_timeout or None,
         drain_timeout=args.drain_timeout,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,

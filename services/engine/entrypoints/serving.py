@@ -21,6 +21,7 @@ from services.engine.entrypoints.role import AggregatedRole, EngineRole
 from services.engine.worker.structured.grammars import GrammarError
 
 MAX_N = 128  # most choices one request may ask for (SamplingParams' own limit)
+DEFAULT_REQUEST_TIMEOUT_S = 600.0  # no request holds its KV blocks for ever (--request-timeout 0: no limit)
 
 
 class ServerSettings(BaseModel):
@@ -38,7 +39,7 @@ class ServerSettings(BaseModel):
     remote_media: RemoteMedia = RemoteMedia()  # vision models: http(s) media URLs (refused by default)
 
     api_key: str | None = None
-    request_timeout: float | None = Field(None, gt=0)
+    request_timeout: float | None = Field(DEFAULT_REQUEST_TIMEOUT_S, gt=0)
     drain_timeout: float = Field(30.0, ge=0)
 
 
