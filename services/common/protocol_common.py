@@ -73,7 +73,7 @@ class SamplingRequest(StructuredRequestFields):
     stop_token_ids: list[TokenId] | None = None
     cache_salt: Annotated[str, Field(min_length=1)] | None = None
     kv_transfer_params: dict[str, Any] | None = None
-    priority: int = 0
+    priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] = 0  # lower first (--scheduling-policy)
     # travels between the pool's pods as the X-Request-Id header: visible ASCII, no spaces
     request_id: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[!-~]+$")] | None = None
     prompt_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None

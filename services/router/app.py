@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from services.common.chat_prompt import detokenize_response, tokenize_response
 from services.common.errors import OpenAIError, model_not_found, not_ready
-from services.common.http_middleware import RequestContextMiddleware, install_error_handlers
+from services.common.http_middleware import RequestContextMiddleware, install_error_handlers, presented_key
 from services.common.openapi_doc import document_answers
 from services.common.protocol import (
     ChatCompletionRequest,
@@ -32,6 +32,7 @@ from services.router.context_limit import check_prompt_fits
 from services.router.engine_client import EngineUnavailable
 from services.router.metrics import CONTENT_TYPE
 from services.router.pd_flow import Dispatched, no_endpoint
+from services.router.priority_gate import check_priority
 from services.router.prompt import PreparedRequest
 from services.router.router_state import RouterState
 from services.router.scheduling.filters import eligible
@@ -156,6 +157,7 @@ def _openai_routes(state: RouterState) -> APIRouter:
         """Before a generation request is prepared: its adapter (``check_model``); with
         --salt-from-api-key the tenant's salt leading its own, so tenants never share KV; and the pool's
         context as the tokenizer's limit, so a text that cannot fit is refused before it is tokenized."""
+        check_priority(state.settings, body.priority, presented_key(request.headers))
         if state.settings.salt_from_api_key:
             tenant = f"tenant:{request.state.tenant}"
             body.cache_salt = f"{tenant}:{body.cache_salt}" if body.cache_salt else tenant

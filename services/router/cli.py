@@ -104,6 +104,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="operators' keys, one per line: they open /ui and, alone, see the request ids of its decisions",
     )
     add(
+        "--priority-api-key-file",
+        type=Path,
+        default=None,
+        help="client keys (among --api-key-file's) whose requests may set `priority`; others get a 403",
+    )
+    add(
         "--salt-from-api-key",
         action="store_true",
         help="give each API key's requests their own cache salt: tenants never share KV blocks",
@@ -194,6 +200,9 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         api_keys=_api_keys(args),
         admin_api_keys=_read_keys(args.admin_api_key_file, "--admin-api-key-file")
         if args.admin_api_key_file
+        else [],
+        priority_api_keys=_read_keys(args.priority_api_key_file, "--priority-api-key-file")
+        if args.priority_api_key_file
         else [],
         salt_from_api_key=args.salt_from_api_key,
         engine_api_key=_engine_api_key(args),

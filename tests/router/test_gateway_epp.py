@@ -217,10 +217,13 @@ def test_fallbacks_follow_the_primary_and_api_keys_are_checked(
     try:
         value = picked(process(port, [keyed, *body])[0])
         status, error = immediate(process(port, [request_headers(), *body]))
+        jump = body_chunks(completion_body([4] * 30, priority=-(10**9)), 1)
+        jumped, refusal = immediate(process(port, [keyed, *jump]))  # no --priority-api-key-file: no one may
     finally:
         router.stop()
     assert sorted(value.split(",")) == sorted(addresses(gw_engines))
     assert status == 401 and error["error"]["type"] == "invalid_request_error"
+    assert jumped == 403 and refusal["error"]["param"] == "priority"
 
 
 def engine_counts(engines: list[ServerProcess]) -> list[tuple[float, float]]:

@@ -146,6 +146,12 @@ def _add_serving_flags(add: Callable[..., object]) -> None:
         "--reasoning-parser", default=None, help="deepseek_r1 | qwen3: <think> text goes to reasoning_content"
     )
     add(
+        "--scheduling-policy",
+        choices=["fcfs", "priority"],
+        default="fcfs",
+        help="fcfs: a request with a non-zero `priority` is a 400; priority: lower values are served first",
+    )
+    add(
         "--request-timeout",
         type=float,
         default=600.0,  # ServerSettings' DEFAULT_REQUEST_TIMEOUT_S (serving imports torch: not here)
@@ -282,6 +288,7 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
     server = ServerSettings(
         allow_runtime_lora_updating=args.allow_runtime_lora_updating,
         api_key=args.api_key,
+        scheduling_policy=args.scheduling_policy,
         request_timeout=args.request_timeout or None,
         drain_timeout=args.drain_timeout,
         enable_auto_tool_choice=args.enable_auto_tool_choice,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -39,6 +40,7 @@ class ServerSettings(BaseModel):
     remote_media: RemoteMedia = RemoteMedia()  # vision models: http(s) media URLs (refused by default)
 
     api_key: str | None = None
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"  # priority: requests' `priority` is honoured
     request_timeout: float | None = Field(DEFAULT_REQUEST_TIMEOUT_S, gt=0)
     drain_timeout: float = Field(30.0, ge=0)
 
@@ -180,6 +182,10 @@ def fan_out(
     shape: OutputShape | None = None,
 ) -> list[SubRequest]:
     """``n`` sub-requests per prompt (seeds ``seed + i``); choice index ``prompt * n + i``."""
+    if req.priority and ctx.settings.scheduling_policy != "priority":
+        raise bad_request(
+            "priority is only honoured by an engine started with --scheduling-policy priority", "priority"
+        )
     subs = []
     for p, ids in enumerate(prompts):
         budget = output_budget(req, len(ids), ctx.max_model_len)

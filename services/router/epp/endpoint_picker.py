@@ -18,6 +18,7 @@ from services.common.protocol import ChatCompletionRequest, CompletionRequest
 from services.router.context_limit import check_prompt_fits
 from services.router.epp.addresses import endpoint_address
 from services.router.pd_flow import no_endpoint
+from services.router.priority_gate import check_priority
 from services.router.prompt import PreparedRequest
 from services.router.router_state import RouterState
 from services.router.scheduling import Endpoint, RequestContext, RouteDecision
@@ -62,12 +63,15 @@ class EndpointPicker:
         """The pick for one request (``headers`` lower-cased, with the ``:path`` pseudo-header);
         ``arrival`` (perf_counter) is when its headers reached the EPP (the routing overhead starts there)."""
         path = headers.get(":path", "").split("?", 1)[0]
+        token = None
         if self._api_keys and path.startswith("/v1"):
-            self._authorize(headers)
+            token = self._authorize(headers)
         if subset is not None and not subset:
             raise no_endpoint("the gateway's endpoint subset is empty")
         pool = self.candidates(subset)
-        prepared = self._prepare(path, body) if path in ("/v1/completions", "/v1/chat/completions") else None
+        prepared = (
+            self._prepare(path, body, token) if path in ("/v1/completions", "/v1/chat/completions") else None
+        )
         if prepared is None:
             ctx = RequestContext(0, self.state.settings.block_size, {}, splittable=False)
         else:
@@ -86,7 +90,7 @@ class EndpointPicker:
             self.state.note_route(decision, prepared, ctx, headers.get("x-request-id", "epp"), 0)
         return Pick(self._ranked(decision, pool), decision)
 
-    def _authorize(self, headers: Mapping[str, str]) -> None:
+    def _authorize(self, headers: Mapping[str, str]) -> bytes:
         scheme, _, token = headers.get("authorization", "").partition(" ")
         given = token.strip().encode() if scheme.lower() == "bearer" else b""
         matched = False
@@ -94,17 +98,21 @@ class EndpointPicker:
             matched |= secrets.compare_digest(given, key)
         if not matched:
             raise unauthorized()
+        return given
 
-    def _prepare(self, path: str, body: bytes) -> PreparedRequest:
-        """The request as the router would prepare it (400 for a bad body, 404 for an unknown model)."""
+    def _prepare(self, path: str, body: bytes, token: bytes | None) -> PreparedRequest:
+        """The request as the router would prepare it (400 for a bad body, 404 for an unknown model, 403 for
+        a priority this key may not set: the gateway passes the body on unchanged)."""
         if not body:
             raise bad_request("The request has no body: a JSON object is required.")
         state = self.state
         state.tokenizer.max_text_tokens = state.max_model_len()
         if path == "/v1/completions":
             completion = parse_body(CompletionRequest, body)
+            check_priority(state.settings, completion.priority, token)
             return state.preparer.completion(completion, self._adapter(completion.model))
         chat = parse_body(ChatCompletionRequest, body)
+        check_priority(state.settings, chat.priority, token)
         return state.preparer.chat(chat, self._adapter(chat.model))
 
     def _adapter(self, model: str | None) -> str | None:
