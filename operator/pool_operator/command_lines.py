@@ -89,6 +89,7 @@ class CommandLines:
         if self.spec.kvstore.enabled:
             args += ["--kvstore-url", f"grpc://{self.names.service_host('kvstore')}:{KVSTORE_PORT}"]
         args += pool_secret.flag()  # the /kv/ handshake and the kvstore calls between the pool's pods
+        args += ["--api-key-file", pool_secret.SECRET_FILE]  # /v1: the pool-internal key (router, picker)
         return args + list(engine.extra_args)
 
     def speculative_args(self, role: EnginePodRole) -> list[str]:
@@ -165,6 +166,7 @@ class CommandLines:
             "--weights",
             f"prefix={weights.prefix:g},queue={weights.queue:g},kv={weights.kv:g}",
         ]
+        args += ["--engine-api-key-file", pool_secret.SECRET_FILE]  # the engines' pool-internal key
         if router.api_key_secret_ref is not None:
             args += ["--api-key-file", f"{API_KEY_MOUNT}/{router.api_key_secret_ref.key}"]
         if router.salt_from_api_key:

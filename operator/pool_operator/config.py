@@ -29,6 +29,11 @@ class OperatorConfig(BaseModel):
     )
     metrics_port: int = Field(8080, ge=0, le=65535, description="0 disables the /metrics listener")
     liveness_port: int = Field(0, ge=0, le=65535, description="0 disables the /healthz listener")
+    operator_namespace: str = Field(
+        "kvferry-system",
+        min_length=1,
+        description="the operator's own namespace (the engines trust its pods there)",
+    )
     standalone: bool = True
     image_registry: str = REGISTRY
     image_version: str = ""

@@ -247,6 +247,18 @@ class InferencePoolSpec(CrdModel):
             "gateway cannot be used with router.saltFromApiKey: gateway requests reach the engines unsalted",
             lambda s: s.gateway is None or not s.gateway.enabled or not s.router.salt_from_api_key,
         ),
+        CelRule(
+            "!has(self.gateway) || !self.gateway.enabled || !has(self.gateway.failureMode) "
+            "|| self.gateway.failureMode != 'FailOpen' || !has(self.router.apiKeySecretRef)",
+            "gateway.failureMode FailOpen cannot be used with router.apiKeySecretRef: a gateway failing open "
+            "skips the endpoint picker, the only place a client key is checked",
+            lambda s: (
+                s.gateway is None
+                or not s.gateway.enabled
+                or s.gateway.failure_mode != "FailOpen"
+                or s.router.api_key_secret_ref is None
+            ),
+        ),
     )
 
     model: ModelSpec

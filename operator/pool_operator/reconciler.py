@@ -89,7 +89,7 @@ class Reconciler:
     ) -> ReconcileResult:
         """Apply changed children in dependency order, then prune stale ones."""
         names = PoolNames(pool.metadata.name, pool.metadata.namespace)
-        renderer = PoolRenderer(pool, self.config.images)
+        renderer = PoolRenderer(pool, self.config.images, operator_namespace=self.config.operator_namespace)
         manifests = renderer.render()
         live = await self.live_children(names)
         self.check_immutable(manifests, live, names)

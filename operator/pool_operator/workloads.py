@@ -240,8 +240,9 @@ class WorkloadBuilder:
         mounts = [
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True},
+            pool_secret.volume_mount(),  # the engines' pool-internal key, sent on every engine call
         ]
-        volumes = [self._model_volume()]
+        volumes = [self._model_volume(), pool_secret.volume(self.names)]
         if router.api_key_secret_ref is not None:
             mounts.append({"name": "api-key", "mountPath": API_KEY_MOUNT, "readOnly": True})
             volumes.append({"name": "api-key", "secret": {"secretName": router.api_key_secret_ref.name}})

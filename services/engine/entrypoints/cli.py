@@ -131,6 +131,11 @@ def _add_serving_flags(add: Callable[..., object]) -> None:
     add("--host", default="127.0.0.1")
     add("--port", type=int, default=8000)
     add("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
+    add(
+        "--api-key-file",
+        default=None,
+        help="as --api-key, the key read from FILE (e.g. the pool's Secret: its routers and picker present it)",
+    )
     add("--chat-template", default=None, help="a Jinja chat template FILE replacing the model's")
     add(
         "--enable-auto-tool-choice",
@@ -244,6 +249,16 @@ def _add_pool_flags(add: Callable[..., object]) -> None:
     )
 
 
+def _api_key(args: argparse.Namespace) -> str | None:
+    """--api-key, or the key in --api-key-file (one token, at least 16 characters); not both."""
+    if args.api_key_file is None:
+        return args.api_key
+    if args.api_key is not None:
+        raise ValueError("give --api-key or --api-key-file, not both")
+    secret = read_pool_secret(args.api_key_file, "--api-key-file")
+    return secret.get_secret_value() if secret is not None else None
+
+
 def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
     from services.common.media_settings import media_limits, remote_media_from_args
     from services.engine.core.config import EngineConfig
@@ -287,7 +302,7 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
     )
     server = ServerSettings(
         allow_runtime_lora_updating=args.allow_runtime_lora_updating,
-        api_key=args.api_key,
+        api_key=_api_key(args),
         scheduling_policy=args.scheduling_policy,
         request_timeout=args.request_timeout or None,
         drain_timeout=args.drain_timeout,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from services.common.errors import bad_request, model_not_found, parse_body, unauthorized
 from services.common.protocol import ChatCompletionRequest, CompletionRequest
@@ -32,6 +32,7 @@ class Pick:
 
     endpoints: tuple[str, ...]
     decision: RouteDecision
+    headers: Mapping[str, str] = field(default_factory=dict)  # set on the request the gateway forwards
 
 
 class EndpointPicker:
@@ -41,6 +42,8 @@ class EndpointPicker:
         self.state = state
         self.fallbacks = fallbacks
         self._api_keys = [k.encode() for k in state.settings.api_keys]
+        key = state.settings.engine_api_key  # the engines' pool-internal key: it replaces the client's
+        self._engine_headers = {"authorization": f"Bearer {key}"} if key else {}
 
     def candidates(self, subset: frozenset[str] | None) -> list[Endpoint]:
         """Aggregated engines with an ``ip:port`` address, within the data plane's subset when it gave one."""
@@ -88,7 +91,7 @@ class EndpointPicker:
             self.state.flow.record(decision, prepared, ctx)
             # the pool page's decision log: Envoy's x-request-id names the request (attempt 0: Envoy retries)
             self.state.note_route(decision, prepared, ctx, headers.get("x-request-id", "epp"), 0)
-        return Pick(self._ranked(decision, pool), decision)
+        return Pick(self._ranked(decision, pool), decision, self._engine_headers)
 
     def _authorize(self, headers: Mapping[str, str]) -> bytes:
         scheme, _, token = headers.get("authorization", "").partition(" ")
