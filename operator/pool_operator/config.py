@@ -34,6 +34,11 @@ class OperatorConfig(BaseModel):
         min_length=1,
         description="the operator's own namespace (the engines trust its pods there)",
     )
+    allow_host_path_models: bool = Field(
+        False,
+        description="serve pools whose spec.model.source.hostPath mounts a node folder (off: such pools are "
+        "refused, since a pool author could otherwise mount any folder of any node)",
+    )
     standalone: bool = True
     image_registry: str = REGISTRY
     image_version: str = ""
