@@ -61,6 +61,8 @@ class SamplingRequest(StructuredRequestFields):
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
+    # OpenAI: token id (a string of digits) -> bias added to its logit, in [-100, 100]
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] = 0.0
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] = 0.0
     user: str | None = None
@@ -82,8 +84,16 @@ class SamplingRequest(StructuredRequestFields):
     # reasoning model's chat request sets it to the end tag, e.g. "</think>")
     structured_outputs_after: Annotated[str, Field(min_length=1)] | None = None
 
+    def token_bias(self) -> dict[int, float] | None:
+        """``logit_bias`` with integer token ids (validated: each key a string of digits)."""
+        return {int(k): float(v) for k, v in self.logit_bias.items()} if self.logit_bias else None
+
     @model_validator(mode="after")
     def _check_sampling(self) -> SamplingRequest:
+        if self.logit_bias and not all(k.isascii() and k.isdigit() and len(k) <= 10 for k in self.logit_bias):
+            raise field_error(
+                "logit_bias", 'keys must be token ids, as strings of digits (e.g. {"50256": -100})'
+            )
         if self.stream_options is not None and not self.stream:
             raise field_error("stream_options", "only allowed when stream is true")
         if self.prompt_logprobs is not None and self.stream:

@@ -146,6 +146,9 @@ def sampling_params(
         raise bad_request(f"n must be at most {MAX_N}, got {req.n}", "n")
     if any(t >= vocab_size for t in req.stop_token_ids or ()):
         raise bad_request(f"stop_token_ids must be in [0, {vocab_size})", "stop_token_ids")
+    bias = req.token_bias()
+    if bias and max(bias) >= vocab_size:
+        raise bad_request(f"logit_bias token ids must be in [0, {vocab_size}), got {max(bias)}", "logit_bias")
     try:
         return SamplingParams(
             temperature=1.0 if req.temperature is None else req.temperature,
@@ -161,6 +164,7 @@ def sampling_params(
             ignore_eos=req.ignore_eos,
             stop=tuple(req.stop_strings()),
             stop_token_ids=tuple(req.stop_token_ids or ()),
+            logit_bias=bias,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             structured_outputs=structured,
