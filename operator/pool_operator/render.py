@@ -63,7 +63,8 @@ class PoolRenderer:
         return ("prefill", "decode") if self.pool.disaggregated else ("engine",)
 
     def config_data(self) -> dict[str, str]:
-        """The one pool-wide config every engine and the router read."""
+        """The one pool-wide config every engine and the router read (as KVFERRY_* variables: the router its
+        model id and block size, every pod the hash version it checks against its own)."""
         spec = self.pool.spec
         return {
             "model-id": spec.model.name,

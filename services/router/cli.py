@@ -10,6 +10,7 @@ from pathlib import Path
 
 from services.common.chat_tools import read_chat_template
 from services.common.errors import config_problem
+from services.common.hashing import check_pool_hash_version
 from services.common.media_settings import add_media_flags, media_limits, remote_media_from_args
 from services.router.discovery import DiscoverySettings, in_cluster_url
 from services.router.endpoints import EndpointSpec, PollerSettings
@@ -270,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll and request is noise
     try:
+        check_pool_hash_version(os.environ)
         settings = settings_from_args(args)
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
         print(f"kvferry router: error: {config_problem(exc)}", file=sys.stderr)

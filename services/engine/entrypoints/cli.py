@@ -22,6 +22,7 @@ import uvicorn
 
 from services.common.chat_tools import ToolSettings, check_tool_settings, read_chat_template
 from services.common.errors import config_problem
+from services.common.hashing import check_pool_hash_version
 from services.common.http_protocol import HeaderDeadlineH11
 from services.common.pool_secret import describe, read_pool_secret
 from services.common.roles import RoleName, parse_role_name
@@ -379,6 +380,7 @@ def _check_role_fits(role: str, config: EngineConfig) -> None:
 def build(args: argparse.Namespace, roles: Mapping[str, RoleFactory]) -> tuple[FastAPI, ServerSettings]:
     """The role, the engine (model loaded) and its app from parsed flags; raises ServeError."""
     try:
+        check_pool_hash_version(os.environ)
         role = roles[args.role](args)
         engine_config, settings = _configs(args)
         _check_role_fits(args.role, engine_config)
