@@ -28,12 +28,13 @@ def encode_messages(
     tools: list[dict[str, Any]] | None = None,
     image_marker: str | None = None,
     video_marker: str | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
-    """The chat template applied to ``messages`` (and ``tools``), encoded; 400 (param ``messages``) when the
-    template refuses, or when a model without the marker gets images (videos)."""
+    """The chat template applied to ``messages`` (and ``tools``, and ``template_kwargs``), encoded; 400
+    (param ``messages``) when the template refuses, or when a model without the marker gets images (videos)."""
     try:
         chat = conversation(messages, image_marker, video_marker)
-        return tokenizer.encode_chat(chat, add_generation_prompt, tools)
+        return tokenizer.encode_chat(chat, add_generation_prompt, tools, template_kwargs)
     except ChatTemplateError as exc:
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
     except ValueError as exc:
@@ -60,7 +61,13 @@ def chat_prompt_ids(
     """The prompt ids of a chat completions request (``tools``: what its template shows the model;
     ``image_marker`` / ``video_marker``: a vision-language model's placeholders, one per image / video part)."""
     return encode_messages(
-        tokenizer, body.messages, body.add_generation_prompt, tools, image_marker, video_marker
+        tokenizer,
+        body.messages,
+        body.add_generation_prompt,
+        tools,
+        image_marker,
+        video_marker,
+        body.chat_template_kwargs,
     )
 
 

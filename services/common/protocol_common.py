@@ -42,6 +42,16 @@ class StreamOptions(RequestModel):
     """``stream_options``: ``include_usage`` adds a final chunk with empty choices and the usage."""
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: usage in every chunk (not served: a 400 says so)
+
+    @model_validator(mode="after")
+    def _check_continuous(self) -> StreamOptions:
+        if self.continuous_usage_stats:
+            raise field_error(
+                "continuous_usage_stats",
+                "is not supported by this server; use include_usage (the usage arrives in the last chunk)",
+            )
+        return self
 
 
 class SamplingRequest(StructuredRequestFields):
