@@ -25,11 +25,9 @@ class CommandLines:
     @property
     def model_path(self) -> str:
         source = self.spec.model.source
-        if source.pvc is not None:
-            return f"{MODEL_MOUNT}/{source.pvc.path}".rstrip("/") if source.pvc.path else MODEL_MOUNT
-        if source.host_path is not None:
-            return MODEL_MOUNT
-        return str(source.uri)
+        if source.pvc is not None and source.pvc.path:
+            return f"{MODEL_MOUNT}/{source.pvc.path}".rstrip("/")
+        return MODEL_MOUNT
 
     @property
     def tokenizer_path(self) -> str:

@@ -49,19 +49,23 @@ class PvcSource(CrdModel):
 
 
 class ModelSource(CrdModel):
-    """Where the checkpoint lives: exactly one of pvc, hostPath, uri."""
+    """Where the checkpoint lives: exactly one of pvc, hostPath (a volume the pods mount read-only; nothing
+    is downloaded: fill the volume first, e.g. with a Job running `huggingface-cli download`)."""
 
     CEL_RULES = (
         CelRule(
-            "(has(self.pvc) ? 1 : 0) + (has(self.hostPath) ? 1 : 0) + (has(self.uri) ? 1 : 0) == 1",
-            "exactly one of pvc, hostPath, uri must be set",
-            lambda s: sum(x is not None for x in (s.pvc, s.host_path, s.uri)) == 1,
+            "(has(self.pvc) ? 1 : 0) + (has(self.hostPath) ? 1 : 0) == 1",
+            "exactly one of pvc, hostPath must be set",
+            lambda s: sum(x is not None for x in (s.pvc, s.host_path)) == 1,
         ),
     )
 
     pvc: PvcSource | None = None
-    host_path: str | None = Field(None, pattern=r"^/", description="absolute path on the node")
-    uri: str | None = Field(None, pattern=r"^[a-z][a-z0-9+.-]*://.+", description="e.g. hf://org/model")
+    host_path: str | None = Field(
+        None,
+        pattern=r"^/",
+        description="absolute path on the node (needs the operator's --allow-host-path-models)",
+    )
 
 
 class ModelSpec(CrdModel):

@@ -94,9 +94,8 @@ class WorkloadBuilder:
                 "name": "model",
                 "persistentVolumeClaim": {"claimName": source.pvc.claim_name, "readOnly": True},
             }
-        if source.host_path is not None:
-            return {"name": "model", "hostPath": {"path": source.host_path, "type": "Directory"}}
-        return {"name": "model", "emptyDir": {}}
+        assert source.host_path is not None  # exactly one of the two (validated)
+        return {"name": "model", "hostPath": {"path": source.host_path, "type": "Directory"}}
 
     def _redis_env(self) -> list[dict[str, Any]]:
         ref = self.spec.redis.secret_ref
