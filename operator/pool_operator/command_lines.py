@@ -72,6 +72,8 @@ class CommandLines:
             "--tensor-parallel-size",
             str(engine.tensor_parallel_size),
         ]
+        if engine.device != "auto":  # only then: an upgrade does not restart every pool
+            args += ["--device", engine.device]
         if engine.pipeline_parallel_size > 1:  # only then: an upgrade does not restart every pool
             args += ["--pipeline-parallel-size", str(engine.pipeline_parallel_size)]
         if engine.gpu_memory_utilization is not None:

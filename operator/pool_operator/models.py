@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -108,6 +108,42 @@ class Toleration(CrdModel):
     toleration_seconds: int | None = None
 
 
+_GPU = "nvidia.com/gpu"
+_GPU_NEEDED = (
+    "has(self.engine) && ((has(self.engine.device) && self.engine.device == 'cuda') "
+    "|| ((!has(self.engine.device) || self.engine.device != 'cpu') "
+    "&& ((has(self.engine.tensorParallelSize) && self.engine.tensorParallelSize > 1) "
+    "|| (has(self.engine.pipelineParallelSize) && self.engine.pipelineParallelSize > 1) "
+    "|| has(self.engine.gpuMemoryUtilization) "
+    "|| (has(self.engine.quantization) && self.engine.quantization == 'fp8'))))"
+)
+
+
+def _names_gpu(role: str) -> str:
+    r = f"self.{role}.resources"
+    return (
+        f"has(self.{role}) && has({r}) && ((has({r}.limits) && '{_GPU}' in {r}.limits) "
+        f"|| (has({r}.requests) && '{_GPU}' in {r}.requests))"
+    )
+
+
+def _gpu_needed(spec: Any) -> bool:
+    e = spec.engine
+    if e.device != "auto":
+        return bool(e.device == "cuda")
+    return bool(
+        e.tensor_parallel_size > 1
+        or e.pipeline_parallel_size > 1
+        or e.gpu_memory_utilization is not None
+        or e.quantization == "fp8"
+    )
+
+
+def _has_gpu(role: Any) -> bool:
+    r = role.resources
+    return r is not None and (_GPU in r.limits or _GPU in r.requests)
+
+
 class RoleSpec(CrdModel):
     """One engine role's pods (prefill, decode; in Aggregated mode `decode` describes the engines)."""
 
@@ -192,6 +228,13 @@ class InferencePoolSpec(CrdModel):
     """A whole serving fleet."""
 
     CEL_RULES = (
+        CelRule(
+            f"!({_GPU_NEEDED}) || (({_names_gpu('decode')}) && (!has(self.prefill) || ({_names_gpu('prefill')})))",
+            "engines with device cuda, or (device auto) tensorParallelSize or pipelineParallelSize > 1, "
+            "gpuMemoryUtilization or quantization fp8 need GPUs: name nvidia.com/gpu in decode.resources (and "
+            "prefill.resources), else they land on CPU nodes; engine.device cpu says CPU on purpose",
+            lambda s: not _gpu_needed(s) or all(_has_gpu(r) for r in (s.decode, s.prefill) if r is not None),
+        ),
         CelRule(
             "self.mode != 'Disaggregated' || has(self.prefill)",
             "spec.prefill is required when mode is Disaggregated",
