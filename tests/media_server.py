@@ -9,11 +9,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class MediaServer:
     """``files``: path -> (content type, body). ``/slow/<path>`` waits ``slow_s`` before the body;
-    ``/endless`` streams chunks (no Content-Length) until the client goes; ``/redirect/<path>`` is a 302."""
+    ``/endless`` streams chunks (no Content-Length) until the client goes; ``/redirect/<path>`` is a 302, as is
+    each path of ``redirects`` (to its absolute URL)."""
 
     def __init__(self, files: dict[str, tuple[str, bytes]], slow_s: float = 5.0) -> None:
         self.files, self.slow_s = files, slow_s
         self.requests: list[str] = []
+        self.redirects: dict[str, str] = {}  # path -> absolute Location (a 302 to anywhere)
         self._stop = threading.Event()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
@@ -43,9 +45,9 @@ class MediaServer:
                 path = self.path
                 if path == "/endless":
                     return self._endless()
-                if path.startswith("/redirect/"):
+                if path.startswith("/redirect/") or path in owner.redirects:
                     self.send_response(302)
-                    self.send_header("Location", path.removeprefix("/redirect"))
+                    self.send_header("Location", owner.redirects.get(path, path.removeprefix("/redirect")))
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return None

@@ -71,6 +71,7 @@ def operator_command(args: argparse.Namespace) -> int:
             metrics_port=args.metrics_port,
             liveness_port=args.liveness_port,
             standalone=False if args.peering else None,
+            allow_host_path_models=args.allow_host_path_models,
         )
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -97,6 +98,12 @@ def add_operator_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
     parser.add_argument("--autoscale-interval", type=float, help="seconds between autoscaling decisions")
     parser.add_argument("--metrics-port", type=int, help="port of the operator's /metrics (0: off)")
     parser.add_argument("--liveness-port", type=int, help="port of /healthz (0: off)")
+    parser.add_argument(
+        "--allow-host-path-models",
+        action="store_true",
+        default=None,
+        help="serve pools with spec.model.source.hostPath (off by default: it mounts a node folder)",
+    )
     parser.add_argument("--peering", action="store_true", help="use kopf peering (several replicas)")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     parser.set_defaults(func=operator_command)

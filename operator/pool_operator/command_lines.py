@@ -25,11 +25,9 @@ class CommandLines:
     @property
     def model_path(self) -> str:
         source = self.spec.model.source
-        if source.pvc is not None:
-            return f"{MODEL_MOUNT}/{source.pvc.path}".rstrip("/") if source.pvc.path else MODEL_MOUNT
-        if source.host_path is not None:
-            return MODEL_MOUNT
-        return str(source.uri)
+        if source.pvc is not None and source.pvc.path:
+            return f"{MODEL_MOUNT}/{source.pvc.path}".rstrip("/")
+        return MODEL_MOUNT
 
     @property
     def tokenizer_path(self) -> str:
@@ -74,6 +72,8 @@ class CommandLines:
             "--tensor-parallel-size",
             str(engine.tensor_parallel_size),
         ]
+        if engine.device != "auto":  # only then: an upgrade does not restart every pool
+            args += ["--device", engine.device]
         if engine.pipeline_parallel_size > 1:  # only then: an upgrade does not restart every pool
             args += ["--pipeline-parallel-size", str(engine.pipeline_parallel_size)]
         if engine.gpu_memory_utilization is not None:
@@ -89,6 +89,7 @@ class CommandLines:
         if self.spec.kvstore.enabled:
             args += ["--kvstore-url", f"grpc://{self.names.service_host('kvstore')}:{KVSTORE_PORT}"]
         args += pool_secret.flag()  # the /kv/ handshake and the kvstore calls between the pool's pods
+        args += ["--api-key-file", pool_secret.SECRET_FILE]  # /v1: the pool-internal key (router, picker)
         return args + list(engine.extra_args)
 
     def speculative_args(self, role: EnginePodRole) -> list[str]:
@@ -165,6 +166,7 @@ class CommandLines:
             "--weights",
             f"prefix={weights.prefix:g},queue={weights.queue:g},kv={weights.kv:g}",
         ]
+        args += ["--engine-api-key-file", pool_secret.SECRET_FILE]  # the engines' pool-internal key
         if router.api_key_secret_ref is not None:
             args += ["--api-key-file", f"{API_KEY_MOUNT}/{router.api_key_secret_ref.key}"]
         if router.salt_from_api_key:

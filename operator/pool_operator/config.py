@@ -29,6 +29,16 @@ class OperatorConfig(BaseModel):
     )
     metrics_port: int = Field(8080, ge=0, le=65535, description="0 disables the /metrics listener")
     liveness_port: int = Field(0, ge=0, le=65535, description="0 disables the /healthz listener")
+    operator_namespace: str = Field(
+        "kvferry-system",
+        min_length=1,
+        description="the operator's own namespace (the engines trust its pods there)",
+    )
+    allow_host_path_models: bool = Field(
+        False,
+        description="serve pools whose spec.model.source.hostPath mounts a node folder (off: such pools are "
+        "refused, since a pool author could otherwise mount any folder of any node)",
+    )
     standalone: bool = True
     image_registry: str = REGISTRY
     image_version: str = ""

@@ -83,6 +83,11 @@ class EngineSpec(CrdModel):
     max_model_len: int = Field(4096, ge=16)
     max_num_seqs: int = Field(256, ge=1)
     max_num_batched_tokens: int = Field(8192, ge=1)
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="where engines run (--device): cuda needs nvidia.com/gpu in the roles' resources, as do "
+        "tensor/pipeline parallel, gpuMemoryUtilization and fp8 engines unless device is cpu",
+    )
     gpu_memory_utilization: float | None = Field(
         None,
         gt=0,

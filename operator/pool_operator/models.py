@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -49,19 +49,23 @@ class PvcSource(CrdModel):
 
 
 class ModelSource(CrdModel):
-    """Where the checkpoint lives: exactly one of pvc, hostPath, uri."""
+    """Where the checkpoint lives: exactly one of pvc, hostPath (a volume the pods mount read-only; nothing
+    is downloaded: fill the volume first, e.g. with a Job running `huggingface-cli download`)."""
 
     CEL_RULES = (
         CelRule(
-            "(has(self.pvc) ? 1 : 0) + (has(self.hostPath) ? 1 : 0) + (has(self.uri) ? 1 : 0) == 1",
-            "exactly one of pvc, hostPath, uri must be set",
-            lambda s: sum(x is not None for x in (s.pvc, s.host_path, s.uri)) == 1,
+            "(has(self.pvc) ? 1 : 0) + (has(self.hostPath) ? 1 : 0) == 1",
+            "exactly one of pvc, hostPath must be set",
+            lambda s: sum(x is not None for x in (s.pvc, s.host_path)) == 1,
         ),
     )
 
     pvc: PvcSource | None = None
-    host_path: str | None = Field(None, pattern=r"^/", description="absolute path on the node")
-    uri: str | None = Field(None, pattern=r"^[a-z][a-z0-9+.-]*://.+", description="e.g. hf://org/model")
+    host_path: str | None = Field(
+        None,
+        pattern=r"^/",
+        description="absolute path on the node (needs the operator's --allow-host-path-models)",
+    )
 
 
 class ModelSpec(CrdModel):
@@ -102,6 +106,42 @@ class Toleration(CrdModel):
     value: str | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     toleration_seconds: int | None = None
+
+
+_GPU = "nvidia.com/gpu"
+_GPU_NEEDED = (
+    "has(self.engine) && ((has(self.engine.device) && self.engine.device == 'cuda') "
+    "|| ((!has(self.engine.device) || self.engine.device != 'cpu') "
+    "&& ((has(self.engine.tensorParallelSize) && self.engine.tensorParallelSize > 1) "
+    "|| (has(self.engine.pipelineParallelSize) && self.engine.pipelineParallelSize > 1) "
+    "|| has(self.engine.gpuMemoryUtilization) "
+    "|| (has(self.engine.quantization) && self.engine.quantization == 'fp8'))))"
+)
+
+
+def _names_gpu(role: str) -> str:
+    r = f"self.{role}.resources"
+    return (
+        f"has(self.{role}) && has({r}) && ((has({r}.limits) && '{_GPU}' in {r}.limits) "
+        f"|| (has({r}.requests) && '{_GPU}' in {r}.requests))"
+    )
+
+
+def _gpu_needed(spec: Any) -> bool:
+    e = spec.engine
+    if e.device != "auto":
+        return bool(e.device == "cuda")
+    return bool(
+        e.tensor_parallel_size > 1
+        or e.pipeline_parallel_size > 1
+        or e.gpu_memory_utilization is not None
+        or e.quantization == "fp8"
+    )
+
+
+def _has_gpu(role: Any) -> bool:
+    r = role.resources
+    return r is not None and (_GPU in r.limits or _GPU in r.requests)
 
 
 class RoleSpec(CrdModel):
@@ -189,6 +229,13 @@ class InferencePoolSpec(CrdModel):
 
     CEL_RULES = (
         CelRule(
+            f"!({_GPU_NEEDED}) || (({_names_gpu('decode')}) && (!has(self.prefill) || ({_names_gpu('prefill')})))",
+            "engines with device cuda, or (device auto) tensorParallelSize or pipelineParallelSize > 1, "
+            "gpuMemoryUtilization or quantization fp8 need GPUs: name nvidia.com/gpu in decode.resources (and "
+            "prefill.resources), else they land on CPU nodes; engine.device cpu says CPU on purpose",
+            lambda s: not _gpu_needed(s) or all(_has_gpu(r) for r in (s.decode, s.prefill) if r is not None),
+        ),
+        CelRule(
             "self.mode != 'Disaggregated' || has(self.prefill)",
             "spec.prefill is required when mode is Disaggregated",
             lambda s: s.mode != "Disaggregated" or s.prefill is not None,
@@ -246,6 +293,18 @@ class InferencePoolSpec(CrdModel):
             "|| !self.router.saltFromApiKey",
             "gateway cannot be used with router.saltFromApiKey: gateway requests reach the engines unsalted",
             lambda s: s.gateway is None or not s.gateway.enabled or not s.router.salt_from_api_key,
+        ),
+        CelRule(
+            "!has(self.gateway) || !self.gateway.enabled || !has(self.gateway.failureMode) "
+            "|| self.gateway.failureMode != 'FailOpen' || !has(self.router.apiKeySecretRef)",
+            "gateway.failureMode FailOpen cannot be used with router.apiKeySecretRef: a gateway failing open "
+            "skips the endpoint picker, the only place a client key is checked",
+            lambda s: (
+                s.gateway is None
+                or not s.gateway.enabled
+                or s.gateway.failure_mode != "FailOpen"
+                or s.router.api_key_secret_ref is None
+            ),
         ),
     )
 

@@ -9,13 +9,22 @@ from pool_operator.naming import HTTP_PORT, KVSTORE_METRICS_PORT, REDIS_PORT, Po
 from services.common.pod_labels import APP_NAME_LABEL, OPERATOR_APP_NAME, POOL_LABEL, ROLE_LABEL
 from services.common.roles import ENGINE_POD_ROLES
 
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by Kubernetes on every namespace
+OPERATOR_NAMESPACE = "kvferry-system"  # the chart's namespace unless the operator says otherwise
+
 
 class NetworkPolicyBuilder:
     """Ingress policies of one pool's engines, kvstore and managed Redis."""
 
-    def __init__(self, names: PoolNames, scrapers: ScraperSpec | None = None) -> None:
+    def __init__(
+        self,
+        names: PoolNames,
+        scrapers: ScraperSpec | None = None,
+        operator_namespace: str = OPERATOR_NAMESPACE,
+    ) -> None:
         self.names = names
         self.scrapers = scrapers  # spec.monitoring: Prometheus may reach the /metrics ports
+        self.operator_namespace = operator_namespace  # the operator's pods are trusted in this namespace only
 
     def _scrape_rules(self, port: int) -> list[dict[str, Any]]:
         """The ingress rule letting the monitoring's scrapers reach ``port`` (none without monitoring)."""
@@ -47,10 +56,12 @@ class NetworkPolicyBuilder:
 
     def engines(self, gateway: bool = False) -> dict[str, Any]:
         """Router -> engines on HTTP; engine <-> engine on any port (KV transfer); operator scrapes /metrics.
-        With a gateway, its proxies connect to the engines' HTTP port themselves: any pod may (which pods
-        run the gateway is the cluster's business, not the pool's)."""
+        The operator peer is its label in the operator's own namespace (anyone may set a label in a
+        namespace of their own). With a gateway, its proxies connect to the engines' HTTP port themselves:
+        any pod may (which pods run the gateway is the cluster's business, not the pool's), and the
+        engines' pool-internal key (``--api-key-file``, which only the picker adds) is what keeps others out."""
         operator = {
-            "namespaceSelector": {},
+            "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: self.operator_namespace}},
             "podSelector": {"matchLabels": {APP_NAME_LABEL: OPERATOR_APP_NAME}},
         }
         http = [{"protocol": "TCP", "port": HTTP_PORT}]

@@ -89,7 +89,13 @@ class Reconciler:
     ) -> ReconcileResult:
         """Apply changed children in dependency order, then prune stale ones."""
         names = PoolNames(pool.metadata.name, pool.metadata.namespace)
-        renderer = PoolRenderer(pool, self.config.images)
+        if pool.spec.model.source.host_path is not None and not self.config.allow_host_path_models:
+            raise SpecConflictError(
+                "spec.model.source.hostPath mounts a folder of the node, which this operator does not allow "
+                "(start it with --allow-host-path-models, chart value operator.allowHostPathModels): use "
+                "spec.model.source.pvc"
+            )
+        renderer = PoolRenderer(pool, self.config.images, operator_namespace=self.config.operator_namespace)
         manifests = renderer.render()
         live = await self.live_children(names)
         self.check_immutable(manifests, live, names)

@@ -12,7 +12,7 @@ from pool_operator.images import ImageSet
 from pool_operator.models import API_VERSION, KIND, InferencePool
 from pool_operator.monitors import MONITORING_KINDS, MonitorBuilder
 from pool_operator.naming import HTTP_PORT, KVSTORE_METRICS_PORT, KVSTORE_PORT, REDIS_PORT, PoolNames
-from pool_operator.netpol import NetworkPolicyBuilder
+from pool_operator.netpol import OPERATOR_NAMESPACE, NetworkPolicyBuilder
 from pool_operator.workloads import Manifest, WorkloadBuilder
 from services.common.hashing import HASH_VERSION
 from services.common.pod_labels import APPLIED_HASH_ANNOTATION
@@ -46,9 +46,14 @@ class PoolRenderer:
     """Renders every child of one pool; deterministic for a given pool, images and hash version."""
 
     def __init__(
-        self, pool: InferencePool, images: ImageSet | None = None, hash_version: int = HASH_VERSION
+        self,
+        pool: InferencePool,
+        images: ImageSet | None = None,
+        hash_version: int = HASH_VERSION,
+        operator_namespace: str = OPERATOR_NAMESPACE,
     ) -> None:
         self.pool = pool
+        self.operator_namespace = operator_namespace
         self.names = PoolNames(pool.metadata.name, pool.metadata.namespace)
         self.images = images or ImageSet()
         self.hash_version = hash_version
@@ -58,7 +63,8 @@ class PoolRenderer:
         return ("prefill", "decode") if self.pool.disaggregated else ("engine",)
 
     def config_data(self) -> dict[str, str]:
-        """The one pool-wide config every engine and the router read."""
+        """The one pool-wide config every engine and the router read (as KVFERRY_* variables: the router its
+        model id and block size, every pod the hash version it checks against its own)."""
         spec = self.pool.spec
         return {
             "model-id": spec.model.name,
@@ -238,7 +244,9 @@ class PoolRenderer:
 
     def _network_policies(self) -> list[Manifest]:
         monitoring = self.pool.spec.monitoring
-        builder = NetworkPolicyBuilder(self.names, monitoring.scrapers if monitoring else None)
+        builder = NetworkPolicyBuilder(
+            self.names, monitoring.scrapers if monitoring else None, self.operator_namespace
+        )
         items = [builder.engines(gateway=self._gie() is not None)]
         if self.pool.spec.kvstore.enabled:
             items.append(builder.kvstore())

@@ -94,9 +94,8 @@ class WorkloadBuilder:
                 "name": "model",
                 "persistentVolumeClaim": {"claimName": source.pvc.claim_name, "readOnly": True},
             }
-        if source.host_path is not None:
-            return {"name": "model", "hostPath": {"path": source.host_path, "type": "Directory"}}
-        return {"name": "model", "emptyDir": {}}
+        assert source.host_path is not None  # exactly one of the two (validated)
+        return {"name": "model", "hostPath": {"path": source.host_path, "type": "Directory"}}
 
     def _redis_env(self) -> list[dict[str, Any]]:
         ref = self.spec.redis.secret_ref
@@ -240,8 +239,9 @@ class WorkloadBuilder:
         mounts = [
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True},
+            pool_secret.volume_mount(),  # the engines' pool-internal key, sent on every engine call
         ]
-        volumes = [self._model_volume()]
+        volumes = [self._model_volume(), pool_secret.volume(self.names)]
         if router.api_key_secret_ref is not None:
             mounts.append({"name": "api-key", "mountPath": API_KEY_MOUNT, "readOnly": True})
             volumes.append({"name": "api-key", "secret": {"secretName": router.api_key_secret_ref.name}})

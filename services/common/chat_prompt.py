@@ -28,18 +28,19 @@ def encode_messages(
     tools: list[dict[str, Any]] | None = None,
     image_marker: str | None = None,
     video_marker: str | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
-    """The chat template applied to ``messages`` (and ``tools``), encoded; 400 (param ``messages``) when the
-    template refuses, or when a model without the marker gets images (videos)."""
+    """The chat template applied to ``messages`` (and ``tools``, and ``template_kwargs``), encoded; 400
+    (param ``messages``) when the template refuses, or when a model without the marker gets images (videos)."""
     try:
         chat = conversation(messages, image_marker, video_marker)
         if any(m.has_media() for m in messages) and tokenizer.renders_content_parts():
             ids = _parts_rendered(
-                tokenizer, messages, add_generation_prompt, tools, image_marker, video_marker
+                tokenizer, messages, add_generation_prompt, tools, image_marker, video_marker, template_kwargs
             )
             if ids is not None:
                 return ids
-        return tokenizer.encode_chat(chat, add_generation_prompt, tools)
+        return tokenizer.encode_chat(chat, add_generation_prompt, tools, template_kwargs)
     except ChatTemplateError as exc:
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
     except ValueError as exc:
@@ -53,12 +54,12 @@ def _parts_rendered(
     tools: list[dict[str, Any]] | None,
     image_marker: str | None,
     video_marker: str | None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[int] | None:
     """The ids when the model's template places the media parts itself (as HF's processor renders them),
     provided it wrote exactly one of the model's markers per part; else None (the markers are joined in)."""
-    text = tokenizer.apply_chat_template(
-        conversation(messages, parts=True), add_generation_prompt, **({"tools": tools} if tools else {})
-    )
+    extra = {**(template_kwargs or {}), **({"tools": tools} if tools else {})}
+    text = tokenizer.apply_chat_template(conversation(messages, parts=True), add_generation_prompt, **extra)
     for marker, kind in ((image_marker, "image"), (video_marker, "video")):
         wanted = sum(p["type"] == kind for m in messages for p in m.template_parts())
         if wanted and (marker is None or text.count(marker) != wanted):
@@ -86,7 +87,13 @@ def chat_prompt_ids(
     """The prompt ids of a chat completions request (``tools``: what its template shows the model;
     ``image_marker`` / ``video_marker``: a vision-language model's placeholders, one per image / video part)."""
     return encode_messages(
-        tokenizer, body.messages, body.add_generation_prompt, tools, image_marker, video_marker
+        tokenizer,
+        body.messages,
+        body.add_generation_prompt,
+        tools,
+        image_marker,
+        video_marker,
+        body.chat_template_kwargs,
     )
 
 

@@ -11,11 +11,23 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
 HASH_VERSION = 1
+POOL_HASH_VERSION_ENV = "KVFERRY_HASH_VERSION"  # the pool's version (its ConfigMap), set on every pod
+
+
+def check_pool_hash_version(environ: Mapping[str, str]) -> None:
+    """ValueError when the pool says its blocks are hashed with another version than this build's: its pods
+    would never share a prefix (a pool mixing images of two versions must not start silently)."""
+    given = environ.get(POOL_HASH_VERSION_ENV)
+    if given is not None and given.strip() != str(HASH_VERSION):
+        raise ValueError(
+            f"${POOL_HASH_VERSION_ENV}={given!r} (the pool's ConfigMap) but this kvferry hashes blocks with "
+            f"version {HASH_VERSION}: run the pool's image version on every pod"
+        )
 
 
 def _encode_str(tag: bytes, value: str) -> bytes:

@@ -22,6 +22,7 @@ from services.common.image_processor import ImageProcessor
 from services.common.video_inputs import VideoSampling
 
 MAX_IMAGE_BYTES = 20 * 2**20  # an encoded image larger than this is refused
+MAX_IMAGE_PIXELS = 40_000_000  # a larger image (8K is 33 MP) is refused before it is decoded
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
 
 
@@ -148,6 +149,12 @@ def load_image(url: str, local_root: Path | None = None) -> Image.Image:
         image = Image.open(io.BytesIO(data))
         if image.format not in FORMATS:
             raise ValueError(f"image_url: {image.format} images are not supported ({', '.join(FORMATS)})")
+        width, height = image.size  # from the header: a small file may claim gigabytes of pixels
+        if width * height > MAX_IMAGE_PIXELS:
+            raise ValueError(
+                f"image_url: the image has {width}x{height} pixels, over this server's limit of "
+                f"{MAX_IMAGE_PIXELS} pixels"
+            )
         image.load()
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
         raise ValueError(f"image_url: the image cannot be decoded ({type(exc).__name__})") from exc

@@ -142,10 +142,16 @@ class KVStoreClient:
 
     def pin_prefix(self, keys: Sequence[BlockKey], ttl_s: float = 10.0) -> list[int]:
         """Arena slots (NIXL block ids) of the longest stored prefix of ``keys``, unevictable for ``ttl_s``."""
+        return self.pin(keys, ttl_s)[1]
+
+    def pin(self, keys: Sequence[BlockKey], ttl_s: float = 10.0) -> tuple[str, list[int]]:
+        """As ``pin_prefix``, with the id of the store (its NIXL engine id) whose arena holds the slots: behind
+        one address several replicas may answer, and a slot means something in its own arena only."""
         request = kvstore_pb2.PinRequest(
             keys=[kvstore_pb2.BlockKey(hash=h, token_ids=t) for h, t in keys], ttl_s=ttl_s
         )
-        return list(self._call("pin", self._stub.PinPrefix, request).slots)
+        reply = self._call("pin", self._stub.PinPrefix, request)
+        return reply.store_id, list(reply.slots)
 
     def _call(self, what: str, method: grpc.UnaryUnaryMultiCallable, request: object) -> Any:
         try:

@@ -33,6 +33,8 @@ class RemoteMedia(BaseModel):
     allow: bool = False
     timeout_s: float = Field(10.0, gt=0, le=600)  # the whole fetch: connect, headers and body
     max_bytes: int = Field(MAX_VIDEO_BYTES, ge=1, le=MAX_VIDEO_BYTES)  # images are capped at 20 MiB anyway
+    # host:port pairs fetched although they resolve to a private address (an in-cluster media mirror)
+    allowed_private_hosts: tuple[str, ...] = ()
 
     def limit(self, kind: Kind) -> int:
         return min(self.max_bytes, _CAPS[kind])
@@ -51,6 +53,14 @@ def add_media_flags(add: Callable[..., object]) -> None:
         "--allow-remote-media",
         action="store_true",
         help="vision models: fetch http(s) image_url / video_url parts (default: refused with a 400)",
+    )
+    add(
+        "--media-allow-private-host",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="vision models: fetch from this host:port although it resolves to a loopback, private or "
+        "link-local address (refused by default; repeat for several)",
     )
     add(
         "--media-fetch-timeout",
@@ -88,4 +98,5 @@ def remote_media_from_args(args: argparse.Namespace) -> RemoteMedia:
         allow=args.allow_remote_media,
         timeout_s=args.media_fetch_timeout,
         max_bytes=args.media_fetch_max_bytes,
+        allowed_private_hosts=tuple(args.media_allow_private_host),
     )

@@ -158,6 +158,41 @@ class ChatCompletionRequest(SamplingRequest):
     tools: list[ToolDefinition] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
+    # extra variables of the chat template (e.g. Qwen3's {"enable_thinking": false}), as vLLM takes them
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check_template_kwargs(self) -> ChatCompletionRequest:
+        reserved = {"messages", "add_generation_prompt", "tools", "bos_token", "eos_token"}
+        for key in self.chat_template_kwargs or {}:
+            if not key.isidentifier() or key in reserved:
+                raise field_error(
+                    "chat_template_kwargs", f"{key!r} is not a template variable a request may set"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _check_detail(self) -> ChatCompletionRequest:
+        for i, message in enumerate(self.messages):
+            for j, part in enumerate(message.content if isinstance(message.content, list) else ()):
+                detail = part.image_url.detail if isinstance(part, ImageUrlContentPart) else None
+                if detail in ("low", "high"):
+                    raise field_error(
+                        f"messages[{i}].content[{j}].image_url.detail",
+                        f"{detail!r} is not served: the model's processor sees every image at its own fixed "
+                        "resolution; leave detail out or send 'auto'",
+                    )
+        return self
+
+    @model_validator(mode="after")
+    def _check_parallel(self) -> ChatCompletionRequest:
+        if not self.parallel_tool_calls and self.tools and self.effective_tool_choice() == "auto":
+            raise field_error(
+                "parallel_tool_calls",
+                "false is honoured with tool_choice 'required' or a named tool only; with 'auto' the model "
+                "may call several tools in one answer",
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_logprobs(self) -> ChatCompletionRequest:

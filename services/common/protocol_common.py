@@ -42,6 +42,16 @@ class StreamOptions(RequestModel):
     """``stream_options``: ``include_usage`` adds a final chunk with empty choices and the usage."""
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: usage in every chunk (not served: a 400 says so)
+
+    @model_validator(mode="after")
+    def _check_continuous(self) -> StreamOptions:
+        if self.continuous_usage_stats:
+            raise field_error(
+                "continuous_usage_stats",
+                "is not supported by this server; use include_usage (the usage arrives in the last chunk)",
+            )
+        return self
 
 
 class SamplingRequest(StructuredRequestFields):
@@ -61,6 +71,8 @@ class SamplingRequest(StructuredRequestFields):
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
+    # OpenAI: token id (a string of digits) -> bias added to its logit, in [-100, 100]
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] = 0.0
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] = 0.0
     user: str | None = None
@@ -73,7 +85,7 @@ class SamplingRequest(StructuredRequestFields):
     stop_token_ids: list[TokenId] | None = None
     cache_salt: Annotated[str, Field(min_length=1)] | None = None
     kv_transfer_params: dict[str, Any] | None = None
-    priority: int = 0
+    priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] = 0  # lower first (--scheduling-policy)
     # travels between the pool's pods as the X-Request-Id header: visible ASCII, no spaces
     request_id: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[!-~]+$")] | None = None
     prompt_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
@@ -82,8 +94,16 @@ class SamplingRequest(StructuredRequestFields):
     # reasoning model's chat request sets it to the end tag, e.g. "</think>")
     structured_outputs_after: Annotated[str, Field(min_length=1)] | None = None
 
+    def token_bias(self) -> dict[int, float] | None:
+        """``logit_bias`` with integer token ids (validated: each key a string of digits)."""
+        return {int(k): float(v) for k, v in self.logit_bias.items()} if self.logit_bias else None
+
     @model_validator(mode="after")
     def _check_sampling(self) -> SamplingRequest:
+        if self.logit_bias and not all(k.isascii() and k.isdigit() and len(k) <= 10 for k in self.logit_bias):
+            raise field_error(
+                "logit_bias", 'keys must be token ids, as strings of digits (e.g. {"50256": -100})'
+            )
         if self.stream_options is not None and not self.stream:
             raise field_error("stream_options", "only allowed when stream is true")
         if self.prompt_logprobs is not None and self.stream:

@@ -76,6 +76,8 @@ class CompletionRequest(SamplingRequest):
     max_tokens: PositiveInt | None = 16
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     echo: bool = False
+    best_of: PositiveInt | None = None  # honoured when it equals n (each choice is its own sample)
+    suffix: str | None = None  # fill-in-the-middle: not served (a 400 says so)
     # kvferry extension (vLLM's offline shape): the images of a one-prompt request, one per placeholder
     # token of a vision-language model, as data: URLs; the router sends chat images to engines this way
     multi_modal_data: MultiModalData | None = None
@@ -85,6 +87,20 @@ class CompletionRequest(SamplingRequest):
         data = self.multi_modal_data
         if data is not None and (data.image or data.video) and len(self.prompts()) != 1:
             raise field_error("multi_modal_data", "images and videos go with exactly one prompt")
+        return self
+
+    @model_validator(mode="after")
+    def _check_unserved(self) -> CompletionRequest:
+        if self.best_of is not None and self.best_of != self.n:
+            raise field_error(
+                "best_of",
+                f"must equal n ({self.n}) on this server: it returns every sample it draws, never a best "
+                "subset (ask for n choices and rank them yourself)",
+            )
+        if self.suffix:
+            raise field_error(
+                "suffix", "is not supported: this server has no fill-in-the-middle prompt format"
+            )
         return self
 
     @model_validator(mode="after")

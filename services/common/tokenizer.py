@@ -106,9 +106,11 @@ class Tokenizer:
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
-        """Chat template then encode without adding special tokens again (the template has them)."""
-        extra = {"tools": tools} if tools else {}
+        """Chat template then encode without adding special tokens again (the template has them);
+        ``template_kwargs``: extra template variables (a request's ``chat_template_kwargs``)."""
+        extra = {**(template_kwargs or {}), **({"tools": tools} if tools else {})}
         return self.encode(
             self.apply_chat_template(messages, add_generation_prompt, **extra), add_special_tokens=False
         )

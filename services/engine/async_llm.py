@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import logging
 import queue
 import threading
@@ -118,6 +120,7 @@ class AsyncLLM:
         self.config = config
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, tuple[asyncio.Queue, asyncio.AbstractEventLoop]] = {}
+        self._ids = itertools.count()  # engine-owned request ids: a client's id is only a label
         self._stop = threading.Event()
         self.fatal: BaseException | None = None  # what stopped the engine loop for good (a dead TP rank)
         self.on_fatal: list[Callable[[], None]] = []  # called (engine thread) when that happens
@@ -170,10 +173,13 @@ class AsyncLLM:
         ``pooling``: an embedding request (one output, with ``embedding``), for engines with task 'embed'.
         ``mm_inputs``: the prompt's images and videos, from ``engine.expand_media`` (vision-language models;
         ``prompt_token_ids`` are the expanded ids).
+        ``request_id`` is a label (logs, the client's echo): the engine keys the request by an id of its own
+        (``label#n``, unique per engine), so two requests with the same label never touch each other.
         """
         if not self.is_alive:
             raise EngineDeadError("the engine loop is not running")
         self.engine.validate_prompt(prompt_token_ids, params)
+        request_id = f"{request_id}#{next(self._ids)}"
         sink: asyncio.Queue = asyncio.Queue()
         self._commands.put(
             _Add(
@@ -264,6 +270,9 @@ class AsyncLLM:
             if self._sinks.pop(cmd.request_id, None) is not None:
                 self.engine.abort([cmd.request_id])
             return
+        if cmd.request_id in self._sinks:  # engine-owned ids never repeat; were one to, it fails alone
+            _put(cmd.sink, cmd.loop, ValueError(f"request_id: {cmd.request_id!r} is already in use"))
+            return
         self._sinks[cmd.request_id] = (cmd.sink, cmd.loop)
         try:
             self.engine.add_request(
@@ -316,6 +325,11 @@ class AsyncLLM:
         self.engine.abort(ids)
         for rid in ids:
             self._deliver(rid, exc, True)
+
+
+def _put(sink: asyncio.Queue, loop: asyncio.AbstractEventLoop, item: BaseException) -> None:
+    with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is listening
+        loop.call_soon_threadsafe(sink.put_nowait, item)
 
 
 def _settle(done: asyncio.Future, error: BaseException | None) -> None:

@@ -94,7 +94,9 @@ class KVStoreService(kvstore_pb2_grpc.KVStoreServicer):
         on_stored: Callable[[list[bytes]], None] | None = None,
         *,
         metrics: KvstoreMetrics,
+        store_id: Callable[[], str] = str,
     ) -> None:
+        self.store_id = store_id  # the NIXL engine id of this replica's arena ("" before its region exists)
         self.store = store
         self.metrics = metrics
         self.batch_bytes = batch_bytes
@@ -172,7 +174,7 @@ class KVStoreService(kvstore_pb2_grpc.KVStoreServicer):
             )
         slots = self.store.pin_prefix([(k.hash, k.token_ids) for k in request.keys], request.ttl_s or 10.0)
         self.metrics.skipped(len(request.keys) - len(slots) - 1)  # the store counted the blocks it looked up
-        return kvstore_pb2.PinReply(slots=slots)
+        return kvstore_pb2.PinReply(slots=slots, store_id=self.store_id())
 
 
 class KVStoreServer:
@@ -215,6 +217,7 @@ class KVStoreServer:
             self.region_for if settings.nixl else None,
             on_stored=self._stored,
             metrics=self.metrics,
+            store_id=lambda: self.nixl.engine_id if self.nixl is not None else "",
         )
         kvstore_pb2_grpc.add_KVStoreServicer_to_server(service, self._server)
         self._server.start()

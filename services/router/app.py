@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
@@ -11,7 +12,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from services.common.chat_prompt import detokenize_response, tokenize_response
 from services.common.errors import OpenAIError, model_not_found, not_ready
-from services.common.http_middleware import RequestContextMiddleware, install_error_handlers
+from services.common.http_middleware import RequestContextMiddleware, install_error_handlers, presented_key
 from services.common.openapi_doc import document_answers
 from services.common.protocol import (
     ChatCompletionRequest,
@@ -31,6 +32,7 @@ from services.router.context_limit import check_prompt_fits
 from services.router.engine_client import EngineUnavailable
 from services.router.metrics import CONTENT_TYPE
 from services.router.pd_flow import Dispatched, no_endpoint
+from services.router.priority_gate import check_priority
 from services.router.prompt import PreparedRequest
 from services.router.router_state import RouterState
 from services.router.scheduling.filters import eligible
@@ -48,15 +50,35 @@ def _headers(d: Dispatched) -> dict[str, str]:
     return out
 
 
+def _timed_out(seconds: float | None) -> OpenAIError:
+    """504 for a request past the router's --request-timeout (its engine call was closed, which aborts it)."""
+    return OpenAIError(
+        504,
+        f"The request did not finish within the router's request timeout of {seconds or 0:g}s and was aborted.",
+        "server_error",
+        None,
+        "request_timeout",
+    )
+
+
 async def _relay(
-    state: RouterState, d: Dispatched, chunks: AsyncGenerator[bytes, None]
+    state: RouterState, d: Dispatched, chunks: AsyncGenerator[bytes, None], deadline: float | None
 ) -> AsyncGenerator[bytes, None]:
-    """Yield ``chunks``; an engine failure after the first token ends the stream with an error event."""
+    """Yield ``chunks`` until ``deadline`` (loop time); an engine failure after the first token, or the
+    deadline, ends the stream with an error event."""
     assert d.stream is not None
     try:
         async with aclosing(chunks) as items:
-            async for chunk in items:
+            while True:
+                async with asyncio.timeout_at(deadline):
+                    chunk = await anext(items, None)
+                if chunk is None:
+                    break
                 yield chunk
+    except TimeoutError:
+        state.metrics.stream_errors.inc()
+        yield sse_event(_timed_out(state.settings.request_deadline_s).body())
+        yield SSE_DONE
     except EngineUnavailable as exc:
         state.metrics.stream_errors.inc()
         log.warning("stream from %s broke after the first token: %s", d.stream.url, exc.reason)
@@ -102,11 +124,18 @@ async def _serve(
     state: RouterState, req: PreparedRequest, request_id: str, adapter: ChatAdapter | None
 ) -> Response:
     check_prompt_fits(req, state.max_model_len())
+    limit = state.settings.request_deadline_s
+    deadline = None if limit is None else asyncio.get_running_loop().time() + limit
     ctx = await state.context(req)
-    d = await state.flow.run(req, ctx, request_id)
+    try:
+        async with asyncio.timeout_at(deadline):
+            d = await state.flow.run(req, ctx, request_id)
+    except TimeoutError:
+        raise _timed_out(limit) from None
     if d.stream is not None:
         chunks = adapter.stream(d.stream.events()) if adapter else _passthrough(d)
-        return StreamingResponse(_relay(state, d, chunks), media_type=SSE_CONTENT_TYPE, headers=_headers(d))
+        relay = _relay(state, d, chunks, deadline)
+        return StreamingResponse(relay, media_type=SSE_CONTENT_TYPE, headers=_headers(d))
     assert d.body is not None
     answer = adapter.response(d.body) if adapter else d.body
     return JSONResponse(answer, headers=_headers(d))
@@ -128,6 +157,7 @@ def _openai_routes(state: RouterState) -> APIRouter:
         """Before a generation request is prepared: its adapter (``check_model``); with
         --salt-from-api-key the tenant's salt leading its own, so tenants never share KV; and the pool's
         context as the tokenizer's limit, so a text that cannot fit is refused before it is tokenized."""
+        check_priority(state.settings, body.priority, presented_key(request.headers))
         if state.settings.salt_from_api_key:
             tenant = f"tenant:{request.state.tenant}"
             body.cache_salt = f"{tenant}:{body.cache_salt}" if body.cache_salt else tenant

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from services.common.chat_tools import read_chat_template
 from services.common.errors import config_problem
+from services.common.hashing import check_pool_hash_version
 from services.common.media_settings import add_media_flags, media_limits, remote_media_from_args
 from services.router.discovery import DiscoverySettings, in_cluster_url
 from services.router.endpoints import EndpointSpec, PollerSettings
@@ -98,6 +99,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="client API keys, one per line (e.g. a mounted Secret); each key is a tenant",
     )
     add(
+        "--admin-api-key-file",
+        type=Path,
+        default=None,
+        help="operators' keys, one per line: they open /ui and, alone, see the request ids of its decisions",
+    )
+    add(
+        "--priority-api-key-file",
+        type=Path,
+        default=None,
+        help="client keys (among --api-key-file's) whose requests may set `priority`; others get a 403",
+    )
+    add(
         "--salt-from-api-key",
         action="store_true",
         help="give each API key's requests their own cache salt: tenants never share KV blocks",
@@ -121,6 +134,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add("--poll-interval", type=float, default=2.0, help="seconds between polls of each engine")
     add("--index-budget-ms", type=float, default=20.0, help="longest a prefix-index lookup may take")
     add("--self-check-interval", type=float, default=60.0, help="seconds between self-checks")
+    add(
+        "--request-timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="longest a whole request may take, streamed or not (a 504, or an SSE error event; 0: no limit)",
+    )
     add(
         "--engine-read-timeout",
         type=float,
@@ -179,6 +199,12 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         block_size=args.block_size,
         redis_url=args.redis_url,
         api_keys=_api_keys(args),
+        admin_api_keys=_read_keys(args.admin_api_key_file, "--admin-api-key-file")
+        if args.admin_api_key_file
+        else [],
+        priority_api_keys=_read_keys(args.priority_api_key_file, "--priority-api-key-file")
+        if args.priority_api_key_file
+        else [],
         salt_from_api_key=args.salt_from_api_key,
         engine_api_key=_engine_api_key(args),
         scheduling=SchedulingConfig(
@@ -188,6 +214,7 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         index_budget_s=args.index_budget_ms / 1000,
         self_check_interval_s=args.self_check_interval,
         request_timeout_s=args.engine_read_timeout,
+        request_deadline_s=args.request_timeout or None,
         chat_template=read_chat_template(args.chat_template),
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
@@ -244,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll and request is noise
     try:
+        check_pool_hash_version(os.environ)
         settings = settings_from_args(args)
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
         print(f"kvferry router: error: {config_problem(exc)}", file=sys.stderr)

@@ -26,6 +26,8 @@ class RouterSettings(BaseModel):
     block_size: int = Field(16, gt=0)
     redis_url: str | None = None
     api_keys: list[str] = Field(default_factory=list)  # clients' keys (tenants); empty: no auth
+    admin_api_keys: list[str] = Field(default_factory=list)  # also open /ui, and only they see request ids
+    priority_api_keys: list[str] = Field(default_factory=list)  # client keys that may set `priority`
     salt_from_api_key: bool = False  # each key's requests get their own cache salt: no KV shared
     engine_api_key: str | None = None  # sent to the engines (started with --api-key)
     scheduling: SchedulingConfig = SchedulingConfig()
@@ -38,6 +40,9 @@ class RouterSettings(BaseModel):
         None, gt=0, description="Read timeout of engine calls (--engine-read-timeout; None: none)."
     )
     prefill_timeout_s: float = Field(60.0, gt=0)
+    request_deadline_s: float | None = Field(
+        600.0, gt=0, description="Longest a whole request may take (--request-timeout; None: none)."
+    )
     # chat shaping, as the engines' flags (the router applies the template and reads tool calls itself)
     chat_template: str | None = None  # template text (--chat-template FILE)
     enable_auto_tool_choice: bool = False
@@ -51,6 +56,8 @@ class RouterSettings(BaseModel):
     def _check_keys(self) -> RouterSettings:
         if self.salt_from_api_key and not self.api_keys:
             raise ValueError("--salt-from-api-key needs client keys (--api-key or --api-key-file)")
+        if set(self.priority_api_keys) - set(self.api_keys):
+            raise ValueError("--priority-api-key-file: each key must also be a client key (--api-key-file)")
         return self
 
     @model_validator(mode="after")

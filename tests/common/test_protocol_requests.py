@@ -156,8 +156,16 @@ def test_completion_defaults_and_helpers() -> None:
 
 
 def test_unknown_fields_are_ignored() -> None:
-    request = CompletionRequest.model_validate({"prompt": "x", "logit_bias": {"1": 2}, "suffix": "s"})
-    assert "logit_bias" not in request.model_dump()
+    request = CompletionRequest.model_validate({"prompt": "x", "a_field_from_the_future": {"1": 2}})
+    assert "a_field_from_the_future" not in request.model_dump()
+
+
+def test_logit_bias_is_kept_with_integer_ids() -> None:
+    request = CompletionRequest.model_validate({"prompt": "x", "logit_bias": {"1": 2, "50256": -100}})
+    assert request.token_bias() == {1: 2.0, 50256: -100.0}
+    for bad in ({"one": 2}, {"-1": 2}, {"1": 101}, {"1": "2"}):
+        with pytest.raises(ValidationError, match="logit_bias"):
+            CompletionRequest.model_validate({"prompt": "x", "logit_bias": bad})
 
 
 def test_chat_request_helpers() -> None:

@@ -28,6 +28,11 @@ LIMIT = 300_000
 FLAGS = ("--allow-remote-media", "--media-fetch-timeout", "1", "--media-fetch-max-bytes", str(LIMIT))
 
 
+def _flags(media: MediaServer) -> tuple[str, ...]:
+    """FLAGS, with the test's media server (on 127.0.0.1: private) allowed as a mirror."""
+    return (*FLAGS, "--media-allow-private-host", media.url.removeprefix("http://"))
+
+
 def _png(seed: int, size: tuple[int, int]) -> bytes:
     img = Image.fromarray(np.random.default_rng(seed).integers(0, 255, (*size, 3), dtype=np.uint8))
     buf = io.BytesIO()
@@ -67,8 +72,8 @@ def _data(kind: str, body: bytes) -> str:
 def test_remote_media_equal_inline_through_engine_and_router(
     smolvlm_dir: Path, media: MediaServer, tmp_path: Path
 ) -> None:
-    engine = start_in_process(smolvlm_dir, "--num-kv-blocks", "128", *FLAGS)
-    router = start_router(smolvlm_dir, tmp_path, [engine.url], *FLAGS)
+    engine = start_in_process(smolvlm_dir, "--num-kv-blocks", "128", *_flags(media))
+    router = start_router(smolvlm_dir, tmp_path, [engine.url], *_flags(media))
     cases = [
         (_chat("what is this?", [f"{media.url}/cat.png"]), _chat("what is this?", [_data("image/png", _png(1, (40, 56)))])),
         (_chat("and this?", [f"{media.url}/redirect/cat.png"]), _chat("and this?", [_data("image/png", _png(1, (40, 56)))])),
@@ -96,13 +101,13 @@ def test_remote_media_equal_inline_through_engine_and_router(
 def test_fetch_failures_are_400s_naming_the_part(
     smolvlm_dir: Path, media: MediaServer, tmp_path: Path
 ) -> None:
-    engine = start_in_process(smolvlm_dir, "--num-kv-blocks", "64", *FLAGS)
-    router = start_router(smolvlm_dir, tmp_path, [engine.url], *FLAGS)
+    engine = start_in_process(smolvlm_dir, "--num-kv-blocks", "64", *_flags(media))
+    router = start_router(smolvlm_dir, tmp_path, [engine.url], *_flags(media))
     cases = [
         ([f"{media.url}/slow/cat.png"], [], "image 0: image_url: fetching it took longer than 1 s"),
         ([f"{media.url}/endless"], [], f"image 0: image_url: the image is over this server's limit of {LIMIT}"),
         ([f"{media.url}/big.png"], [], f"the image is over this server's limit of {LIMIT} bytes"),
-        ([f"{media.url}/cat.png", f"{media.url}/gone.png"], [], "image 1: image_url: fetching it failed (HTTP 404)"),
+        ([f"{media.url}/cat.png", f"{media.url}/gone.png"], [], "image 1: image_url: fetching it failed (no image at that URL)"),
         ([], [f"{media.url}/slow/clip.mp4"], "video 0: video_url: fetching it took longer than 1 s"),
         (["ftp://127.0.0.1/cat.png"], [], "image 0: image_url: the URL must be a data: URL"),
     ]  # fmt: skip

@@ -101,8 +101,8 @@ INVALID = [
     (
         "aggregated-pool.yaml",
         "spec.model.source",
-        {"uri": "hf://a/b", "hostPath": "/m"},
-        "exactly one of pvc, hostPath, uri must be set",
+        {"pvc": {"claimName": "m"}, "hostPath": "/m"},
+        "exactly one of pvc, hostPath must be set",
     ),
     (
         "aggregated-pool.yaml",
@@ -138,7 +138,7 @@ INVALID_SCHEMA = [
     ("spec.engine.gpuMemoryUtilization", 0, "gpuMemoryUtilization"),
     ("spec.engine.speculative", True, "speculative"),
     ("spec.kvstore.capacity", "lots", "capacity"),
-    ("spec.model.source.uri", "no-scheme", "uri"),
+    ("spec.model.source.uri", "hf://org/model", "uri"),  # gone: nothing would fetch it
 ]
 
 
@@ -174,7 +174,7 @@ def test_defaults_of_crd_and_models_agree(validator):
         "apiVersion": "kvferry.dev/v1alpha1",
         "kind": "InferencePool",
         "metadata": {"name": "m"},
-        "spec": {"model": {"name": "m", "source": {"uri": "hf://org/m"}}},
+        "spec": {"model": {"name": "m", "source": {"pvc": {"claimName": "m"}}}},
     }
     defaulted = apply_defaults(validator.schema, copy.deepcopy(minimal))["spec"]
     model = parse_pool(minimal).spec.model_dump(by_alias=True, exclude_none=True)

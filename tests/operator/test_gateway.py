@@ -10,6 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from pool_operator.pool_secret import SECRET_FILE
 from pool_operator.poolfile import PoolFileError, parse_pool
 from pool_operator.render import PoolRenderer
 from services.cli import build_parser
@@ -100,6 +101,52 @@ def test_the_gie_pool_selects_the_engines_and_names_the_routers_picker() -> None
     assert (parsed.epp_port, parsed.epp_fallbacks) == (9100, 2)
     policy = by_name(manifests, "NetworkPolicy", "smollm-gw-engines")
     assert policy["spec"]["ingress"][0]["from"] == [{"namespaceSelector": {}, "podSelector": {}}]
+
+
+KEYS = {"apiKeySecretRef": {"name": "tenants", "key": "keys.txt"}}
+
+
+@pytest.mark.parametrize("gateway", [False, True])
+@pytest.mark.parametrize("keys", [False, True])
+@pytest.mark.parametrize("failure_mode", ["FailOpen", "FailClose"])
+def test_who_can_reach_the_engines_in_every_combination(gateway: bool, keys: bool, failure_mode: str) -> None:
+    """Every combination of gateway, client keys and failure mode: the engines' /v1 takes the pool-internal
+    key only (router and picker hold it), the operator is trusted in its own namespace only, and a gateway
+    that fails open past the picker (the only key check on its path) is refused together with client keys."""
+    body = pool(enabled=gateway, failureMode=failure_mode)
+    if keys:
+        body["spec"]["router"] = {**body["spec"].get("router", {}), **KEYS}
+    refused = gateway and keys and failure_mode == "FailOpen"
+    cel = CrdValidator().errors(body)
+    assert any("FailOpen" in e for e in cel) == refused
+    if refused:
+        with pytest.raises(PoolFileError, match="FailOpen"):
+            parse_pool(body)
+        return
+    manifests = render(body)
+    engine = by_name(manifests, "Deployment", "smollm-gw-engine")["spec"]["template"]["spec"]["containers"][0]
+    router = by_name(manifests, "Deployment", "smollm-gw-router")["spec"]["template"]["spec"]["containers"][0]
+    serve = build_parser(engine["args"]).parse_args(engine["args"])
+    route = build_parser(router["args"]).parse_args(router["args"])
+    assert (
+        serve.api_key_file == str(route.engine_api_key_file) == SECRET_FILE
+    )  # one key: engines take, router gives
+    assert serve.api_key is None
+    assert (route.epp_port is not None) == gateway  # with a gateway the picker (the router) adds the key
+    rules = by_name(manifests, "NetworkPolicy", "smollm-gw-engines")["spec"]["ingress"]
+    http_from = rules[0]["from"]
+    if gateway:  # the gateway's proxies may connect, wherever they run; the key keeps the rest out
+        assert http_from == [{"namespaceSelector": {}, "podSelector": {}}]
+    else:
+        # no peer trusts a label in every namespace: the router's is the pool's own namespace
+        assert all(p["namespaceSelector"]["matchLabels"] for p in http_from if "namespaceSelector" in p)
+        operator = [p for p in http_from if "namespaceSelector" in p]
+        assert operator == [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kvferry-system"}},
+                "podSelector": {"matchLabels": {"app.kubernetes.io/name": "kvferry-operator"}},
+            }
+        ]
 
 
 def test_without_gateway_nothing_of_it_renders() -> None:

@@ -40,10 +40,16 @@ def test_engines_and_the_kvstore_mount_the_secret_and_get_the_flag(example: str)
             v for v in pod["volumes"] if "secret" in v and v["secret"]["secretName"].endswith("-pool-secret")
         ]
         args = container.get("args", [])
+        if args and args[0] == "router":  # the engines' pool-internal key: the router presents it on /v1
+            assert str(build_parser(args).parse_args(args).engine_api_key_file) == SECRET_FILE
+            assert mounts and volumes, name
+            continue
         if "--pool-secret-file" not in args:
-            assert mounts == [] and volumes == [], name  # router and Redis call no side channel
+            assert mounts == [] and volumes == [], name  # Redis calls no side channel
             continue
         secret_users.add(args[0])
+        if args[0] == "serve":  # /v1 takes the pool-internal key only (router, picker)
+            assert build_parser(args).parse_args(args).api_key_file == SECRET_FILE
         assert mounts == [{"name": "pool-secret", "mountPath": MOUNT_DIR, "readOnly": True}], name
         assert volumes[0]["secret"]["items"] == [{"key": "token", "path": "token"}]
         assert volumes[0]["secret"]["defaultMode"] == 0o440  # readable by the pod's fsGroup, writable by none

@@ -132,6 +132,8 @@ def test_engine_and_router_command_lines_follow_the_cli_contract():
         "grpc://llama-pd-kvstore.llm.svc:50051",
         "--pool-secret-file",
         "/etc/kvferry/pool-secret/token",
+        "--api-key-file",
+        "/etc/kvferry/pool-secret/token",
         "--log-level",
         "info",
     ]
@@ -160,6 +162,8 @@ def test_engine_and_router_command_lines_follow_the_cli_contract():
         "512",
         "--weights",
         "prefix=2,queue=1,kv=1",
+        "--engine-api-key-file",
+        "/etc/kvferry/pool-secret/token",
         "--api-key-file",
         "/etc/kvferry/api-key/keys.txt",
     ]

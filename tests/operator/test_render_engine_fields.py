@@ -109,6 +109,7 @@ _ENGINE_FIELD_VALUES = {
     "max_model_len": 2048,
     "max_num_seqs": 64,
     "max_num_batched_tokens": 3000,
+    "device": "cuda",
     "gpu_memory_utilization": 0.8,
     "tensor_parallel_size": 2,
     "pipeline_parallel_size": 2,
@@ -177,7 +178,15 @@ def test_tensor_parallel_size_sets_the_flag_and_the_gpu_count():
     assert res["limits"]["nvidia.com/gpu"] == res["requests"]["nvidia.com/gpu"] == "2"
     cpu = copy.deepcopy(body)
     cpu["spec"]["decode"]["resources"] = {"requests": {"cpu": "4"}}
-    assert "nvidia.com/gpu" not in str(_engines(cpu)[0]["containers"][0]["resources"])
+    with pytest.raises(
+        ValueError, match="need GPUs: name nvidia.com/gpu"
+    ):  # a TP pool on CPU nodes by mistake
+        parse_pool(cpu)
+    cpu["spec"]["engine"]["device"] = "cpu"  # on purpose: CPU tensor parallelism (gloo)
+    (cpu_pod,) = _engines(cpu)
+    assert "nvidia.com/gpu" not in str(cpu_pod["containers"][0]["resources"])
+    cpu_args = cpu_pod["containers"][0]["args"]
+    assert cpu_args[cpu_args.index("--device") + 1] == "cpu"
     pd = load_example("disaggregated-pool.yaml")
     pd["spec"]["engine"]["tensorParallelSize"] = 2  # one engine spec: prefill and decode shard alike
     with pytest.raises(ValueError, match="needs no kvstore"):  # no tier over sharded KV yet

@@ -209,18 +209,31 @@ def test_fallbacks_follow_the_primary_and_api_keys_are_checked(
 ) -> None:
     port = free_port()
     urls = [e.url for e in gw_engines]
+    (log_dir / "engine-key").write_text("pool-internal-key-0123456789\n")
     flags = ("--epp-port", str(port), "--epp-fallbacks", "1", "--api-key", "sk-gw")
+    flags += ("--engine-api-key-file", str(log_dir / "engine-key"))
     router = start_router(llama_dir, log_dir, urls, *flags, redis_url=pool_redis.url)
     body = body_chunks(completion_body([4] * 30), 1)
     keyed = request_headers()
     keyed.request_headers.headers.headers.add(key="authorization", raw_value=b"Bearer sk-gw")
     try:
-        value = picked(process(port, [keyed, *body])[0])
+        answer = process(port, [keyed, *body])[0]
+        value = picked(answer)
+        sets = {
+            h.header.key: h.header.raw_value
+            for h in answer.request_headers.response.header_mutation.set_headers
+        }
+        assert (
+            sets["authorization"] == b"Bearer pool-internal-key-0123456789"
+        )  # the engines' key, not the client's
         status, error = immediate(process(port, [request_headers(), *body]))
+        jump = body_chunks(completion_body([4] * 30, priority=-(10**9)), 1)
+        jumped, refusal = immediate(process(port, [keyed, *jump]))  # no --priority-api-key-file: no one may
     finally:
         router.stop()
     assert sorted(value.split(",")) == sorted(addresses(gw_engines))
     assert status == 401 and error["error"]["type"] == "invalid_request_error"
+    assert jumped == 403 and refusal["error"]["param"] == "priority"
 
 
 def engine_counts(engines: list[ServerProcess]) -> list[tuple[float, float]]:

@@ -151,12 +151,15 @@ def router_state(llama_dir: Path) -> Iterator[tuple[RouterState, TestClient]]:
     yield from _app(llama_dir, [])
 
 
-def _app(llama_dir: Path, keys: list[str]) -> Iterator[tuple[RouterState, TestClient]]:
+def _app(
+    llama_dir: Path, keys: list[str], admins: tuple[str, ...] = ()
+) -> Iterator[tuple[RouterState, TestClient]]:
     settings = RouterSettings(
         endpoints=[EndpointSpec(url=A), EndpointSpec(url=B)],
         tokenizer=llama_dir,
         model_name="tiny",
         api_keys=keys,
+        admin_api_keys=list(admins),
         scheduling=SchedulingConfig(weights=ScorerWeights(prefix=3)),
     )
     state = RouterState.build(settings, random.Random(0))
@@ -246,3 +249,15 @@ def test_with_api_keys_the_page_needs_one(llama_dir: Path) -> None:
         assert client.get("/ui/state", headers=bad).status_code == 401
     assert "key-one-123" not in json.dumps(client.get("/ui/state", headers=_basic("", "key-one-123")).json())
     assert client.get("/health").status_code == 503  # the ops routes stay as they were (open)
+
+
+def test_request_ids_are_shown_to_an_admin_key_only(llama_dir: Path) -> None:
+    """A tenant's key opens the page but never sees the request ids (other tenants' labels) in it."""
+    state, client = next(_app(llama_dir, ["tenant-one-123", "tenant-two-456"], ("admin-789",)))
+    _route(state, "tenant-one-secret-id", [7, 11, 13] * 10)
+    as_tenant = client.get("/ui/state", headers={"Authorization": "Bearer tenant-two-456"})
+    assert as_tenant.status_code == 200 and len(as_tenant.json()["decisions"]) == 1
+    assert "tenant-one-secret-id" not in as_tenant.text
+    as_admin = client.get("/ui/state", headers=_basic("ops", "admin-789"))
+    assert [d["request_id"] for d in as_admin.json()["decisions"]] == ["tenant-one-secret-id"]
+    assert client.post("/v1/models", headers={"Authorization": "Bearer admin-789"}).status_code == 401

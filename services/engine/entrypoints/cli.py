@@ -22,6 +22,7 @@ import uvicorn
 
 from services.common.chat_tools import ToolSettings, check_tool_settings, read_chat_template
 from services.common.errors import config_problem
+from services.common.hashing import check_pool_hash_version
 from services.common.http_protocol import HeaderDeadlineH11
 from services.common.pool_secret import describe, read_pool_secret
 from services.common.roles import RoleName, parse_role_name
@@ -138,6 +139,11 @@ def _add_serving_flags(add: Callable[..., object]) -> None:
     add("--host", default="127.0.0.1")
     add("--port", type=int, default=8000)
     add("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
+    add(
+        "--api-key-file",
+        default=None,
+        help="as --api-key, the key read from FILE (e.g. the pool's Secret: its routers and picker present it)",
+    )
     add("--chat-template", default=None, help="a Jinja chat template FILE replacing the model's")
     add(
         "--enable-auto-tool-choice",
@@ -152,7 +158,18 @@ def _add_serving_flags(add: Callable[..., object]) -> None:
     add(
         "--reasoning-parser", default=None, help="deepseek_r1 | qwen3: <think> text goes to reasoning_content"
     )
-    add("--request-timeout", type=float, default=None, help="seconds before a request is aborted")
+    add(
+        "--scheduling-policy",
+        choices=["fcfs", "priority"],
+        default="fcfs",
+        help="fcfs: a request with a non-zero `priority` is a 400; priority: lower values are served first",
+    )
+    add(
+        "--request-timeout",
+        type=float,
+        default=600.0,  # ServerSettings' DEFAULT_REQUEST_TIMEOUT_S (serving imports torch: not here)
+        help="seconds before a request is aborted and its KV freed (default 600; 0: no limit)",
+    )
     add("--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits for running requests")
 
 
@@ -240,6 +257,16 @@ def _add_pool_flags(add: Callable[..., object]) -> None:
     )
 
 
+def _api_key(args: argparse.Namespace) -> str | None:
+    """--api-key, or the key in --api-key-file (one token, at least 16 characters); not both."""
+    if args.api_key_file is None:
+        return args.api_key
+    if args.api_key is not None:
+        raise ValueError("give --api-key or --api-key-file, not both")
+    secret = read_pool_secret(args.api_key_file, "--api-key-file")
+    return secret.get_secret_value() if secret is not None else None
+
+
 def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
     from services.common.media_settings import media_limits, remote_media_from_args
     from services.engine.core.config import EngineConfig
@@ -285,8 +312,9 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
     )
     server = ServerSettings(
         allow_runtime_lora_updating=args.allow_runtime_lora_updating,
-        api_key=args.api_key,
-        request_timeout=args.request_timeout,
+        api_key=_api_key(args),
+        scheduling_policy=args.scheduling_policy,
+        request_timeout=args.request_timeout or None,
         drain_timeout=args.drain_timeout,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
@@ -361,6 +389,7 @@ def _check_role_fits(role: str, config: EngineConfig) -> None:
 def build(args: argparse.Namespace, roles: Mapping[str, RoleFactory]) -> tuple[FastAPI, ServerSettings]:
     """The role, the engine (model loaded) and its app from parsed flags; raises ServeError."""
     try:
+        check_pool_hash_version(os.environ)
         role = roles[args.role](args)
         engine_config, settings = _configs(args)
         _check_role_fits(args.role, engine_config)

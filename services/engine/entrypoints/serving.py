@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -21,6 +22,7 @@ from services.engine.entrypoints.role import AggregatedRole, EngineRole
 from services.engine.worker.structured.grammars import GrammarError
 
 MAX_N = 128  # most choices one request may ask for (SamplingParams' own limit)
+DEFAULT_REQUEST_TIMEOUT_S = 600.0  # no request holds its KV blocks for ever (--request-timeout 0: no limit)
 
 
 class ServerSettings(BaseModel):
@@ -38,7 +40,8 @@ class ServerSettings(BaseModel):
     remote_media: RemoteMedia = RemoteMedia()  # vision models: http(s) media URLs (refused by default)
 
     api_key: str | None = None
-    request_timeout: float | None = Field(None, gt=0)
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"  # priority: requests' `priority` is honoured
+    request_timeout: float | None = Field(DEFAULT_REQUEST_TIMEOUT_S, gt=0)
     drain_timeout: float = Field(30.0, ge=0)
 
 
@@ -143,6 +146,9 @@ def sampling_params(
         raise bad_request(f"n must be at most {MAX_N}, got {req.n}", "n")
     if any(t >= vocab_size for t in req.stop_token_ids or ()):
         raise bad_request(f"stop_token_ids must be in [0, {vocab_size})", "stop_token_ids")
+    bias = req.token_bias()
+    if bias and max(bias) >= vocab_size:
+        raise bad_request(f"logit_bias token ids must be in [0, {vocab_size}), got {max(bias)}", "logit_bias")
     try:
         return SamplingParams(
             temperature=1.0 if req.temperature is None else req.temperature,
@@ -158,6 +164,7 @@ def sampling_params(
             ignore_eos=req.ignore_eos,
             stop=tuple(req.stop_strings()),
             stop_token_ids=tuple(req.stop_token_ids or ()),
+            logit_bias=bias,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             structured_outputs=structured,
@@ -179,6 +186,10 @@ def fan_out(
     shape: OutputShape | None = None,
 ) -> list[SubRequest]:
     """``n`` sub-requests per prompt (seeds ``seed + i``); choice index ``prompt * n + i``."""
+    if req.priority and ctx.settings.scheduling_policy != "priority":
+        raise bad_request(
+            "priority is only honoured by an engine started with --scheduling-policy priority", "priority"
+        )
     subs = []
     for p, ids in enumerate(prompts):
         budget = output_budget(req, len(ids), ctx.max_model_len)

@@ -192,16 +192,26 @@ class KVStoreTier:
         try:
             peer = self._nixl_peer()
             if peer is not None:
-                return Fetch(request_id, first, slots=self._pin(keys), peer=peer)
+                store_id, slots = self._pin(keys)
+                if store_id != peer:  # another replica answered: its slots index another arena
+                    self._forget_peer()
+                    self._on_failure(
+                        "peer_restarted",
+                        request_id,
+                        f"{self.url}: pinned by store {store_id or '?'}, not {peer} (handshaken): not read",
+                    )
+                    return Fetch(request_id, first)
+                return Fetch(request_id, first, slots=slots, peer=peer)
             return Fetch(request_id, first, payloads=self._client.get(keys))
         except KVStoreUnavailable as exc:
             self._trip(request_id, exc)
             return Fetch(request_id, first)
 
-    def _pin(self, keys: Sequence[BlockKey]) -> list[int]:
-        """Slots of the verified prefix; a failure forgets the handshake (a restarted store has a new arena)."""
+    def _pin(self, keys: Sequence[BlockKey]) -> tuple[str, list[int]]:
+        """(store id, slots) of the verified prefix; a failure forgets the handshake (a restarted store has
+        a new arena)."""
         try:
-            return self._client.pin_prefix(keys, ttl_s=_PIN_TTL_S)
+            return self._client.pin(keys, ttl_s=_PIN_TTL_S)
         except KVStoreUnavailable:
             self._forget_peer()
             raise

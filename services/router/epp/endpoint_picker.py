@@ -11,13 +11,14 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from services.common.errors import bad_request, model_not_found, parse_body, unauthorized
 from services.common.protocol import ChatCompletionRequest, CompletionRequest
 from services.router.context_limit import check_prompt_fits
 from services.router.epp.addresses import endpoint_address
 from services.router.pd_flow import no_endpoint
+from services.router.priority_gate import check_priority
 from services.router.prompt import PreparedRequest
 from services.router.router_state import RouterState
 from services.router.scheduling import Endpoint, RequestContext, RouteDecision
@@ -31,6 +32,7 @@ class Pick:
 
     endpoints: tuple[str, ...]
     decision: RouteDecision
+    headers: Mapping[str, str] = field(default_factory=dict)  # set on the request the gateway forwards
 
 
 class EndpointPicker:
@@ -40,6 +42,8 @@ class EndpointPicker:
         self.state = state
         self.fallbacks = fallbacks
         self._api_keys = [k.encode() for k in state.settings.api_keys]
+        key = state.settings.engine_api_key  # the engines' pool-internal key: it replaces the client's
+        self._engine_headers = {"authorization": f"Bearer {key}"} if key else {}
 
     def candidates(self, subset: frozenset[str] | None) -> list[Endpoint]:
         """Aggregated engines with an ``ip:port`` address, within the data plane's subset when it gave one."""
@@ -62,12 +66,15 @@ class EndpointPicker:
         """The pick for one request (``headers`` lower-cased, with the ``:path`` pseudo-header);
         ``arrival`` (perf_counter) is when its headers reached the EPP (the routing overhead starts there)."""
         path = headers.get(":path", "").split("?", 1)[0]
+        token = None
         if self._api_keys and path.startswith("/v1"):
-            self._authorize(headers)
+            token = self._authorize(headers)
         if subset is not None and not subset:
             raise no_endpoint("the gateway's endpoint subset is empty")
         pool = self.candidates(subset)
-        prepared = self._prepare(path, body) if path in ("/v1/completions", "/v1/chat/completions") else None
+        prepared = (
+            self._prepare(path, body, token) if path in ("/v1/completions", "/v1/chat/completions") else None
+        )
         if prepared is None:
             ctx = RequestContext(0, self.state.settings.block_size, {}, splittable=False)
         else:
@@ -84,9 +91,9 @@ class EndpointPicker:
             self.state.flow.record(decision, prepared, ctx)
             # the pool page's decision log: Envoy's x-request-id names the request (attempt 0: Envoy retries)
             self.state.note_route(decision, prepared, ctx, headers.get("x-request-id", "epp"), 0)
-        return Pick(self._ranked(decision, pool), decision)
+        return Pick(self._ranked(decision, pool), decision, self._engine_headers)
 
-    def _authorize(self, headers: Mapping[str, str]) -> None:
+    def _authorize(self, headers: Mapping[str, str]) -> bytes:
         scheme, _, token = headers.get("authorization", "").partition(" ")
         given = token.strip().encode() if scheme.lower() == "bearer" else b""
         matched = False
@@ -94,17 +101,21 @@ class EndpointPicker:
             matched |= secrets.compare_digest(given, key)
         if not matched:
             raise unauthorized()
+        return given
 
-    def _prepare(self, path: str, body: bytes) -> PreparedRequest:
-        """The request as the router would prepare it (400 for a bad body, 404 for an unknown model)."""
+    def _prepare(self, path: str, body: bytes, token: bytes | None) -> PreparedRequest:
+        """The request as the router would prepare it (400 for a bad body, 404 for an unknown model, 403 for
+        a priority this key may not set: the gateway passes the body on unchanged)."""
         if not body:
             raise bad_request("The request has no body: a JSON object is required.")
         state = self.state
         state.tokenizer.max_text_tokens = state.max_model_len()
         if path == "/v1/completions":
             completion = parse_body(CompletionRequest, body)
+            check_priority(state.settings, completion.priority, token)
             return state.preparer.completion(completion, self._adapter(completion.model))
         chat = parse_body(ChatCompletionRequest, body)
+        check_priority(state.settings, chat.priority, token)
         return state.preparer.chat(chat, self._adapter(chat.model))
 
     def _adapter(self, model: str | None) -> str | None:

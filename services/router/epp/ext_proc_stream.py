@@ -141,7 +141,7 @@ class ExtProcStream:
             return self._refuse(server_error(), f"endpoint pick failed: {exc!r}")
         self.picked = pick.endpoints[0]
         self.metrics.epp_requests.labels(code="200").inc()
-        common, metadata = destination(pick.endpoints)
+        common, metadata = destination(pick.endpoints, pick.headers)
         responses = build(common)
         responses[0].dynamic_metadata.CopyFrom(metadata)
         return responses

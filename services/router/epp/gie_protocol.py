@@ -9,7 +9,7 @@ the choice; no endpoint is an ImmediateResponse 503.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from envoy.config.core.v3 import base_pb2
@@ -58,11 +58,15 @@ def _set_header(key: str, value: str) -> base_pb2.HeaderValueOption:
     )
 
 
-def destination(endpoints: Sequence[str]) -> tuple[ext_proc.CommonResponse, struct_pb2.Struct]:
-    """The header mutation and the dynamic metadata naming ``endpoints`` (primary first), equal values."""
+def destination(
+    endpoints: Sequence[str], headers: Mapping[str, str] | None = None
+) -> tuple[ext_proc.CommonResponse, struct_pb2.Struct]:
+    """The header mutation and the dynamic metadata naming ``endpoints`` (primary first), equal values;
+    ``headers`` are set on the request too (the engines' pool-internal key replacing the client's)."""
     value = ",".join(endpoints)
+    sets = [_set_header(DESTINATION_HEADER, value)] + [_set_header(k, v) for k, v in (headers or {}).items()]
     common = ext_proc.CommonResponse(
-        header_mutation=ext_proc.HeaderMutation(set_headers=[_set_header(DESTINATION_HEADER, value)]),
+        header_mutation=ext_proc.HeaderMutation(set_headers=sets),
         clear_route_cache=True,  # a route may match on the header (e.g. a fail-open default route)
     )
     metadata = struct_pb2.Struct()

@@ -45,8 +45,10 @@ def _asset(name: str, media_type: str) -> Callable[[], Awaitable[Response]]:
 
 def ui_routes(state: RouterState) -> APIRouter:
     """The page is open when the router has no API keys; with keys, every /ui route needs one of them
-    (a Bearer token, or a browser's Basic login with the key as the password), like /v1."""
-    keys = [k.encode() for k in state.settings.api_keys]
+    or an admin key (a Bearer token, or a browser's Basic login with the key as the password), like /v1.
+    Request ids (a tenant's own labels) are shown only to an admin key, or to all on a router without keys."""
+    admins = [k.encode() for k in state.settings.admin_api_keys]
+    keys = [k.encode() for k in state.settings.api_keys] + admins
 
     def guard(request: Request) -> None:
         if keys and not key_allowed(presented_key(request.headers), keys):
@@ -72,6 +74,9 @@ def ui_routes(state: RouterState) -> APIRouter:
             raise HTTPException(
                 400, f"unknown query parameter(s) {', '.join(unknown)}; /ui/state takes decisions=N"
             )
-        return pool_view(state, decisions)
+        view = pool_view(state, decisions)
+        if keys and not key_allowed(presented_key(request.headers), admins):
+            view.decisions = [d.model_copy(update={"request_id": ""}) for d in view.decisions]
+        return view
 
     return router

@@ -38,7 +38,7 @@ SAMPLING = {
     "stop_token_ids": ([[3], []], [[10**6], [-1]]),
     "cache_salt": (["salt"], []),
     "kv_transfer_params": ([{"do_remote_decode": True}], []),
-    "priority": ([-5, 10**30], []),
+    "priority": ([0], [-5, 10**30]),  # non-zero: only with --scheduling-policy priority
     "request_id": (["fuzz-id"], []),
 }
 COMPLETION = {
