@@ -59,11 +59,15 @@ class EngineSpec(CrdModel):
             "blockSize is immutable: cached KV blocks and their hashes depend on it",
         ),
         CelRule(
-            "(self.tensorParallelSize == 1 && self.pipelineParallelSize == 1) || !has(self.speculative)",
-            "tensorParallelSize > 1 or pipelineParallelSize > 1 does not run speculative decoding yet",
-            lambda s: (
-                (s.tensor_parallel_size == 1 and s.pipeline_parallel_size == 1) or s.speculative is None
-            ),
+            "self.pipelineParallelSize == 1 || !has(self.speculative)",
+            "pipelineParallelSize > 1 does not run speculative decoding yet",
+            lambda s: s.pipeline_parallel_size == 1 or s.speculative is None,
+        ),
+        CelRule(
+            "self.tensorParallelSize == 1 || !has(self.speculative) || self.speculative.method != 'eagle'",
+            "speculative method eagle does not run with tensorParallelSize > 1 (its head reads the "
+            "target's embedding and LM head, split across the ranks); ngram and draft_model do",
+            lambda s: s.tensor_parallel_size == 1 or s.speculative is None or s.speculative.method != "eagle",
         ),
         CelRule(
             "!self.enableAutoToolChoice || has(self.toolCallParser)",

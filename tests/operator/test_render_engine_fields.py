@@ -168,7 +168,7 @@ def test_every_engine_field_reaches_the_engines():
 
 def test_tensor_parallel_size_sets_the_flag_and_the_gpu_count():
     """--tensor-parallel-size 2 and nvidia.com/gpu 2 on GPU pods (none added to CPU pods); refused where
-    the engines cannot shard (P/D over pipeline stages, kvstore, LoRA, speculative decoding)."""
+    the engines cannot shard (P/D over pipeline stages, kvstore, LoRA, EAGLE; speculation with PP)."""
     body = load_example("aggregated-pool.yaml")
     body["spec"]["engine"]["tensorParallelSize"] = 2
     (pod,) = _engines(body)
@@ -202,5 +202,11 @@ def test_tensor_parallel_size_sets_the_flag_and_the_gpu_count():
         parse_pool(pd)
     spec = copy.deepcopy(body)
     spec["spec"]["engine"]["speculative"] = {"method": "ngram", "numSpeculativeTokens": 3}
-    with pytest.raises(ValueError, match="does not run speculative decoding"):
+    (spec_pod,) = _engines(spec)  # n-gram (and draft-model) speculation run with TP
+    assert "--speculative-config" in spec_pod["containers"][0]["args"]
+    spec["spec"]["engine"]["speculative"] = {"method": "eagle", "numSpeculativeTokens": 3, "model": "eagle"}
+    with pytest.raises(ValueError, match="speculative method eagle does not run with tensorParallelSize"):
+        parse_pool(spec)
+    spec["spec"]["engine"] |= {"tensorParallelSize": 1, "pipelineParallelSize": 2}
+    with pytest.raises(ValueError, match="pipelineParallelSize > 1 does not run speculative decoding"):
         parse_pool(spec)

@@ -23,7 +23,8 @@ def check_tensor_parallel(config: EngineConfig, cfg: ModelConfig, quantized: boo
         "enable_lora": config.enable_lora,
         # EAGLE's head reads the target's embedding and LM head, vocab-parallel shards under TP; n-gram and
         # draft-model speculation run on rank 0 (the draft unsharded) and every rank verifies alike
-        "speculative_config method eagle": spec is not None and spec.method == "eagle",
+        "speculative_config method eagle": spec is not None and spec.method == "eagle" and tp > 1,
+        "speculative_config": spec is not None and pp > 1,
         "kvstore_url": config.kvstore_url is not None,
         "device xpu": config.device.startswith("xpu"),
     }
