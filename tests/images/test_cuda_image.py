@@ -23,7 +23,7 @@ print("nixl", m.version("nixl"))
 def test_cuda_engine_image_imports_torch_triton_and_nixl(image: Callable[[str], str], tmp_path: Path) -> None:
     code, out = run_to_end(pod_run(image("engine"), ["python", "-c", PROBE], tmp_path / "probe.log"), 300)
     assert code == 0, out
-    assert "cuda None" not in out and "torch 2.13.0 " in out, out  # a CUDA build, not the CPU wheel
+    assert "cuda 1" in out and "torch 2.13.0+cu" in out, out  # a CUDA build, not the CPU wheel
     triton = out.split(" triton ", 1)[1].split()[0]
     assert f"triton=={triton}" in out, out
     assert "nixl 1.5.1" in out, out
