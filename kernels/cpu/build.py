@@ -129,6 +129,13 @@ def native_march(cxx: str) -> str:
     return match.group(1) if match else "native"
 
 
+def _source_digest() -> hashlib._Hash:
+    digest = hashlib.sha256()
+    for src in sorted(CSRC.glob("*")):
+        digest.update(src.name.encode() + b"\0" + src.read_bytes())
+    return digest
+
+
 def build_spec() -> BuildSpec:
     """Flags, module name and build directory; the name hashes sources, flags, ISA, compiler and torch."""
     import torch
@@ -150,9 +157,7 @@ def build_spec() -> BuildSpec:
         f"-DCPU_CAPABILITY={capability}",
         f"-DCPU_CAPABILITY_{capability}",
     )
-    digest = hashlib.sha256()
-    for src in sorted(CSRC.glob("*")):
-        digest.update(src.name.encode() + b"\0" + src.read_bytes())
+    digest = _source_digest()
     try:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
@@ -204,6 +209,11 @@ def _import_binary(name: str, path: Path) -> ModuleType:
 @functools.lru_cache(maxsize=1)
 def load_extension() -> LoadResult:
     """Compile on first use (a cache hit when this ISA/source/torch build exists); never raises."""
+    prebuilt = os.environ.get("KVFERRY_CPU_KERNELS")
+    if prebuilt:  # an image's kernels, one per ISA: no compiler runs, whatever the outcome
+        from kernels.cpu.prebuilt import load_prebuilt
+
+        return load_prebuilt(Path(prebuilt))
     try:
         import torch  # noqa: F401 - the extension links against the loaded libtorch
         from torch.utils import cpp_extension
@@ -246,8 +256,29 @@ def load_extension() -> LoadResult:
     return LoadResult(module, None, spec, False)
 
 
-def main() -> int:
-    """Build or find the extension and print one line; exit 0 even when it cannot be built."""
+def main(argv: list[str] | None = None) -> int:
+    """Build or find the extension and print one line; exit 0 even when it cannot be built.
+
+    ``--prebuild DIR VARIANT...``: compile portable ISA variants (kernels/cpu/variants.py) into DIR for an
+    image instead; a failed build exits non-zero there."""
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--prebuild"]:
+        work = Path(args[3]) if args[2:3] == ["--work"] and len(args) > 3 else None
+        names = args[4:] if work is not None else args[2:]
+        if not names:
+            print(
+                "usage: python -m kernels.cpu.build --prebuild DIR [--work DIR] VARIANT...", file=sys.stderr
+            )
+            return 2
+        from kernels.cpu.prebuilt import prebuild
+
+        try:
+            lines = prebuild(Path(args[1]), names, work)
+        except ValueError as exc:
+            print(f"kvferry cpu kernels: {exc}", file=sys.stderr)
+            return 2
+        print("\n".join(f"kvferry cpu kernels: prebuilt {line}" for line in lines))
+        return 0
     result = load_extension()
     if result.module is None:
         print(f"kvferry cpu kernels: not built ({result.reason}); the engine uses plain torch")

@@ -9,7 +9,8 @@ from pathlib import Path
 
 REGISTRY = "ghcr.io/kvferry"
 # Dockerfile target == component name; image == f"{REGISTRY}/kvferry-{component}:{version}".
-COMPONENTS = ("engine", "router", "kvstore", "operator")
+# engine: CUDA (GPU pods); engine-cpu: CPU pods, the C++ kernels prebuilt for every x86-64 level.
+COMPONENTS = ("engine", "engine-cpu", "router", "kvstore", "operator")
 _PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 

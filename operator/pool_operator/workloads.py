@@ -71,6 +71,12 @@ def _resources(resources: Resources | None, gpus: int | None = None) -> dict[str
     return {"resources": out} if out else {}
 
 
+def engine_component(resources: Resources | None) -> str:
+    """The engine image a role runs: the CUDA one where its pods request GPUs, else engine-cpu."""
+    parts = (resources.requests, resources.limits) if resources is not None else ()
+    return "engine" if any(GPU in part for part in parts) else "engine-cpu"
+
+
 def _env_value(name: str, value: str) -> dict[str, Any]:
     return {"name": name, "value": value}
 
@@ -200,7 +206,7 @@ class WorkloadBuilder:
         env = self._pool_env(role) + [e.model_dump(by_alias=True, exclude_none=True) for e in engine.env]
         container = {
             "name": "engine",
-            "image": engine.image or self.images.image("engine"),
+            "image": engine.image or self.images.image(engine_component(role_spec.resources)),
             "command": ["kvferry"],
             "args": self.cmd.engine_args(role),
             "env": env,
