@@ -32,6 +32,7 @@ from services.router.engine_client import EngineUnavailable
 from services.router.metrics import CONTENT_TYPE
 from services.router.pd_flow import Dispatched, no_endpoint
 from services.router.prompt import PreparedRequest
+from services.router.responses.responses_routes import build_store, responses_routes
 from services.router.router_state import RouterState
 from services.router.scheduling.filters import eligible
 from services.router.settings import RouterSettings
@@ -205,6 +206,7 @@ def build_app(settings: RouterSettings, state: RouterState | None = None) -> Fas
     """The router app; its lifespan starts the poller, the self-check and (``settings.epp``) the endpoint
     picker, and closes every client."""
     state = state or RouterState.build(settings)
+    store = build_store(state)
 
     epp = None
     if settings.epp is not None:  # imported only when asked for: the Envoy protos are the EPP's alone
@@ -223,12 +225,14 @@ def build_app(settings: RouterSettings, state: RouterState | None = None) -> Fas
             if epp is not None:
                 await epp.stop()
             await state.stop()
+            await store.kv.aclose()
 
     app = FastAPI(title="kvferry router", lifespan=lifespan)
     app.state.router = state
     app.add_middleware(RequestContextMiddleware, api_keys=settings.api_keys)
     install_error_handlers(app, log)
     app.include_router(_openai_routes(state))
+    app.include_router(responses_routes(state, store))
     app.include_router(_ops_routes(state))
     app.include_router(ui_routes(state))
     document_answers(app)  # /openapi.json says what the routes really answer

@@ -14,6 +14,7 @@ from services.common.media_settings import add_media_flags, media_limits, remote
 from services.router.discovery import DiscoverySettings, in_cluster_url
 from services.router.endpoints import EndpointSpec, PollerSettings
 from services.router.epp.epp_settings import EppSettings
+from services.router.responses.responses_settings import add_responses_flags, responses_settings
 from services.router.scheduling import SchedulingConfig, ScorerWeights
 from services.router.settings import RouterSettings
 
@@ -144,6 +145,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="with --epp-port: endpoints named after the chosen one, for data planes that retry down the list",
     )
     add_media_flags(add)
+    add_responses_flags(p)
     add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
     return p
@@ -195,6 +197,7 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         epp=_epp_settings(args),
         remote_media=remote_media_from_args(args),
         limit_mm_per_prompt=media_limits(args.limit_mm_per_prompt),
+        responses=responses_settings(args),
     )
 
 

@@ -11,6 +11,7 @@ from services.router.discovery import DiscoverySettings
 from services.router.endpoints import EndpointSpec, PollerSettings
 from services.router.epp.addresses import endpoint_address
 from services.router.epp.epp_settings import EppSettings
+from services.router.responses.responses_settings import ResponsesSettings
 from services.router.scheduling import SchedulingConfig
 
 
@@ -45,6 +46,7 @@ class RouterSettings(BaseModel):
     reasoning_parser: str | None = None
     remote_media: RemoteMedia = RemoteMedia()  # http(s) image / video URLs, as the engines' flags
     limit_mm_per_prompt: MediaLimits = MediaLimits()  # images / videos per request, as the engines' flag
+    responses: ResponsesSettings = ResponsesSettings()  # /v1/responses: the store's TTL, cap and key
     epp: EppSettings | None = None  # --epp-port: also serve the Gateway API Inference Extension picker
 
     @model_validator(mode="after")
