@@ -26,6 +26,7 @@ from services.common.protocol import (
 from services.common.protocol_embeddings import EmbeddingRequest
 from services.common.roles import DECODE_ROLES
 from services.common.sse import SSE_CONTENT_TYPE, SSE_DONE, sse_event
+from services.router.anthropic.messages_routes import messages_routes
 from services.router.chat_adapter import ChatAdapter
 from services.router.context_limit import check_prompt_fits
 from services.router.engine_client import EngineUnavailable
@@ -233,6 +234,7 @@ def build_app(settings: RouterSettings, state: RouterState | None = None) -> Fas
     install_error_handlers(app, log)
     app.include_router(_openai_routes(state))
     app.include_router(responses_routes(state, store))
+    app.include_router(messages_routes(state))
     app.include_router(_ops_routes(state))
     app.include_router(ui_routes(state))
     document_answers(app)  # /openapi.json says what the routes really answer

@@ -10,11 +10,10 @@ import redis.asyncio as aioredis
 from fastapi import APIRouter, Query, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from services.common.errors import bad_request, model_not_found, parse_body
-from services.common.protocol import ChatCompletionRequest
+from services.common.errors import bad_request
 from services.common.sse import SSE_CONTENT_TYPE
 from services.router.chat_adapter import ChatAdapter
-from services.router.context_limit import check_prompt_fits
+from services.router.chat_dispatch import dispatch_chat
 from services.router.engine_client import EngineUnavailable
 from services.router.pd_flow import Dispatched
 from services.router.responses import chat_bridge as cb
@@ -75,32 +74,6 @@ class ResponsesService:
             history = prev["items"] + prev["response"]["output"]
         return history + cb.item_dicts(body.input_items())
 
-    def model(self, body: ResponsesRequest) -> str | None:
-        name = self.state.settings.model_name
-        if body.model is None or body.model == name:
-            return None
-        if body.model in self.state.lora_adapters():
-            return body.model
-        raise model_not_found(body.model)
-
-    async def dispatch(
-        self, body: ResponsesRequest, request: Request, messages: list[dict[str, Any]]
-    ) -> tuple[Dispatched, ChatAdapter]:
-        """Route the conversation as a chat request (the router's own chat path: template, tools, index)."""
-        state, lora = self.state, self.model(body)
-        chat = parse_body(ChatCompletionRequest, cb.chat_body(body, messages, body.model))
-        if state.settings.salt_from_api_key:
-            chat.cache_salt = f"tenant:{request.state.tenant}"
-        state.tokenizer.max_text_tokens = state.max_model_len()
-        req = await state.preparer.chat_async(chat, lora)
-        req.arrival = request.state.arrival
-        check_prompt_fits(req, state.max_model_len())
-        ctx = await state.context(req)
-        rid = request.state.request_id
-        d = await state.flow.run(req, ctx, rid)
-        model = lora or state.settings.model_name
-        return d, ChatAdapter(model, rid, None, 1, req.include_usage, req.chat_plan)
-
     async def save(self, request: Request, response: dict[str, Any], items: list[dict[str, Any]]) -> None:
         if not response["store"]:
             return
@@ -118,7 +91,7 @@ class ResponsesService:
                 self.store.check_size({"response": response, "items": items})
             except StoreTooLarge as exc:
                 raise bad_request(f"input too large to store: {exc}", "input") from None
-        d, adapter = await self.dispatch(body, request, messages)
+        d, adapter = await dispatch_chat(self.state, request, cb.chat_body(body, messages, body.model))
         headers = {"X-Kvferry-Endpoint": d.decision.decode.url}
         if d.stream is not None:
             events = self.stream(request, d, adapter, response, items)
