@@ -11,6 +11,7 @@ from pathlib import Path
 from services.common.chat_tools import read_chat_template
 from services.common.errors import config_problem
 from services.common.media_settings import add_media_flags, media_limits, remote_media_from_args
+from services.common.tool_templates import add_tool_template_flag, apply_tool_template
 from services.router.discovery import DiscoverySettings, in_cluster_url
 from services.router.endpoints import EndpointSpec, PollerSettings
 from services.router.epp.epp_settings import EppSettings
@@ -87,6 +88,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         default=None,
         help="a Jinja chat template FILE replacing the model's (as the engines')",
     )
+    add_tool_template_flag(add)
     add("--enable-auto-tool-choice", action="store_true", help="tool_choice auto: read tool calls from text")
     add("--tool-call-parser", default=None, help="hermes | llama3_json | mistral | pythonic")
     add(
@@ -153,6 +155,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def settings_from_args(args: argparse.Namespace) -> RouterSettings:
     """Validated settings (raises ValidationError or ValueError)."""
+    apply_tool_template(args)
     specs = [EndpointSpec(url=u, role="both") for u in args.engine]
     specs += [EndpointSpec(url=u, role="prefill") for u in args.prefill]
     specs += [EndpointSpec(url=u, role="decode") for u in args.decode]
