@@ -36,6 +36,7 @@ from services.router.prompt import PreparedRequest
 from services.router.responses.responses_routes import build_store, responses_routes
 from services.router.router_state import RouterState
 from services.router.scheduling.filters import eligible
+from services.router.sessions.session_affinity import session_key
 from services.router.settings import RouterSettings
 from services.router.ui.routes import ui_routes
 
@@ -141,6 +142,7 @@ def _openai_routes(state: RouterState) -> APIRouter:
         lora = admit(body, request)
         rid = body.request_id or request.state.request_id
         req = await state.preparer.completion_async(body, lora)
+        req.session = session_key(request, body.user)
         req.arrival = request.state.arrival  # the overhead counts parsing, tokenizing and hashing too
         return await _serve(state, req, rid, None)
 
@@ -149,6 +151,7 @@ def _openai_routes(state: RouterState) -> APIRouter:
         lora = admit(body, request)
         rid = body.request_id or request.state.request_id
         req = await state.preparer.chat_async(body, lora)
+        req.session = session_key(request, body.user)
         req.arrival = request.state.arrival
         adapter = ChatAdapter(
             lora or name, rid, req.chat_top_logprobs, body.n, req.include_usage, req.chat_plan

@@ -13,6 +13,7 @@ from services.router.chat_adapter import ChatAdapter
 from services.router.context_limit import check_prompt_fits
 from services.router.pd_flow import Dispatched
 from services.router.router_state import RouterState
+from services.router.sessions.session_affinity import session_key
 
 
 def adapter_name(state: RouterState, model: str | None) -> str | None:
@@ -25,7 +26,7 @@ def adapter_name(state: RouterState, model: str | None) -> str | None:
 
 
 async def dispatch_chat(
-    state: RouterState, request: Request, body: dict[str, Any]
+    state: RouterState, request: Request, body: dict[str, Any], session: str | None = None
 ) -> tuple[Dispatched, ChatAdapter]:
     """Validate ``body`` as a chat request (400 naming the field), prepare and route it as
     ``/v1/chat/completions`` does (the tenant's cache salt under --salt-from-api-key)."""
@@ -36,6 +37,7 @@ async def dispatch_chat(
     state.tokenizer.max_text_tokens = state.max_model_len()
     req = await state.preparer.chat_async(chat, lora)
     req.arrival = request.state.arrival
+    req.session = session_key(request, session, chat.user)
     check_prompt_fits(req, state.max_model_len())
     ctx = await state.context(req)
     rid = request.state.request_id

@@ -17,6 +17,7 @@ from services.router.endpoints import EndpointSpec, PollerSettings
 from services.router.epp.epp_settings import EppSettings
 from services.router.responses.responses_settings import add_responses_flags, responses_settings
 from services.router.scheduling import SchedulingConfig, ScorerWeights
+from services.router.sessions.session_settings import add_session_flags, session_settings
 from services.router.settings import RouterSettings
 
 log = logging.getLogger("kvferry.router")
@@ -148,6 +149,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     add_media_flags(add)
     add_responses_flags(p)
+    add_session_flags(p)
     add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
     return p
@@ -201,6 +203,7 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         remote_media=remote_media_from_args(args),
         limit_mm_per_prompt=media_limits(args.limit_mm_per_prompt),
         responses=responses_settings(args),
+        sessions=session_settings(args),
     )
 
 

@@ -42,7 +42,10 @@ def messages_routes(state: RouterState) -> APIRouter:
 
     @router.post("/v1/messages")
     async def messages(body: MessagesRequest, request: Request) -> Response:
-        d, adapter = await dispatch_chat(state, request, mb.chat_body(body))
+        user = (body.metadata or {}).get("user_id")
+        d, adapter = await dispatch_chat(
+            state, request, mb.chat_body(body), session=user if isinstance(user, str) else None
+        )
         headers = {"X-Kvferry-Endpoint": d.decision.decode.url}
         if d.stream is not None:
             return StreamingResponse(

@@ -29,6 +29,7 @@ from services.router.responses.response_stream import ResponsesStream, chunk_jso
 from services.router.router_state import RouterState
 
 log = logging.getLogger(__name__)
+Conversation = tuple[list[dict[str, Any]], str]  # the items of the chain so far, and the chain's first id
 PUBLIC = "public"  # the tenant of a router without API keys
 
 
@@ -66,35 +67,41 @@ class ResponsesService:
             raise cb.not_found(response_id, await self.store.expired(who, response_id))
         return found
 
-    async def conversation(self, body: ResponsesRequest, request: Request) -> list[dict[str, Any]]:
-        """The chain's items (previous conversation and its answer) followed by this input."""
-        history: list[dict[str, Any]] = []
-        if body.previous_response_id is not None:
-            prev = await self.record(request, body.previous_response_id)
-            history = prev["items"] + prev["response"]["output"]
-        return history + cb.item_dicts(body.input_items())
+    async def conversation(
+        self, body: ResponsesRequest, request: Request
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """The chain's items (previous conversation and its answer) followed by this input, and the id
+        of the chain's first response (None: this one starts a chain)."""
+        if body.previous_response_id is None:
+            return cb.item_dicts(body.input_items()), None
+        prev = await self.record(request, body.previous_response_id)
+        history = prev["items"] + prev["response"]["output"]
+        return history + cb.item_dicts(body.input_items()), prev.get("chain") or prev["response"]["id"]
 
-    async def save(self, request: Request, response: dict[str, Any], items: list[dict[str, Any]]) -> None:
+    async def save(self, request: Request, response: dict[str, Any], chat: Conversation) -> None:
         if not response["store"]:
             return
+        record = {"response": response, "items": chat[0], "chain": chat[1]}
         try:
-            await self.store.put(tenant(request), response["id"], {"response": response, "items": items})
+            await self.store.put(tenant(request), response["id"], record)
         except StoreTooLarge as exc:  # the answer pushed it over: served, not stored
             log.warning("response %s not stored: %s", response["id"], exc)
 
     async def create(self, body: ResponsesRequest, request: Request) -> Response:
-        items = await self.conversation(body, request)
+        items, chain = await self.conversation(body, request)
         messages = cb.chat_messages(body.instructions, items)
         response = cb.response_object(body, cb.new_id("resp"), body.model or self.state.settings.model_name)
+        chain = chain or response["id"]
         if body.store:
             try:
                 self.store.check_size({"response": response, "items": items})
             except StoreTooLarge as exc:
                 raise bad_request(f"input too large to store: {exc}", "input") from None
-        d, adapter = await dispatch_chat(self.state, request, cb.chat_body(body, messages, body.model))
+        chat = cb.chat_body(body, messages, body.model)
+        d, adapter = await dispatch_chat(self.state, request, chat, session=chain)
         headers = {"X-Kvferry-Endpoint": d.decision.decode.url}
         if d.stream is not None:
-            events = self.stream(request, d, adapter, response, items)
+            events = self.stream(request, d, adapter, response, (items, chain))
             return StreamingResponse(events, media_type=SSE_CONTENT_TYPE, headers=headers)
         assert d.body is not None
         chat = adapter.response(d.body)
@@ -102,7 +109,7 @@ class ResponsesService:
         done = cb.finish(
             response, cb.output_items(choice["message"]), choice["finish_reason"], chat.get("usage")
         )
-        await self.save(request, done, items)
+        await self.save(request, done, (items, chain))
         return JSONResponse(done, headers=headers)
 
     async def stream(
@@ -111,7 +118,7 @@ class ResponsesService:
         d: Dispatched,
         adapter: ChatAdapter,
         response: dict[str, Any],
-        items: list[dict[str, Any]],
+        chat: Conversation,
     ) -> AsyncGenerator[bytes, None]:
         """The Responses events of the routed chat stream; the response is stored before it completes."""
         assert d.stream is not None
@@ -133,7 +140,7 @@ class ResponsesService:
         if final["status"] == "failed":
             yield sse(told.event("response.failed", response=final))
             return
-        await self.save(request, final, items)
+        await self.save(request, final, chat)
         yield sse(told.event(f"response.{final['status']}", response=final))
 
 
