@@ -190,3 +190,13 @@ def test_text_format_json_schema_streamed(pool: Pool) -> None:
     jsonschema.validate(json.loads(final.output_text), SCHEMA)
     with pytest.raises(openai.NotFoundError):  # store=False: nothing kept
         pool.client(0).responses.retrieve(final.id)
+
+
+def test_store_down_is_a_clear_503(pool: Pool) -> None:
+    kept = pool.client(0).responses.create(model=MODEL, input="before", max_output_tokens=2)
+    pool.redis.stop()
+    try:
+        with pytest.raises(openai.InternalServerError, match="response store .Redis. is unavailable"):
+            pool.client(1).responses.create(model=MODEL, input="x", previous_response_id=kept.id)
+    finally:
+        pool.redis.start()

@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 from fastapi import APIRouter, Query, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from services.common.errors import bad_request
+from services.common.errors import OpenAIError, bad_request
 from services.common.sse import SSE_CONTENT_TYPE
 from services.router.chat_adapter import ChatAdapter
 from services.router.chat_dispatch import dispatch_chat
@@ -29,6 +29,17 @@ from services.router.responses.response_stream import ResponsesStream, chunk_jso
 from services.router.router_state import RouterState
 
 log = logging.getLogger(__name__)
+STORE_DOWN = (aioredis.RedisError, OSError)
+
+
+def store_unavailable(exc: BaseException) -> OpenAIError:
+    return OpenAIError(
+        503,
+        f"The response store (Redis) is unavailable ({exc.__class__.__name__}); retry later.",
+        "server_error",
+    )
+
+
 Conversation = tuple[list[dict[str, Any]], str]  # the items of the chain so far, and the chain's first id
 PUBLIC = "public"  # the tenant of a router without API keys
 
@@ -60,11 +71,13 @@ class ResponsesService:
         who = tenant(request)
         try:
             found = await self.store.get(who, response_id)
+            if found is None:
+                raise cb.not_found(response_id, await self.store.expired(who, response_id))
         except StoreUnreadable as exc:
             log.warning("stored response %s: %s", response_id, exc)
-            found = None
-        if found is None:
-            raise cb.not_found(response_id, await self.store.expired(who, response_id))
+            raise cb.not_found(response_id, False) from None
+        except STORE_DOWN as exc:
+            raise store_unavailable(exc) from None
         return found
 
     async def conversation(
@@ -86,6 +99,8 @@ class ResponsesService:
             await self.store.put(tenant(request), response["id"], record)
         except StoreTooLarge as exc:  # the answer pushed it over: served, not stored
             log.warning("response %s not stored: %s", response["id"], exc)
+        except STORE_DOWN as exc:  # the answer is served; a later previous_response_id gets a 404
+            log.warning("response %s not stored: the store is unavailable (%r)", response["id"], exc)
 
     async def create(self, body: ResponsesRequest, request: Request) -> Response:
         items, chain = await self.conversation(body, request)
@@ -159,7 +174,10 @@ def responses_routes(state: RouterState, store: ResponseStore) -> APIRouter:
     @router.delete("/v1/responses/{response_id}")
     async def delete(response_id: str, request: Request) -> Response:
         await service.record(request, response_id)  # 404 (naming an expired id) when absent
-        await store.delete(tenant(request), response_id)
+        try:
+            await store.delete(tenant(request), response_id)
+        except STORE_DOWN as exc:
+            raise store_unavailable(exc) from None
         return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
 
     @router.get("/v1/responses/{response_id}/input_items")
