@@ -30,12 +30,14 @@ def add_responses_flags(parser: argparse.ArgumentParser) -> None:
         "--responses-max-bytes",
         type=int,
         default=4 << 20,
+        metavar="BYTES",
         help="largest stored response record (its conversation and answer); a bigger input is a 400",
     )
     parser.add_argument(
         "--responses-key-file",
         type=Path,
         default=None,
+        metavar="FILE",
         help="a secret file (e.g. the pool secret's mount): stored responses are encrypted with a key derived "
         "from it; every replica must get the same file",
     )
