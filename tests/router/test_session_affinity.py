@@ -116,3 +116,21 @@ def test_a_session_stays_on_one_engine_across_replicas(pool: list[RouterProcess]
         for _ in range(2)
     }
     assert len(plain) == 2
+
+
+def test_the_pool_page_shows_the_session_decision(pool: list[RouterProcess]) -> None:
+    from tests.chromium import chromium_or_skip
+
+    httpx.post(
+        f"{pool[0].url}/v1/completions",
+        json={"model": MODEL, "prompt": "page", "max_tokens": 1},
+        headers={"x-session-id": "s-page", "x-request-id": "session-page-1"},
+        timeout=60,
+    )
+    page = chromium_or_skip(f"{pool[0].url}/ui")
+    try:
+        row = "document.querySelector('tr[data-request-id=\"session-page-1\"]')"
+        text = page.wait_for(f"(() => {{ const r = {row}; return r && r.innerText; }})()")
+    finally:
+        page.close()
+    assert "session public:s-page: new session: prefix-scored" in text
