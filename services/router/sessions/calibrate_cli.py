@@ -89,7 +89,7 @@ async def measure(args: argparse.Namespace, client: httpx.AsyncClient, concurren
     work = asyncio.gather(*(slot() for _ in range(concurrency)))
     while not work.done():
         samples.append(await _load(client))
-        await asyncio.wait([work], timeout=0.05)
+        await asyncio.wait([work], timeout=0.01)
     await work
     return Level(
         concurrency, statistics.median(ttfts), max(statistics.fmean(samples), 0.0) if samples else 0.0
@@ -144,4 +144,11 @@ def main(argv: list[str]) -> int:
         print(f"kvferry router calibrate: error: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(result, indent=2))
+    if not result["limit_tokens"]:
+        print(
+            "kvferry router calibrate: error: no KV load was seen while the levels ran; "
+            "raise --prompt-words, --max-tokens or --rounds",
+            file=sys.stderr,
+        )
+        return 1
     return 0
