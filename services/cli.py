@@ -44,6 +44,10 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["router", "calibrate"]:  # a tool beside the router, with flags of its own
+        from services.router.sessions.calibrate_cli import main as calibrate
+
+        return calibrate(argv[2:])
     if next((a for a in argv if not a.startswith("-")), None) == "serve":
         from services.engine.cpu_runtime import exec_with_runtime
 

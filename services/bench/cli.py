@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import sys
 
 from pydantic import ValidationError
 
-from services.bench.serve import BenchConfig, run_bench
+from services.bench.serve import BenchConfig, run_agentic_async, run_bench
 from services.bench.stats import format_table
 
 _HELP = {
     "url": "base URL of the OpenAI-compatible server (with or without /v1)",
     "model": "model name to request (default: the first one /v1/models lists)",
     "endpoint": "API to drive",
-    "dataset": "random prompts, prompts in groups sharing a prefix, or both alternating (mixed)",
+    "dataset": "random prompts, prompts in groups sharing a prefix, both alternating (mixed), or agentic "
+    "sessions (--num-prompts sessions, --prefix-len system prompt, --input-len new tokens a turn)",
     "num_prompts": "number of requests to send",
     "input_len": "random tokens per prompt (after the prefix)",
     "output_len": "tokens to generate per request (max_tokens, ignore_eos)",
@@ -34,6 +37,9 @@ _HELP = {
     "disconnect_fraction": "soak: fraction of requests whose client disconnects mid-stream",
     "bad_fraction": "soak: fraction of invalid requests (each must be answered with a 4xx)",
     "window": "report requests, failures and p99 TTFT per window of this many seconds",
+    "turns": "agentic: turns per session",
+    "subagents": "agentic: sub-agents forked half-way through each session (two turns each, concurrent)",
+    "tool_pause": "agentic: mean seconds a session pauses between turns (a tool running)",
 }
 
 
@@ -46,7 +52,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add("--url", default="http://127.0.0.1:8000", help=_HELP["url"])
     add("--model", default=None, help=_HELP["model"])
     add("--endpoint", choices=["completions", "chat"], default="completions", help=_HELP["endpoint"])
-    add("--dataset", choices=["random", "shared-prefix", "mixed"], default="random", help=_HELP["dataset"])
+    add(
+        "--dataset",
+        choices=["random", "shared-prefix", "mixed", "agentic"],
+        default="random",
+        help=_HELP["dataset"],
+    )
     for name, kind, default in (
         ("num_prompts", int, 100),
         ("input_len", int, 1024),
@@ -63,6 +74,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         ("disconnect_fraction", float, 0.0),
         ("bad_fraction", float, 0.0),
         ("window", float, None),
+        ("turns", int, 6),
+        ("subagents", int, 2),
+        ("tool_pause", float, 0.5),
     ):
         add(f"--{name.replace('_', '-')}", type=kind, default=default, help=_HELP[name])
     for name in ("tokenizer", "api_key", "result_json", "plot"):
@@ -82,6 +96,8 @@ def run_serve(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         print(f"kvferry bench serve: invalid options:\n{exc}", file=sys.stderr)
         return 2
+    if config.dataset == "agentic":
+        return _run_agentic(config)
     try:
         outcome = run_bench(config)
     except RuntimeError as exc:  # no model given and none could be discovered
@@ -97,3 +113,19 @@ def run_serve(args: argparse.Namespace) -> int:
     if config.duration is not None:
         return 0 if outcome.summary.completed and not outcome.summary.failed else 1
     return 0 if outcome.summary.completed else 1
+
+
+def _run_agentic(config: BenchConfig) -> int:
+    """The agentic workload: its summary printed (and with --result-json written); 0 if every request
+    succeeded."""
+    try:
+        config, summary = asyncio.run(run_agentic_async(config))
+    except RuntimeError as exc:
+        print(f"kvferry bench serve: {exc}", file=sys.stderr)
+        return 1
+    print(summary.table())
+    if config.result_json:
+        config.result_json.write_text(
+            json.dumps({"config": config.model_dump(mode="json"), "summary": summary.model_dump()}, indent=2)
+        )
+    return 0 if summary.requests and not summary.failed else 1

@@ -73,6 +73,8 @@ class RequestResult:
     start: float = 0.0
     error: str = ""
     kind: str = "stream"  # soak mixes: "stream", "json", "dropped" (disconnected mid-stream), "bad"
+    cached_len: int = 0  # prompt tokens the server served from its prefix cache (usage)
+    usage_seen: bool = False  # whether the server sent usage at all
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,8 @@ async def consume_stream(
         if usage := data.get("usage"):
             result.prompt_len = usage.get("prompt_tokens", result.prompt_len)
             result.output_len = usage.get("completion_tokens", 0)
+            result.cached_len = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            result.usage_seen = True
         if _chunk_text(data, endpoint):
             now = time.perf_counter()
             if chunks == 0:

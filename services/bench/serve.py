@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from services.bench.agentic import AgenticRun, AgenticSummary
 from services.bench.client import LoadRun, RequestResult, Target, fetch_model, run_load
 from services.bench.datasets import (
     BenchRequest,
@@ -30,7 +31,7 @@ class BenchConfig(BaseModel):
     url: str = "http://127.0.0.1:8000"
     model: str | None = None
     endpoint: Literal["completions", "chat"] = "completions"
-    dataset: Literal["random", "shared-prefix", "mixed"] = "random"
+    dataset: Literal["random", "shared-prefix", "mixed", "agentic"] = "random"
     num_prompts: int = Field(100, ge=1)
     input_len: int = Field(1024, ge=0)
     output_len: int = Field(128, ge=1)
@@ -52,11 +53,19 @@ class BenchConfig(BaseModel):
     disconnect_fraction: float = Field(0.0, ge=0, le=1)  # streams the client leaves mid-way
     bad_fraction: float = Field(0.0, ge=0, le=1)  # invalid requests, each must be answered with a 4xx
     window: float | None = Field(None, gt=0)  # report requests, failures and p99 TTFT per window (s)
+    # --dataset agentic: --num-prompts sessions of this many turns, sub-agents forked half-way, tool pauses
+    turns: int = Field(6, ge=1)
+    subagents: int = Field(2, ge=0)
+    tool_pause: float = Field(0.5, ge=0)
 
     @model_validator(mode="after")
     def _check_dataset(self) -> BenchConfig:
         if self.dataset in ("shared-prefix", "mixed") and self.prefix_len < 1:
             raise ValueError(f"the {self.dataset} dataset needs --prefix-len >= 1")
+        if self.dataset == "agentic" and (self.duration is not None or self.request_rate != math.inf):
+            raise ValueError(
+                "the agentic dataset paces itself (turns, tool pauses): no --duration or --request-rate"
+            )
         if self.input_len + self.prefix_len < 1:
             raise ValueError("prompts need at least one token: raise --input-len or --prefix-len")
         return self
@@ -157,6 +166,29 @@ async def run_bench_async(config: BenchConfig) -> BenchOutcome:
             target, requests, config.request_rate, config.max_concurrency, config.seed, config.progress
         )
     return BenchOutcome(config, run, summarize(run, config.window))
+
+
+async def run_agentic_async(config: BenchConfig) -> tuple[BenchConfig, AgenticSummary]:
+    """``--dataset agentic``: sessions (``--num-prompts``) at most ``--max-concurrency`` at a time."""
+    target = Target(config.url, config.model or "", config.endpoint, config.api_key, config.timeout)
+    if not config.model:
+        target = Target(
+            config.url, await fetch_model(target), config.endpoint, config.api_key, config.timeout
+        )
+        config = config.model_copy(update={"model": target.model})
+    run = AgenticRun(
+        target,
+        token_space(config),
+        sessions=config.num_prompts,
+        turns=config.turns,
+        system_len=config.prefix_len,
+        turn_len=config.input_len,
+        output_len=config.output_len,
+        subagents=config.subagents,
+        tool_pause_s=config.tool_pause,
+        seed=config.seed,
+    )
+    return config, await run.run(config.max_concurrency)
 
 
 def run_bench(config: BenchConfig) -> BenchOutcome:

@@ -102,7 +102,8 @@ def plan_chat(body: ChatCompletionRequest, settings: ToolSettings) -> ChatPlan:
     if not settings.template_renders_tools:
         raise bad_request(
             "this model's chat template does not show tools to the model, so it cannot call them; "
-            "start the server with --chat-template FILE (a template that renders `tools`)",
+            "start the server with --tool-chat-template hermes|llama3_json|mistral or --chat-template FILE "
+            "(a template that renders `tools`)",
             "tools",
         )
     if body.structured_spec() is not None:

@@ -27,6 +27,7 @@ from services.common.protocol import (
 from services.common.protocol_embeddings import EmbeddingRequest
 from services.common.roles import DECODE_ROLES
 from services.common.sse import SSE_CONTENT_TYPE, SSE_DONE, sse_event
+from services.router.anthropic.messages_routes import messages_routes
 from services.router.chat_adapter import ChatAdapter
 from services.router.context_limit import check_prompt_fits
 from services.router.engine_client import EngineUnavailable
@@ -34,8 +35,10 @@ from services.router.metrics import CONTENT_TYPE
 from services.router.pd_flow import Dispatched, no_endpoint
 from services.router.priority_gate import check_priority
 from services.router.prompt import PreparedRequest
+from services.router.responses.responses_routes import build_store, responses_routes
 from services.router.router_state import RouterState
 from services.router.scheduling.filters import eligible
+from services.router.sessions.session_affinity import session_key
 from services.router.settings import RouterSettings
 from services.router.ui.routes import ui_routes
 
@@ -169,6 +172,7 @@ def _openai_routes(state: RouterState) -> APIRouter:
         lora = admit(body, request)
         rid = body.request_id or request.state.request_id
         req = await state.preparer.completion_async(body, lora)
+        req.session = session_key(request, body.user)
         req.arrival = request.state.arrival  # the overhead counts parsing, tokenizing and hashing too
         return await _serve(state, req, rid, None)
 
@@ -177,6 +181,7 @@ def _openai_routes(state: RouterState) -> APIRouter:
         lora = admit(body, request)
         rid = body.request_id or request.state.request_id
         req = await state.preparer.chat_async(body, lora)
+        req.session = session_key(request, body.user)
         req.arrival = request.state.arrival
         adapter = ChatAdapter(
             lora or name, rid, req.chat_top_logprobs, body.n, req.include_usage, req.chat_plan
@@ -235,6 +240,7 @@ def build_app(settings: RouterSettings, state: RouterState | None = None) -> Fas
     """The router app; its lifespan starts the poller, the self-check and (``settings.epp``) the endpoint
     picker, and closes every client."""
     state = state or RouterState.build(settings)
+    store = build_store(state)
 
     epp = None
     if settings.epp is not None:  # imported only when asked for: the Envoy protos are the EPP's alone
@@ -253,12 +259,15 @@ def build_app(settings: RouterSettings, state: RouterState | None = None) -> Fas
             if epp is not None:
                 await epp.stop()
             await state.stop()
+            await store.kv.aclose()
 
     app = FastAPI(title="kvferry router", lifespan=lifespan)
     app.state.router = state
     app.add_middleware(RequestContextMiddleware, api_keys=settings.api_keys)
     install_error_handlers(app, log)
     app.include_router(_openai_routes(state))
+    app.include_router(responses_routes(state, store))
+    app.include_router(messages_routes(state))
     app.include_router(_ops_routes(state))
     app.include_router(ui_routes(state))
     document_answers(app)  # /openapi.json says what the routes really answer

@@ -12,10 +12,13 @@ from services.common.chat_tools import read_chat_template
 from services.common.errors import config_problem
 from services.common.hashing import check_pool_hash_version
 from services.common.media_settings import add_media_flags, media_limits, remote_media_from_args
+from services.common.tool_templates import add_tool_template_flag, apply_tool_template
 from services.router.discovery import DiscoverySettings, in_cluster_url
 from services.router.endpoints import EndpointSpec, PollerSettings
 from services.router.epp.epp_settings import EppSettings
+from services.router.responses.responses_settings import add_responses_flags, responses_settings
 from services.router.scheduling import SchedulingConfig, ScorerWeights
+from services.router.sessions.session_settings import add_session_flags, session_settings
 from services.router.settings import RouterSettings
 
 log = logging.getLogger("kvferry.router")
@@ -87,6 +90,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         default=None,
         help="a Jinja chat template FILE replacing the model's (as the engines')",
     )
+    add_tool_template_flag(add)
     add("--enable-auto-tool-choice", action="store_true", help="tool_choice auto: read tool calls from text")
     add("--tool-call-parser", default=None, help="hermes | llama3_json | mistral | pythonic")
     add(
@@ -164,6 +168,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="with --epp-port: endpoints named after the chosen one, for data planes that retry down the list",
     )
     add_media_flags(add)
+    add_responses_flags(p)
+    add_session_flags(p)
     add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
     return p
@@ -171,6 +177,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def settings_from_args(args: argparse.Namespace) -> RouterSettings:
     """Validated settings (raises ValidationError or ValueError)."""
+    apply_tool_template(args)
     specs = [EndpointSpec(url=u, role="both") for u in args.engine]
     specs += [EndpointSpec(url=u, role="prefill") for u in args.prefill]
     specs += [EndpointSpec(url=u, role="decode") for u in args.decode]
@@ -222,6 +229,8 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         epp=_epp_settings(args),
         remote_media=remote_media_from_args(args),
         limit_mm_per_prompt=media_limits(args.limit_mm_per_prompt),
+        responses=responses_settings(args),
+        sessions=session_settings(args),
     )
 
 

@@ -58,6 +58,8 @@ class DecisionRecord(BaseModel):
     route_ms: float  # HTTP arrival to this pick: parse, tokenize, hash, look up, schedule
     candidates: list[Candidate]
     prefill_candidates: list[Candidate] = []
+    session: str | None = None  # session affinity: the session key and what it decided (sticky, moved, new)
+    affinity: str | None = None
 
 
 def _candidates(choice: Choice | None, ctx: RequestContext) -> list[Candidate]:
@@ -188,4 +190,6 @@ class DecisionLog:
             route_ms=pick.route_ms,
             candidates=_candidates(decision.decode_choice, ctx),
             prefill_candidates=_candidates(decision.prefill_choice, ctx),
+            session=ctx.session,
+            affinity=ctx.affinity,
         )

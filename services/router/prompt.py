@@ -61,6 +61,7 @@ class PreparedRequest:
     chat_top_logprobs: int | None = None
     chat_plan: ChatPlan | None = None  # chat: how tools and reasoning shape the message
     lora_name: str | None = None  # the LoRA adapter the request's ``model`` names
+    session: str | None = None  # the session key (tenant-scoped) for session affinity
     arrival: float = field(default_factory=time.perf_counter)  # the app sets the HTTP arrival (middleware)
 
     @property

@@ -6,12 +6,14 @@ import asyncio
 import contextlib
 import random
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from services.common.chat_tools import ToolSettings, check_tool_settings
 from services.common.hashing import HASH_VERSION, BlockHasher
 from services.common.mm_placeholders import media_placeholders
-from services.common.prefix_index import AsyncPrefixIndex
+from services.common.prefix_index import AsyncPrefixIndex, PrefixMatch
 from services.common.tokenizer import Tokenizer
 from services.router.context_limit import pool_max_model_len
 from services.router.decision_log import DecisionLog
@@ -24,6 +26,7 @@ from services.router.pd_flow import PDFlow
 from services.router.prompt import PreparedRequest, PromptPreparer
 from services.router.scheduling import RequestContext, RouteDecision, Scheduler
 from services.router.self_check import PROBE_TEXT, SelfCheck, probe_ids
+from services.router.sessions.session_affinity import SessionAffinity
 from services.router.settings import RouterSettings
 
 
@@ -45,6 +48,7 @@ class RouterState:
     tasks: list[asyncio.Task] = field(default_factory=list)
     background: set[asyncio.Task] = field(default_factory=set)
     discovery: KubernetesDiscovery | None = None
+    sessions: SessionAffinity | None = None  # --session-affinity
 
     @classmethod
     def build(cls, settings: RouterSettings, rng: random.Random | None = None) -> RouterState:
@@ -103,6 +107,7 @@ class RouterState:
             EngineHistory(),
         )
         poller.listeners.append(state.history.observe)
+        state.sessions = SessionAffinity.build(settings.sessions, settings.redis_url)
         flow.on_route = state.note_route
         return state
 
@@ -117,6 +122,8 @@ class RouterState:
         """Log the decision; write the routed hint for the chosen engines in the background (off the
         request's path)."""
         self.decisions.add(decision, req, ctx, request_id, attempt)
+        if self.sessions is not None and ctx.session is not None:  # the session follows its engine
+            self._background(self.sessions.remember(ctx.session, decision.decode.url))
         if self.index is None or not req.block_hashes:
             return
         for endpoint in (decision.decode, decision.prefill):
@@ -149,6 +156,8 @@ class RouterState:
         await self.client.aclose()
         if self.index is not None:
             await self.index.aclose()
+        if self.sessions is not None:
+            await self.sessions.kv.aclose()
 
     def max_model_len(self) -> int | None:
         """The pool's context length: the smallest the engines report (None before any answered)."""
@@ -161,14 +170,28 @@ class RouterState:
     async def context(self, req: PreparedRequest) -> RequestContext:
         """The index's view of the prompt (``None`` matches: Redis down or slow, route by load, counted)."""
         bs, lora = self.settings.block_size, req.lora_name
-        if self.index is None:
-            return RequestContext(req.prompt_tokens, bs, None, splittable=req.splittable, lora_name=lora)
-        if not req.block_hashes:
-            return RequestContext(req.prompt_tokens, bs, {}, splittable=req.splittable, lora_name=lora)
+        if self.index is None or not req.block_hashes:
+            none_found: dict[str, PrefixMatch] | None = (
+                {} if self.index is not None else None
+            )  # no blocks to look up / no index
+            ctx = RequestContext(req.prompt_tokens, bs, none_found, splittable=req.splittable, lora_name=lora)
+            return await self._steer(req, ctx)
         t0 = time.perf_counter()
         matches = await self.index.lookup(req.block_hashes)
         self.metrics.lookup_latency.observe(time.perf_counter() - t0)
         if matches is None:
             self.metrics.fallbacks.labels(kind="index").inc()
         context = RequestContext.from_lookup(req.prompt_tokens, bs, matches)
-        return replace(context, splittable=req.splittable, lora_name=lora)
+        return await self._steer(req, replace(context, splittable=req.splittable, lora_name=lora))
+
+    async def _steer(self, req: PreparedRequest, ctx: RequestContext) -> RequestContext:
+        """Session affinity: the session's warm engine while it is not saturated."""
+        if self.sessions is None or req.session is None:
+            return ctx
+        sticky, why = await self.sessions.steer(req.session, self.poller.endpoints())
+        return replace(ctx, session=req.session, sticky_url=sticky, affinity=why)
+
+    def _background(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(coro)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)

@@ -11,7 +11,9 @@ from services.router.discovery import DiscoverySettings
 from services.router.endpoints import EndpointSpec, PollerSettings
 from services.router.epp.addresses import endpoint_address
 from services.router.epp.epp_settings import EppSettings
+from services.router.responses.responses_settings import ResponsesSettings
 from services.router.scheduling import SchedulingConfig
+from services.router.sessions.session_settings import SessionSettings
 
 
 class RouterSettings(BaseModel):
@@ -50,6 +52,8 @@ class RouterSettings(BaseModel):
     reasoning_parser: str | None = None
     remote_media: RemoteMedia = RemoteMedia()  # http(s) image / video URLs, as the engines' flags
     limit_mm_per_prompt: MediaLimits = MediaLimits()  # images / videos per request, as the engines' flag
+    responses: ResponsesSettings = ResponsesSettings()  # /v1/responses: the store's TTL, cap and key
+    sessions: SessionSettings = SessionSettings()  # session affinity (sticky until saturated)
     epp: EppSettings | None = None  # --epp-port: also serve the Gateway API Inference Extension picker
 
     @model_validator(mode="after")

@@ -26,6 +26,7 @@ from services.common.hashing import check_pool_hash_version
 from services.common.http_protocol import HeaderDeadlineH11
 from services.common.pool_secret import describe, read_pool_secret
 from services.common.roles import RoleName, parse_role_name
+from services.common.tool_templates import add_tool_template_flag, apply_tool_template
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -145,6 +146,7 @@ def _add_serving_flags(add: Callable[..., object]) -> None:
         help="as --api-key, the key read from FILE (e.g. the pool's Secret: its routers and picker present it)",
     )
     add("--chat-template", default=None, help="a Jinja chat template FILE replacing the model's")
+    add_tool_template_flag(add)
     add(
         "--enable-auto-tool-choice",
         action="store_true",
@@ -271,6 +273,8 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
     from services.common.media_settings import media_limits, remote_media_from_args
     from services.engine.core.config import EngineConfig
     from services.engine.entrypoints.serving import ServerSettings
+
+    apply_tool_template(args)  # --tool-chat-template NAME: the shipped template, its parser, auto choice
 
     model, served = args.model, args.served_model_name
     if model is None:

@@ -19,6 +19,9 @@ class RequestContext:
     store_blocks: int = 0  # leading blocks the pool's kvstore holds: any engine can fetch them
     splittable: bool = True  # False: decode must compute the prompt itself (no separate prefill)
     lora_name: str | None = None  # only engines serving this LoRA adapter can take the request
+    session: str | None = None  # the session key (x-session-id, the Responses chain, or user)
+    sticky_url: str | None = None  # the session's warm engine while it is not saturated: decode goes there
+    affinity: str | None = None  # why (sticky, moved, new), for the decision log
 
     @classmethod
     def from_lookup(

@@ -70,7 +70,11 @@ class Scheduler:
         decoders = eligible(endpoints, DECODE_ROLES, exclude)
         if not decoders:
             return None
-        decode_choice = self.decode_strategy.choose(decoders, ctx)
+        warm = next((e for e in decoders if e.url == ctx.sticky_url), None) if ctx.sticky_url else None
+        if warm is not None:  # sticky until saturated: the session's warm engine, while under the limit
+            decode_choice = Choice(warm, {warm.url: 0.0}, {warm.url: {"sticky": 0.0}})
+        else:
+            decode_choice = self.decode_strategy.choose(decoders, ctx)
         decode = decode_choice.endpoint
         cached = ctx.cached_tokens(decode)
         uncached = self.decider.uncached_tokens(ctx.prompt_tokens, cached)

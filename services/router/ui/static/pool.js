@@ -143,7 +143,8 @@ function decisionRow(d) {
       el("div", { class: "dim" }, `index ${d.index}`)),
     engine,
     scores,
-    el("td", { class: "reason" }, d.pd_reason, el("div", { class: "dim" }, `${d.cached_tokens} cached / ${d.uncached_tokens} uncached`)),
+    el("td", { class: "reason" }, d.pd_reason, el("div", { class: "dim" }, `${d.cached_tokens} cached / ${d.uncached_tokens} uncached`),
+      d.session ? el("div", { class: "dim" }, `session ${d.session}: ${d.affinity}`) : null),
     el("td", { class: "num" }, d.route_ms.toFixed(2)));
 }
 

@@ -1,0 +1,45 @@
+"""dispatch_chat: route a chat body built by another API (Responses, Anthropic Messages) down the router's
+own chat path (template, tools, prefix index, scheduler), answering through a ChatAdapter."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+
+from services.common.errors import model_not_found, parse_body
+from services.common.protocol import ChatCompletionRequest
+from services.router.chat_adapter import ChatAdapter
+from services.router.context_limit import check_prompt_fits
+from services.router.pd_flow import Dispatched
+from services.router.router_state import RouterState
+from services.router.sessions.session_affinity import session_key
+
+
+def adapter_name(state: RouterState, model: str | None) -> str | None:
+    """The LoRA adapter ``model`` names (None: the base model); 404 when no engine serves it."""
+    if model is None or model == state.settings.model_name:
+        return None
+    if model in state.lora_adapters():
+        return model
+    raise model_not_found(model)
+
+
+async def dispatch_chat(
+    state: RouterState, request: Request, body: dict[str, Any], session: str | None = None
+) -> tuple[Dispatched, ChatAdapter]:
+    """Validate ``body`` as a chat request (400 naming the field), prepare and route it as
+    ``/v1/chat/completions`` does (the tenant's cache salt under --salt-from-api-key)."""
+    chat = parse_body(ChatCompletionRequest, body)
+    lora = adapter_name(state, chat.model)
+    if state.settings.salt_from_api_key:
+        chat.cache_salt = f"tenant:{request.state.tenant}"
+    state.tokenizer.max_text_tokens = state.max_model_len()
+    req = await state.preparer.chat_async(chat, lora)
+    req.arrival = request.state.arrival
+    req.session = session_key(request, session, chat.user)
+    check_prompt_fits(req, state.max_model_len())
+    ctx = await state.context(req)
+    rid = request.state.request_id
+    d = await state.flow.run(req, ctx, rid)
+    return d, ChatAdapter(lora or state.settings.model_name, rid, None, 1, req.include_usage, req.chat_plan)

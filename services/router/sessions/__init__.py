@@ -1,0 +1,1 @@
+"""Session affinity across router replicas: "sticky until saturated", with its calibrated limit."""
