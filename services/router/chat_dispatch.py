@@ -8,10 +8,12 @@ from typing import Any
 from fastapi import Request
 
 from services.common.errors import model_not_found, parse_body
+from services.common.http_middleware import presented_key
 from services.common.protocol import ChatCompletionRequest
 from services.router.chat_adapter import ChatAdapter
 from services.router.context_limit import check_prompt_fits
 from services.router.pd_flow import Dispatched
+from services.router.priority_gate import check_priority
 from services.router.router_state import RouterState
 from services.router.sessions.session_affinity import session_key
 
@@ -31,6 +33,7 @@ async def dispatch_chat(
     """Validate ``body`` as a chat request (400 naming the field), prepare and route it as
     ``/v1/chat/completions`` does (the tenant's cache salt under --salt-from-api-key)."""
     chat = parse_body(ChatCompletionRequest, body)
+    check_priority(state.settings, chat.priority, presented_key(request.headers))  # as admit() does
     lora = adapter_name(state, chat.model)
     if state.settings.salt_from_api_key:
         chat.cache_salt = f"tenant:{request.state.tenant}"
