@@ -13,7 +13,8 @@ from tests.engine.entrypoints.helpers import MODEL
 from tests.engine_harness import start_in_process
 from tests.router.stack import start_router
 
-LONG = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 900, "ignore_eos": True}
+# 1,000 tokens take the tiny model >1.2 s even on a fast, idle CPU; the router's deadline is 0.4 s
+LONG = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 1000, "ignore_eos": True}
 
 
 def _engine_idle(url: str) -> bool:
@@ -23,7 +24,7 @@ def _engine_idle(url: str) -> bool:
 
 def test_the_router_cuts_a_request_at_its_deadline(llama_dir: Path, tmp_path: Path) -> None:
     engine = start_in_process(llama_dir, "--num-kv-blocks", "128")
-    router = start_router(llama_dir, tmp_path, [engine.url], "--request-timeout", "1.5")
+    router = start_router(llama_dir, tmp_path, [engine.url], "--request-timeout", "0.4")
     try:
         started = time.monotonic()
         cut = httpx.post(f"{router.url}/v1/completions", json=LONG, timeout=30)
