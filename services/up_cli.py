@@ -191,6 +191,8 @@ def start_pool(stack: LocalStack, s: UpSettings, redis_url: str, kvstore_url: st
             str(s.block_size),
             "--strategy",
             s.strategy,
+            # stored /v1/responses bodies sealed with the stack's pool secret, as in an operator pool
+            *(["--responses-key-file", str(stack.pool_secret_file)] if stack.pool_secret_file else []),
             *pool,
         ),
         f"{url}/health",
