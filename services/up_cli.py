@@ -37,6 +37,7 @@ class UpSettings(BaseModel):
     block_size: int = Field(16, gt=0)
     strategy: str = "prefix-aware"
     serve_args: list[str] = Field(default_factory=list)
+    router_args: list[str] = Field(default_factory=list)
     log_dir: Path | None = None
     prometheus_targets: Path | None = None  # a file_sd file of every /metrics endpoint, written once up
     startup_timeout_s: float = Field(600.0, gt=0)
@@ -191,6 +192,9 @@ def start_pool(stack: LocalStack, s: UpSettings, redis_url: str, kvstore_url: st
             str(s.block_size),
             "--strategy",
             s.strategy,
+            # stored /v1/responses bodies sealed with the stack's pool secret, as in an operator pool
+            *(["--responses-key-file", str(stack.pool_secret_file)] if stack.pool_secret_file else []),
+            *s.router_args,
             *pool,
         ),
         f"{url}/health",
@@ -273,6 +277,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add("--block-size", type=int, default=16)
     add("--strategy", default="prefix-aware", choices=["prefix-aware", "least-load", "round-robin"])
     add("--serve-args", default="", help="extra flags for every `kvferry serve`, e.g. '--num-kv-blocks 512'")
+    add("--router-args", default="", help="extra flags for `kvferry router`, e.g. '--session-affinity'")
     add("--log-dir", type=Path, default=None, help="where the children's logs go (default: a temp dir)")
     add(
         "--prometheus-targets",
@@ -316,6 +321,7 @@ def run(args: argparse.Namespace) -> int:
             block_size=args.block_size,
             strategy=args.strategy,
             serve_args=shlex.split(args.serve_args),
+            router_args=shlex.split(args.router_args),
             log_dir=args.log_dir,
             prometheus_targets=args.prometheus_targets,
         )

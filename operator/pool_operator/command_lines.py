@@ -171,7 +171,19 @@ class CommandLines:
             args += ["--api-key-file", f"{API_KEY_MOUNT}/{router.api_key_secret_ref.key}"]
         if router.salt_from_api_key:
             args.append("--salt-from-api-key")
-        return args + self.chat_shaping_args() + self.gateway_args()
+        # stored /v1/responses bodies are sealed with a key derived from the pool Secret (mounted already)
+        args += ["--responses-key-file", pool_secret.SECRET_FILE]
+        return args + self.session_args() + self.chat_shaping_args() + self.gateway_args()
+
+    def session_args(self) -> list[str]:
+        """spec.router.sessionAffinity as the routers' session flags."""
+        affinity = self.spec.router.session_affinity
+        if affinity is None:
+            return []
+        args = ["--session-affinity", "--session-ttl", str(affinity.ttl_seconds)]
+        if affinity.sticky_limit_tokens is not None:
+            args += ["--sticky-limit", str(affinity.sticky_limit_tokens)]
+        return args
 
     def gateway_args(self) -> list[str]:
         """spec.gateway: the routers also serve the endpoint picker the GIE InferencePool names."""

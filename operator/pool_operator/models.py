@@ -170,6 +170,18 @@ class ServiceSpec(CrdModel):
     port: int = Field(80, ge=1, le=65535)
 
 
+class SessionAffinitySpec(CrdModel):
+    """The routers' session affinity (their --session-affinity, --sticky-limit, --session-ttl)."""
+
+    sticky_limit_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="engine token load past which a session moves (default: the limit `kvferry router "
+        "calibrate` wrote to the pool's Redis, else the engine's KV capacity)",
+    )
+    ttl_seconds: int = Field(1800, ge=1, description="how long a session's engine is remembered")
+
+
 class RouterSpec(CrdModel):
     """The pool's OpenAI endpoint."""
 
@@ -194,6 +206,11 @@ class RouterSpec(CrdModel):
     )
     salt_from_api_key: bool = Field(
         False, description="each API key's requests get their own prefix-cache salt: tenants never share KV"
+    )
+    session_affinity: SessionAffinitySpec | None = Field(
+        None,
+        description="sticky until saturated: a session (x-session-id, a Responses chain, or user) stays on "
+        "its warm engine until that engine's token load passes the limit",
     )
     resources: Resources | None = None
 

@@ -37,6 +37,7 @@ FIELDS: dict[type, tuple[str, dict[str, Any]]] = {
             "service": {"type": "NodePort", "port": 81},
             "apiKeySecretRef": SECRET_REF,
             "saltFromApiKey": True,
+            "sessionAffinity": {"stickyLimitTokens": 4096, "ttlSeconds": 600},
             "resources": {"requests": {"cpu": "2"}},
         },
     ),

@@ -166,6 +166,8 @@ def test_engine_and_router_command_lines_follow_the_cli_contract():
         "/etc/kvferry/pool-secret/token",
         "--api-key-file",
         "/etc/kvferry/api-key/keys.txt",
+        "--responses-key-file",
+        "/etc/kvferry/pool-secret/token",
     ]
     kvstore = by_name(manifests, "Deployment", "llama-pd-kvstore")["spec"]["template"]["spec"]["containers"][
         0

@@ -210,3 +210,24 @@ def test_tensor_parallel_size_sets_the_flag_and_the_gpu_count():
     spec["spec"]["engine"] |= {"tensorParallelSize": 1, "pipelineParallelSize": 2}
     with pytest.raises(ValueError, match="pipelineParallelSize > 1 does not run speculative decoding"):
         parse_pool(spec)
+
+
+def _router_args(body: dict) -> list[str]:
+    rendered = PoolRenderer(parse_pool(body), IMAGES).render()
+    (router,) = [
+        m for m in rendered if m["kind"] == "Deployment" and m["metadata"]["name"].endswith("-router")
+    ]
+    return _args(router)
+
+
+def test_router_session_affinity_and_the_responses_key():
+    """spec.router.sessionAffinity reaches every router as its session flags; stored /v1/responses bodies
+    are always sealed with the pool Secret the routers mount."""
+    body = load_example("aggregated-pool.yaml")
+    args = _router_args(body)
+    assert args[args.index("--responses-key-file") + 1] == "/etc/kvferry/pool-secret/token"
+    assert "--session-affinity" not in args
+    body["spec"]["router"]["sessionAffinity"] = {"stickyLimitTokens": 8192}
+    args = _router_args(body)
+    assert "--session-affinity" in args and args[args.index("--sticky-limit") + 1] == "8192"
+    assert args[args.index("--session-ttl") + 1] == "1800"
