@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = {
     "prefix-aware": ["--strategy", "prefix-aware"],
-    "sticky": ["--strategy", "prefix-aware", "--router-args", "--session-affinity"],
+    "sticky": ["--strategy", "prefix-aware", "--router-args=--session-affinity"],
     "round-robin": ["--strategy", "round-robin"],
 }
 METRICS = ("session_p50_s", "session_p90_s", "turn_ttft_p50_s", "prefix_hit_rate")

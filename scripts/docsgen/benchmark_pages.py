@@ -44,6 +44,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         "python benchmarks/cpu_kernels.py",
         "the C++ kernels of `kernels/cpu` against their torch references (and a baseline build), per shape.",
     ),
+    "agentic_affinity": Benchmark(
+        "Agent sessions: sticky until saturated",
+        "python benchmarks/agentic_affinity.py",
+        "the agentic workload (`kvferry bench serve --dataset agentic`) on 3 SmolLM2 engines under `kvferry up`, once per routing policy: the prefix-aware scorer, sticky-until-saturated session affinity, and round robin; medians over repeats.",
+    ),
     "sampler": Benchmark(
         "Sampler: one batch vs a loop of rows",
         "python benchmarks/sampler.py",
