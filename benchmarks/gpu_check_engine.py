@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from benchmarks.kernels import LLAMA3_8B as KERNEL_SHAPE
+from benchmarks.kernels import TINY_LLAMA as KERNEL_TINY
 
 LLAMA3_8B = {  # the kernel benchmark's Llama-3-8B shape as a config.json
     **KERNEL_SHAPE,
@@ -20,16 +21,8 @@ LLAMA3_8B = {  # the kernel benchmark's Llama-3-8B shape as a config.json
     "bos_token_id": 1,
     "eos_token_id": 2,
 }
-TINY = LLAMA3_8B | {
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 1024,
-}
+# the kernel benchmark's tiny Llama, with the vocabulary of the script's tokenizer and room for the runs
+TINY = LLAMA3_8B | KERNEL_TINY | {"vocab_size": 512, "max_position_embeddings": 1024}
 # (prompts, prompt tokens, output tokens): the 64 x 512 -> 128 and batch 1 128 -> 128
 FULL_RUNS = {"many": (64, 512, 128), "batch1": (1, 128, 128)}
 SMOKE_RUNS = {"many": (4, 16, 8), "batch1": (1, 16, 8)}

@@ -86,9 +86,13 @@ class Sampler:
                 to_device(mask.mask_rows, dev),
             )
         logits = _shape(logits, batch)
-        dead = ~torch.isfinite(logits).any(dim=-1)
-        tokens = torch.where(dead, -1, self._sample(logits, batch))
-        host = torch.stack([tokens, dead.long()]).tolist()
+        tokens = self._sample(logits, batch)
+        if mask is None:  # only a grammar mask sets a whole row to -inf (held stops never empty one)
+            host = [tokens.tolist(), [0] * len(rows)]
+        else:
+            dead = ~torch.isfinite(logits).any(dim=-1)
+            tokens = torch.where(dead, -1, tokens)
+            host = torch.stack([tokens, dead.long()]).tolist()
         lps: list[Logprobs | None] = [None] * len(rows)
         if raw_lp is not None and lp_rows is not None:
             n = max(rows[j].params.logprobs or 0 for j in want_lp)
