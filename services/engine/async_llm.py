@@ -290,14 +290,8 @@ class AsyncLLM:
             self._deliver(cmd.request_id, exc, True)
 
     def _update_lora(self, cmd: _LoRAUpdate) -> None:
-        lora = self.engine.core.lora
         try:
-            if lora is None:
-                raise ValueError("LoRA adapters need --enable-lora")
-            if cmd.path is None:
-                lora.remove(cmd.name)
-            else:
-                lora.add(cmd.name, cmd.path)
+            self.engine.core.update_lora(cmd.name, cmd.path)
             result: BaseException | None = None
         except (ValueError, KeyError, OSError) as exc:
             result = exc

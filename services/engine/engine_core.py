@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from typing import cast
 
 import torch
 
@@ -24,30 +23,18 @@ from services.engine.executor.tp_checks import check_tensor_parallel, unsupporte
 from services.engine.kv_transfer.context import ConnectorFactory, KVTransferContext, aggregated_connectors
 from services.engine.platforms.detect import current_platform
 from services.engine.worker.attention import ComputeBackend, select_backend
-from services.engine.worker.cuda_graphs import GraphFacts, decode_graphs
 from services.engine.worker.kv_cache_sizer import DEFAULT_BATCHED_TOKENS, KVCacheSizer
-from services.engine.worker.loader.model_loader import (
-    load_embedding_model,
-    load_model,
-    load_model_config,
-    resolve_dtype,
-)
-from services.engine.worker.lora.lora_manager import LoRAManager
+from services.engine.worker.loader.model_loader import load_model_config, resolve_dtype
 from services.engine.worker.model_config import ModelConfig
-from services.engine.worker.model_runner import ModelRunner, bytes_per_block, kv_cache_shape
+from services.engine.worker.model_runner import bytes_per_block
 from services.engine.worker.models import is_encoder_architecture
-from services.engine.worker.models.interface import CausalLM, EmbeddingModel
-from services.engine.worker.models.moe import expert_token_counts, moe_layers
+from services.engine.worker.models.moe import expert_token_counts
 from services.engine.worker.multimodal.encoder_cache import DEFAULT_BUDGET_BYTES as ENCODER_CACHE_BYTES
-from services.engine.worker.parallel.groups import rank_kv_config
-from services.engine.worker.pooling import (
-    detect_task,
-    pooling_config_for,
-    sentence_max_seq_length,
-)
+from services.engine.worker.pooling import detect_task, sentence_max_seq_length
 from services.engine.worker.quantization.quant_config import resolve_quant_config
-from services.engine.worker.spec_decode.setup import build_spec_decoder, draft_model_config
+from services.engine.worker.spec_decode.setup import draft_model_config
 from services.engine.worker.structured.manager import StructuredOutputManager
+from services.engine.worker.worker import Worker, WorkerPlan
 
 log = logging.getLogger(__name__)
 
@@ -79,25 +66,31 @@ class EngineCore:
         self.dtype = resolve_dtype(config.dtype, self.model_config, self.device)
         self.quant = resolve_quant_config(config.quantization, config.model)
         self.block_size = config.block_size
-        self.draft_config = self._draft_config()
         self.hasher = BlockHasher(config.model_name, self.block_size, HASH_VERSION)
         torch.manual_seed(config.seed)
-        backend = self._select_backend()
-        self._start_parallel(backend)
+        plan = self._worker_plan()
+        self._start_parallel(plan)
         try:  # the KV cache is sized after the weights are in memory
-            model, kv_cache = self._load_model(backend)
+            self.worker = Worker.load(plan, self._groups, self.device)
+            self.num_blocks = self._size_kv_cache()
+            self.runner = self.worker.build_runner(self.num_blocks)
         except BaseException:
             if self._parallel is not None:
                 self._parallel.shutdown()
             raise
-        self._build_runner(model, kv_cache, backend)
+        self.lora = self.worker.lora
+        self.executor: Executor = UniprocExecutor(self.worker)
+        if self._parallel is not None:
+            self._parallel.attach(self.worker, self.num_blocks)
+            self.executor = self._parallel
+        self.kv_config = self.worker.kv_config
         self.kv_manager = KVCacheManager(
             self.num_blocks,
             self.block_size,
             config.enable_prefix_caching,
             sliding_window=self.model_config.kv_window,
         )
-        self._build_connector(kv_cache, connectors)
+        self._build_connector(self.runner.kv_cache, connectors)
         self.scheduler = self._build_scheduler()
         self.last_step_tokens = 0
         # attached by LLMEngine (it owns the tokenizer)
@@ -110,6 +103,21 @@ class EngineCore:
             self.dtype,
             self.quant.describe(),
             self.device,
+        )
+
+    def _worker_plan(self) -> WorkerPlan:
+        """What every rank builds: the resolved task, dtype, weights and compute backend."""
+        backend = self._select_backend()
+        return WorkerPlan(
+            config=self.config,
+            model_config=self.model_config,
+            task=self.task,
+            encoder=self.encoder,
+            max_model_len=self.max_model_len,
+            dtype=self.dtype,
+            quant=self.quant,
+            backend=backend.name,
+            draft_config=self._draft_config(),
         )
 
     def _resolve_task_and_length(self) -> None:
@@ -131,85 +139,24 @@ class EngineCore:
     def _select_backend(self) -> ComputeBackend:
         """The attention / ops backend, and the quantized kernels that go with it (ValueError where none)."""
         backend = select_backend(self.device, self.config.attention_backend or self.platform.ops_backend)
-        self.quant_kernels = "triton" if backend.name == "triton" else "cpu"
-        if self.quant.method == "fp8" and self.quant.at_load and self.quant_kernels != "triton":
+        triton = backend.name == "triton"
+        if self.quant.method == "fp8" and self.quant.at_load and not triton:
             raise ValueError("quantization fp8 at load is for GPUs (the Triton kernels); on CPU use int8")
-        if self.quant.quantized and self.device.type != "cpu" and self.quant_kernels != "triton":
+        if self.quant.quantized and self.device.type != "cpu" and not triton:
             raise ValueError(
                 f"quantization {self.quant.describe()} on {self.device.type} needs --attention-backend triton"
             )
         return backend
 
-    def _start_parallel(self, backend: ComputeBackend) -> None:
-        """Tensor / pipeline parallelism: check what it supports, then start the worker ranks."""
+    def _start_parallel(self, plan: WorkerPlan) -> None:
+        """Tensor / pipeline parallelism: check what it supports, then start the other ranks' workers."""
         config, cfg = self.config, self.model_config
         self._parallel: MultiprocExecutor | None = None
         if config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1:
-            check_tensor_parallel(config, cfg, self.quant.quantized, self.task == "generate")
-            self._parallel = MultiprocExecutor(
-                config, self.max_model_len, self.dtype, backend.name, cfg.num_hidden_layers
-            )
-        groups = self._parallel.groups if self._parallel is not None else None
-        self.tp, self.pp = (groups.tp, groups.pp) if groups is not None else (None, None)
-        self.kv_config = rank_kv_config(cfg, groups)  # this rank's KV heads and layers
-
-    def _build_runner(
-        self, model: CausalLM | EmbeddingModel, kv_cache: torch.Tensor, backend: ComputeBackend
-    ) -> None:
-        """The model runner and its executor, with pooling, LoRA slots and the speculative decoder."""
-        cfg, config = self.model_config, self.config
-        self._moe_layers = moe_layers(cast(torch.nn.Module, model))  # read by /metrics
-        self.runner = ModelRunner(
-            model, cfg, kv_cache, self.block_size, backend, self.device, cfg.eos_token_ids, seed=config.seed
-        )
-        self.executor: Executor = UniprocExecutor(self.runner)
-        if self._parallel is not None:
-            self._parallel.attach(self.runner, self.num_blocks)
-            self.executor = self._parallel
-        if self.task == "embed":
-            self.runner.pooling = pooling_config_for(config.model, cfg.architecture)
-        self.lora = self._lora_manager(model)
-        self.runner.lora = self.lora
-        spec = config.speculative_config
-        if spec is not None:
-            draft_kv = (
-                kv_cache_shape(self.draft_config, self.num_blocks, self.block_size)
-                if self.draft_config
-                else ()
-            )
-            self.runner.spec = build_spec_decoder(
-                spec,
-                cast(CausalLM, model),
-                self.draft_config,
-                draft_kv,
-                self.dtype,
-                self.device,
-                backend,
-                self.max_model_len,
-            )
-
-        self.runner.graphs = decode_graphs(
-            self._graph_facts(backend),
-            lambda ids, pos, meta: model(ids, pos, kv_cache, meta, backend),
-            config.max_num_seqs,
-            self.max_model_len,
-            self.block_size,
-        )
-
-    def _graph_facts(self, backend: ComputeBackend) -> GraphFacts:
-        config = self.config
-        return GraphFacts(
-            device=self.device,
-            backend=backend.name,
-            enforce_eager=config.enforce_eager,
-            generates=self.task == "generate",
-            lora=self.lora is not None,
-            speculative=config.speculative_config is not None,
-            vision=self.runner.encoder_cache is not None,
-            parallel=self._parallel is not None,
-            moe=bool(self._moe_layers),
-            quantized=self.quant.quantized,
-        )
+            check_tensor_parallel(config, cfg, self.quant, self.task == "generate")
+            self._parallel = MultiprocExecutor(plan)
+        self._groups = self._parallel.groups if self._parallel is not None else None
+        self.tp, self.pp = (self._groups.tp, self._groups.pp) if self._groups is not None else (None, None)
 
     def _build_connector(self, kv_cache: torch.Tensor, connectors: ConnectorFactory) -> None:
         """The role's KV connectors over this engine's cache (refused over pipeline stages)."""
@@ -267,31 +214,6 @@ class EngineCore:
         per_token = self.model_config.hidden_size * torch.empty((), dtype=self.dtype).element_size()
         return budget, EncoderCacheManager(max(ENCODER_CACHE_BYTES // per_token, budget))
 
-    def _lora_manager(self, model: CausalLM | EmbeddingModel) -> LoRAManager | None:
-        """--enable-lora: the adapter slots around the model's linears, with the --lora-modules loaded."""
-        c = self.config
-        if not c.enable_lora:
-            if c.lora_modules:
-                raise ValueError("lora_modules: LoRA adapters need enable_lora (--enable-lora)")
-            return None
-        if self.task == "embed" or self.encoder:
-            raise ValueError("enable_lora: LoRA adapters are for generation models")
-        if self.model_config.vision is not None:
-            raise ValueError("enable_lora: LoRA adapters on vision-language models are not supported yet")
-        manager = LoRAManager(
-            cast(torch.nn.Module, model),
-            self.model_config,
-            c.max_loras,
-            c.max_lora_rank,
-            c.max_cpu_loras or c.max_loras,
-            self.dtype,
-            self.device,
-            self.runner.backend.name,
-        )
-        for name, path in c.lora_modules.items():
-            manager.add(name, path)
-        return manager
-
     def _draft_config(self) -> ModelConfig | None:
         """The draft model's config with --speculative-config's draft_model (checked against the target)."""
         spec = self.config.speculative_config
@@ -305,43 +227,29 @@ class EngineCore:
             )
         return cfg
 
+    def update_lora(self, name: str, path: str | None) -> None:
+        """Load an adapter (``path``) or unload it (None) on every rank."""
+        self.executor.update_lora(name, path)
+
     def lora_names(self) -> list[str]:
         """The adapters requests may name (empty without --enable-lora)."""
         return self.lora.names if self.lora is not None else []
 
-    def _load_model(self, backend: ComputeBackend) -> tuple[CausalLM | EmbeddingModel, torch.Tensor]:
-        """The model for the task, and the paged KV cache (an encoder keeps no KV: an empty tensor)."""
-        args = (
-            self.config.model,
-            self.model_config,
-            self.dtype,
-            self.device,
-            self.max_model_len,
-            self.quant,
-            self.quant_kernels,
-        )
-        dummy = self.config.load_format == "dummy"
-        if self.task == "embed":
-            model: CausalLM | EmbeddingModel = load_embedding_model(*args, dummy=dummy)
-        else:
-            model = load_model(*args, tp=self.tp, pp=self.pp, dummy=dummy)
+    def _size_kv_cache(self) -> int:
+        """KV blocks that fit beside the weights and the step's activations (profiled on rank 0)."""
         sizer = KVCacheSizer(
             self.config,
             self.device,
             self.dtype,
-            self.kv_config,
-            self.draft_config,
+            self.worker.kv_config,
+            self.worker.plan.draft_config,
             self.max_model_len,
             self.task,
             self.encoder,
             sharded=self._parallel is not None,
         )
-        self._activation_bytes = sizer.profile(model, backend)  # read by the GPU memory test
-        self.num_blocks = sizer.num_blocks(self._activation_bytes)
-        if self.encoder:
-            return model, torch.empty(0, dtype=self.dtype, device=self.device)
-        shape = kv_cache_shape(self.kv_config, self.num_blocks, self.block_size)
-        return model, torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self._activation_bytes = sizer.profile(self.worker.model, self.worker.backend)  # the GPU memory test
+        return sizer.num_blocks(self._activation_bytes)
 
     def kv_compat(self) -> KVCompat:
         """What a peer engine must match to exchange KV blocks with this one (under tensor parallelism:
@@ -367,7 +275,7 @@ class EngineCore:
 
     def moe_expert_tokens(self) -> list[tuple[int, list[int]]]:
         """Tokens routed to each expert of each MoE layer since start (empty for dense models)."""
-        return expert_token_counts(self._moe_layers)
+        return expert_token_counts(self.worker.moe_layers)
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers (if any), close the KV connectors and this engine's NIXL agent."""

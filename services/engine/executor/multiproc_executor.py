@@ -14,18 +14,20 @@ import logging
 import multiprocessing as mp
 import os
 import time
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
 import torch
 
-from services.engine.core.config import EngineConfig
 from services.engine.core.outputs import ModelRunnerOutput, SchedulerOutput
-from services.engine.executor.tp_worker import rank_device, worker_main
+from services.engine.executor.tp_worker import worker_main
 from services.engine.executor.worker_messages import (
     STOP,
     KVCacheSize,
     LoadMemory,
+    LoRAUpdate,
+    LoRAUpdated,
     Ready,
     Step,
     StepDone,
@@ -33,11 +35,11 @@ from services.engine.executor.worker_messages import (
     WorkerSpec,
 )
 from services.engine.kv_transfer.rank_transfer import RankTransferClient
-from services.engine.worker.model_runner import ModelRunner
 from services.engine.worker.parallel.groups import ParallelGroups
 from services.engine.worker.parallel.pp_stage import PPStage
 from services.engine.worker.parallel.tp_group import TPGroup
 from services.engine.worker.structured.manager import StepConstraints
+from services.engine.worker.worker import Worker, WorkerPlan, rank_device
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +50,10 @@ _START_TIMEOUT_S = 900.0  # loading a shard of a large checkpoint
 class MultiprocExecutor:
     """Tensor and pipeline parallelism over ``size`` ranks: starts the workers and joins as rank 0."""
 
-    def __init__(
-        self, config: EngineConfig, max_model_len: int, dtype: torch.dtype, backend: str, num_layers: int
-    ) -> None:
+    def __init__(self, plan: WorkerPlan) -> None:
+        config = plan.config
         self.size = config.tensor_parallel_size * config.pipeline_parallel_size
-        self.runner: ModelRunner | None = None
+        self.worker: Worker | None = None
         self.load_memory: dict[int, LoadMemory] = {}  # rank -> its resident memory around loading
         self.device = rank_device(config.device, 0)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.size))
@@ -61,12 +62,10 @@ class MultiprocExecutor:
         self.procs: list[BaseProcess] = []
         self.conns: list[Connection] = []
         self.kv_ranks: list[RankTransferClient] = []  # each worker's NIXL agent (P/D), rank order
-        shard_config = config.model_copy(update={"pool_secret": None})  # ranks never talk to other pods
+        # ranks never talk to other pods: no pool secret
+        rank_plan = replace(plan, config=config.model_copy(update={"pool_secret": None}))
         for rank in range(1, self.size):
-            spec = WorkerSpec(
-                shard_config, rank, self.size, store.port, COLLECTIVE_TIMEOUT_S, max_model_len,
-                str(dtype).removeprefix("torch."), backend,
-            )  # fmt: skip
+            spec = WorkerSpec(rank_plan, rank, self.size, store.port, COLLECTIVE_TIMEOUT_S)
             parent, child = ctx.Pipe()
             kv_parent, kv_child = ctx.Pipe()
             proc = ctx.Process(
@@ -79,7 +78,8 @@ class MultiprocExecutor:
             self.conns.append(parent)
             self.kv_ranks.append(RankTransferClient(kv_parent, rank))
         self.groups = ParallelGroups.join(
-            store, 0, config.tensor_parallel_size, config.pipeline_parallel_size, num_layers,
+            store, 0, config.tensor_parallel_size, config.pipeline_parallel_size,
+            plan.model_config.num_hidden_layers,
             self.device.type == "cuda", COLLECTIVE_TIMEOUT_S,
         )  # fmt: skip
         self._store = store  # kept alive: the workers' store connections end at rank 0
@@ -97,9 +97,10 @@ class MultiprocExecutor:
         """Rank 0's pipeline stage, the first (None without pipeline parallelism)."""
         return self.groups.pp
 
-    def attach(self, runner: ModelRunner, num_blocks: int) -> None:
-        """Rank 0's runner; the workers allocate ``num_blocks`` KV blocks too, then report Ready."""
-        self.runner = runner
+    def attach(self, worker: Worker, num_blocks: int) -> None:
+        """Rank 0's worker (its runner built); the workers allocate ``num_blocks`` KV blocks too and build
+        their runners, then report Ready."""
+        self.worker = worker
         for conn in self.conns:
             conn.send(KVCacheSize(num_blocks))
         for rank, conn in enumerate(self.conns, start=1):
@@ -116,14 +117,9 @@ class MultiprocExecutor:
         self, sched: SchedulerOutput, constraints: StepConstraints | None = None
     ) -> ModelRunnerOutput:
         """One step on every rank; rank 0's output (the workers' tokens must be the same)."""
-        assert self.runner is not None, "attach() first"
-        step = Step(sched, constraints, tuple(self.runner.eos_ids))
-        for rank, conn in enumerate(self.conns, start=1):
-            try:
-                conn.send(step)
-            except (BrokenPipeError, ConnectionResetError, EOFError) as exc:
-                raise WorkerDiedError(f"tensor-parallel rank {rank} is gone ({self._exit(rank)})") from exc
-        out = self.runner.execute(sched, constraints)
+        assert self.worker is not None and self.worker.runner is not None, "attach() first"
+        self._send(Step(sched, constraints, tuple(self.worker.runner.eos_ids)))
+        out = self.worker.execute(sched, constraints)
         for rank, conn in enumerate(self.conns, start=1):
             done = self._recv(rank, conn, COLLECTIVE_TIMEOUT_S + 10)
             if not isinstance(done, StepDone):
@@ -131,6 +127,27 @@ class MultiprocExecutor:
             if not done.failed and not out.failed_req_ids and done.sampled != out.sampled_token_ids:
                 raise WorkerDiedError(f"tensor-parallel rank {rank} sampled other tokens than rank 0")
         return out
+
+    def update_lora(self, name: str, path: str | None) -> None:
+        """Rank 0 first (its error is the caller's: nothing else changed), then every worker, in step."""
+        assert self.worker is not None, "attach() first"
+        self.worker.update_lora(name, path)
+        self._send(LoRAUpdate(name, path))
+        for rank, conn in enumerate(self.conns, start=1):
+            done = self._recv(rank, conn, _START_TIMEOUT_S)
+            if not isinstance(done, LoRAUpdated) or done.error is not None:
+                error = done.error if isinstance(done, LoRAUpdated) else type(done).__name__
+                raise WorkerDiedError(
+                    f"tensor-parallel rank {rank} could not update LoRA adapter {name!r}: {error}"
+                )
+
+    def _send(self, msg: object) -> None:
+        """The same message to every worker (WorkerDiedError when one is gone)."""
+        for rank, conn in enumerate(self.conns, start=1):
+            try:
+                conn.send(msg)
+            except (BrokenPipeError, ConnectionResetError, EOFError) as exc:
+                raise WorkerDiedError(f"tensor-parallel rank {rank} is gone ({self._exit(rank)})") from exc
 
     def _recv(self, rank: int, conn: Connection, timeout: float) -> object:
         """The next message of a worker; WorkerDiedError if it exits or says nothing for ``timeout`` s."""

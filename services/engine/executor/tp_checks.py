@@ -11,15 +11,16 @@ from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models import get_model_class
 from services.engine.worker.parallel.pp_stage import layer_split
 from services.engine.worker.parallel.tp_group import check_divisible
+from services.engine.worker.quantization.quant_config import QuantConfig
 
 
-def check_tensor_parallel(config: EngineConfig, cfg: ModelConfig, quantized: bool, generate: bool) -> None:
+def check_tensor_parallel(config: EngineConfig, cfg: ModelConfig, quant: QuantConfig, generate: bool) -> None:
     """ValueError naming the first setting that tensor_parallel_size / pipeline_parallel_size > 1
     cannot serve (yet)."""
     tp, pp, spec = config.tensor_parallel_size, config.pipeline_parallel_size, config.speculative_config
     refused = {
         "task": not generate,  # encoders / embeddings
-        "quantization": quantized,
+        "quantization": quant.quantized,
         "enable_lora": config.enable_lora,
         # EAGLE's head reads the target's embedding and LM head, vocab-parallel shards under TP; n-gram and
         # draft-model speculation run on rank 0 (the draft unsharded) and every rank verifies alike

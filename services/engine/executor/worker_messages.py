@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.engine.core.config import EngineConfig
 from services.engine.core.outputs import SchedulerOutput
 from services.engine.worker.structured.manager import StepConstraints
+from services.engine.worker.worker import WorkerPlan
 
 
 class WorkerDiedError(RuntimeError):
@@ -17,14 +17,11 @@ class WorkerDiedError(RuntimeError):
 class WorkerSpec:
     """What a worker needs to join the group and build its shard (sent when it is spawned)."""
 
-    config: EngineConfig
+    plan: WorkerPlan  # what rank 0 builds, which this rank builds too (its shard)
     rank: int
     size: int
     store_port: int  # rank 0's TCP store on 127.0.0.1, where the ranks meet
     timeout_s: float  # for every collective: a stopped rank fails the step in this time, not never
-    max_model_len: int
-    dtype: str
-    backend: str  # the compute backend rank 0 chose ("cpu", "torch", "triton")
 
 
 @dataclass(frozen=True)
@@ -41,6 +38,21 @@ class Step:
     sched: SchedulerOutput
     constraints: StepConstraints | None
     eos_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LoRAUpdate:
+    """Load an adapter (``path``) or unload it (None) on a worker, as rank 0 just did."""
+
+    name: str
+    path: str | None
+
+
+@dataclass(frozen=True)
+class LoRAUpdated:
+    """A worker's answer to LoRAUpdate (``error``: why it failed where rank 0 did not)."""
+
+    error: str | None = None
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from dataclasses import dataclass
 from typing import cast
 
 import torch
@@ -31,6 +32,15 @@ _NO_TOKEN = (
 )
 
 
+@dataclass(frozen=True)
+class RunnerFeatures:
+    """What a runner serves beyond plain generation, given at construction (None: not served)."""
+
+    pooling: PoolingConfig | None = None  # --task embed
+    lora: LoRAManager | None = None  # --enable-lora
+    spec: SpecDecoder | None = None  # --speculative-config (rank 0's proposer)
+
+
 class ModelRunner:
     """Runs a model over the paged KV cache (one block-major tensor, see allocate_kv_cache)."""
 
@@ -44,6 +54,7 @@ class ModelRunner:
         device: torch.device,
         eos_ids: tuple[int, ...],
         seed: int = 0,
+        features: RunnerFeatures | None = None,
     ) -> None:
         self.model, self.cfg, self.kv_cache = model, cfg, kv_cache
         self.block_size, self.backend, self.device = block_size, backend, device
@@ -51,9 +62,8 @@ class ModelRunner:
         self.sampler = Sampler(seed)
         self.states: dict[str, CachedRequestState] = {}
         self.inputs = DecodeInputs(backend, block_size, device)
-        self.pooling: PoolingConfig | None = None  # set by the engine for --task embed
-        self.lora: LoRAManager | None = None  # set by the engine with --enable-lora
-        self.spec: SpecDecoder | None = None  # set by the engine with --speculative-config
+        f = features or RunnerFeatures()
+        self.pooling, self.lora, self.spec = f.pooling, f.lora, f.spec
         self.graphs: DecodeGraphs | None = None  # set by the engine on CUDA unless --enforce-eager
         # vision-language models: image features by content hash
         self.encoder_cache = EncoderCache() if hasattr(model, "encode_images") else None

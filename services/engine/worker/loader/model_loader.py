@@ -124,13 +124,15 @@ def load_embedding_model(
     max_positions: int,
     quant: QuantConfig | None = None,
     kernels: str = "cpu",
+    tp: TPGroup | None = None,
     dummy: bool = False,
 ) -> EmbeddingModel:
-    """Like ``load_model`` for a model that serves embeddings: an encoder, or a decoder to pool."""
+    """Like ``load_model`` for a model that serves embeddings: an encoder, or a decoder to pool (``tp``:
+    a decoder's tensor-parallel shard)."""
     return cast(
         EmbeddingModel,
         _build_and_load(
-            path, cfg, dtype, device, max_positions, quant or QuantConfig(), kernels, dummy=dummy
+            path, cfg, dtype, device, max_positions, quant or QuantConfig(), kernels, tp=tp, dummy=dummy
         ),
     )
 

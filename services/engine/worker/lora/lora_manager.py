@@ -14,6 +14,7 @@ from services.engine.worker.lora.lora_layer import LoRAEmbedding, LoRALinear, Lo
 from services.engine.worker.lora.ops import select_ops
 from services.engine.worker.lora.peft_adapter import LoRAAdapter
 from services.engine.worker.model_config import ModelConfig
+from services.engine.worker.parallel.tp_group import TPGroup
 
 log = logging.getLogger(__name__)
 _FUSED = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
@@ -50,6 +51,7 @@ class LoRAManager:
         dtype: torch.dtype,
         device: torch.device = torch.device("cpu"),
         backend: str = "torch",
+        tp: TPGroup | None = None,
     ) -> None:
         self.ops = select_ops(device, backend)
         self.step = LoRAStep(self.ops, max_loras, device)
