@@ -8,9 +8,7 @@ import torch
 
 from services.common.hashing import HASH_VERSION, BlockHasher
 from services.common.kv_transfer import KVCompat, block_major_layout
-from services.common.mm_placeholders import media_placeholders
 from services.engine.core.config import EngineConfig
-from services.engine.core.encoder_cache_manager import EncoderCacheManager
 from services.engine.core.kv_cache_manager import KVCacheManager
 from services.engine.core.kv_connector import KVConnector, compose
 from services.engine.core.outputs import EngineCoreOutput
@@ -22,31 +20,12 @@ from services.engine.executor.multiproc_executor import MultiprocExecutor
 from services.engine.executor.tp_checks import check_tensor_parallel, unsupported
 from services.engine.kv_transfer.context import ConnectorFactory, KVTransferContext, aggregated_connectors
 from services.engine.platforms.detect import current_platform
-from services.engine.worker.attention import ComputeBackend, select_backend
 from services.engine.worker.kv_cache_sizer import DEFAULT_BATCHED_TOKENS, KVCacheSizer
-from services.engine.worker.loader.model_loader import load_model_config, resolve_dtype
-from services.engine.worker.model_config import ModelConfig
-from services.engine.worker.model_runner import bytes_per_block
-from services.engine.worker.models import is_encoder_architecture
-from services.engine.worker.models.moe import expert_token_counts
-from services.engine.worker.multimodal.encoder_cache import DEFAULT_BUDGET_BYTES as ENCODER_CACHE_BYTES
-from services.engine.worker.pooling import detect_task, sentence_max_seq_length
-from services.engine.worker.quantization.quant_config import resolve_quant_config
-from services.engine.worker.spec_decode.setup import draft_model_config
 from services.engine.worker.structured.manager import StructuredOutputManager
-from services.engine.worker.worker import Worker, WorkerPlan
+from services.engine.worker.worker import Worker
+from services.engine.worker.worker_plan import WorkerPlan
 
 log = logging.getLogger(__name__)
-
-
-def resolve_task(task: str, model: str, architecture: str) -> str:
-    """'auto' -> what the checkpoint is for ('embed' for encoders and sentence-transformers folders)."""
-    detected = detect_task(model, architecture)
-    if task == "auto":
-        return detected
-    if task == "generate" and is_encoder_architecture(architecture):
-        raise ValueError(f"task: {architecture} is an encoder (embeddings only); use task='embed'")
-    return task
 
 
 class EngineCore:
@@ -61,14 +40,12 @@ class EngineCore:
         self.platform = current_platform(config.device)
         log.info("platform: %s", self.platform.describe())
         self.device = torch.device(self.platform.device)
-        self.model_config = load_model_config(config.model)
-        self._resolve_task_and_length()
-        self.dtype = resolve_dtype(config.dtype, self.model_config, self.device)
-        self.quant = resolve_quant_config(config.quantization, config.model)
+        plan = WorkerPlan.resolve(config, self.device, self.platform.ops_backend)
+        self.model_config, self.task, self.encoder = plan.model_config, plan.task, plan.encoder
+        self.max_model_len, self.dtype, self.quant = plan.max_model_len, plan.dtype, plan.quant
         self.block_size = config.block_size
         self.hasher = BlockHasher(config.model_name, self.block_size, HASH_VERSION)
         torch.manual_seed(config.seed)
-        plan = self._worker_plan()
         self._start_parallel(plan)
         try:  # the KV cache is sized after the weights are in memory
             self.worker = Worker.load(plan, self._groups, self.device)
@@ -105,49 +82,6 @@ class EngineCore:
             self.device,
         )
 
-    def _worker_plan(self) -> WorkerPlan:
-        """What every rank builds: the resolved task, dtype, weights and compute backend."""
-        backend = self._select_backend()
-        return WorkerPlan(
-            config=self.config,
-            model_config=self.model_config,
-            task=self.task,
-            encoder=self.encoder,
-            max_model_len=self.max_model_len,
-            dtype=self.dtype,
-            quant=self.quant,
-            backend=backend.name,
-            draft_config=self._draft_config(),
-        )
-
-    def _resolve_task_and_length(self) -> None:
-        """The task (generate / embed) and max_model_len (ValueError when above what the model takes)."""
-        config, cfg = self.config, self.model_config
-        if config.max_model_len and config.max_model_len > cfg.max_position_embeddings:
-            raise ValueError(
-                f"max_model_len={config.max_model_len} exceeds the model's "
-                f"max_position_embeddings={cfg.max_position_embeddings}"
-            )
-        self.max_model_len = config.max_model_len or cfg.max_position_embeddings
-        self.task = resolve_task(config.task, config.model, cfg.architecture)
-        self.encoder = is_encoder_architecture(cfg.architecture)
-        if self.encoder and not config.max_model_len:
-            self.max_model_len = min(
-                self.max_model_len, sentence_max_seq_length(config.model) or self.max_model_len
-            )
-
-    def _select_backend(self) -> ComputeBackend:
-        """The attention / ops backend, and the quantized kernels that go with it (ValueError where none)."""
-        backend = select_backend(self.device, self.config.attention_backend or self.platform.ops_backend)
-        triton = backend.name == "triton"
-        if self.quant.method == "fp8" and self.quant.at_load and not triton:
-            raise ValueError("quantization fp8 at load is for GPUs (the Triton kernels); on CPU use int8")
-        if self.quant.quantized and self.device.type != "cpu" and not triton:
-            raise ValueError(
-                f"quantization {self.quant.describe()} on {self.device.type} needs --attention-backend triton"
-            )
-        return backend
-
     def _start_parallel(self, plan: WorkerPlan) -> None:
         """Tensor / pipeline parallelism: check what it supports, then start the other ranks' workers."""
         config, cfg = self.config, self.model_config
@@ -180,7 +114,7 @@ class EngineCore:
         batched = config.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS
         if self.task == "embed":  # whole prompts per step: the budget must hold the longest
             batched = max(batched, self.max_model_len)
-        encoder_budget, encoder_cache = self._encoder_budget(batched)
+        encoder_budget, encoder_cache = self.worker.plan.encoder_budget(batched)
         return Scheduler(
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
@@ -195,37 +129,6 @@ class EngineCore:
             self.connector,
             encoder_cache,
         )
-
-    def _encoder_budget(self, batched: int) -> tuple[int, EncoderCacheManager | None]:
-        """Vision models: the encoder's feature tokens per step (vLLM's default: the step's token budget, at
-        least the largest image or video) and the scheduler's view of the encoder cache (its byte budget in
-        feature tokens); ValueError naming the setting when it cannot hold one image."""
-        configured = self.config.max_num_encoder_input_tokens
-        placeholders = media_placeholders(self.config.model) if self.model_config.vision else None
-        if placeholders is None:
-            return configured or batched, None
-        largest = placeholders.max_item_embeds
-        if configured is not None and configured < largest:
-            raise ValueError(
-                f"max_num_encoder_input_tokens={configured}: below the {largest} features of this model's "
-                "largest image or video (the encoder must be able to run one in a step)"
-            )
-        budget = configured or max(batched, largest)
-        per_token = self.model_config.hidden_size * torch.empty((), dtype=self.dtype).element_size()
-        return budget, EncoderCacheManager(max(ENCODER_CACHE_BYTES // per_token, budget))
-
-    def _draft_config(self) -> ModelConfig | None:
-        """The draft model's config with --speculative-config's draft_model (checked against the target)."""
-        spec = self.config.speculative_config
-        if spec is not None and (self.task == "embed" or self.encoder):
-            raise ValueError("speculative_config: speculative decoding is for generation models")
-        cfg = draft_model_config(spec, self.model_config)
-        if cfg is not None and cfg.max_position_embeddings < self.max_model_len:
-            raise ValueError(
-                f"speculative_config.model: the draft's max_position_embeddings "
-                f"{cfg.max_position_embeddings} is below max_model_len={self.max_model_len}"
-            )
-        return cfg
 
     def update_lora(self, name: str, path: str | None) -> None:
         """Load an adapter (``path``) or unload it (None) on every rank."""
@@ -260,7 +163,7 @@ class EngineCore:
             block_size=self.block_size,
             hash_version=HASH_VERSION,
             dtype=str(self.dtype).removeprefix("torch."),
-            bytes_per_block=bytes_per_block(cfg, self.block_size, self.dtype),
+            bytes_per_block=self.worker.bytes_per_block(),
             kv_layout=block_major_layout(
                 cfg.num_hidden_layers, self.block_size, cfg.num_key_value_heads, cfg.head_dim
             ),
@@ -275,7 +178,7 @@ class EngineCore:
 
     def moe_expert_tokens(self) -> list[tuple[int, list[int]]]:
         """Tokens routed to each expert of each MoE layer since start (empty for dense models)."""
-        return expert_token_counts(self.worker.moe_layers)
+        return self.worker.moe_expert_tokens()
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers (if any), close the KV connectors and this engine's NIXL agent."""

@@ -123,7 +123,5 @@ def test_a_killed_stage_fails_the_engine(llama_dir: Path) -> None:
 def test_unsupported_settings_are_refused(llama_dir: Path) -> None:
     with pytest.raises(ValueError, match="enable_lora is not supported with pipeline parallelism"):
         LLM(model=str(llama_dir), pipeline_parallel_size=2, enable_lora=True)
-    with pytest.raises(ValueError, match="quantization is not supported with pipeline parallelism"):
-        LLM(model=str(llama_dir), pipeline_parallel_size=2, quantization="int8")
     with pytest.raises(ValueError, match="pipeline_parallel_size=3 exceeds the model's num_hidden_layers=2"):
         LLM(model=str(llama_dir), pipeline_parallel_size=3)

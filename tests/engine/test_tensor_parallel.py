@@ -117,10 +117,6 @@ def test_unsupported_settings_are_refused(llama_dir: Path, family_dir, tmp_path:
     with pytest.raises(ValueError, match="speculative_config method eagle is not supported with tensor"):
         LLM(model=str(llama_dir), tensor_parallel_size=2,
             speculative_config={"method": "eagle", "num_speculative_tokens": 2, "model": str(head)})  # fmt: skip
-    with pytest.raises(ValueError, match="enable_lora is not supported with tensor parallelism"):
-        LLM(model=str(llama_dir), tensor_parallel_size=2, enable_lora=True)
-    with pytest.raises(ValueError, match="quantization is not supported with tensor parallelism"):
-        LLM(model=str(llama_dir), tensor_parallel_size=2, quantization="int8")
     with pytest.raises(ValueError, match="does not divide the model's num_attention_heads=4"):
         LLM(model=str(llama_dir), tensor_parallel_size=3)
 

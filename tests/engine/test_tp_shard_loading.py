@@ -11,6 +11,7 @@ import torch
 
 from services.engine import LLM, SamplingParams
 from services.engine.worker.loader.model_loader import load_model_config
+from services.engine.worker.models.llama import LLAMA_TP_PLAN
 from services.engine.worker.parallel.tp_group import TPGroup
 from services.engine.worker.parallel.tp_shard import TPShard
 from tests.checkpoints import build_checkpoint
@@ -74,7 +75,7 @@ def test_slices_of_a_safetensors_file_equal_slices_of_the_whole_tensors(family_d
     for folder in (family_dir("phi3"), qwen2_dir):
         cfg = load_model_config(folder)
         for rank in range(2):
-            shard = TPShard(cfg, TPGroup(rank, 2))
+            shard = TPShard(cfg, TPGroup(rank, 2), LLAMA_TP_PLAN)
             (path,) = folder.glob("*.safetensors")
             with safe_open(str(path), framework="pt") as f:
                 for name in f.keys():  # noqa: SIM118

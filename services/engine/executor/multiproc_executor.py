@@ -39,7 +39,8 @@ from services.engine.worker.parallel.groups import ParallelGroups
 from services.engine.worker.parallel.pp_stage import PPStage
 from services.engine.worker.parallel.tp_group import TPGroup
 from services.engine.worker.structured.manager import StepConstraints
-from services.engine.worker.worker import Worker, WorkerPlan, rank_device
+from services.engine.worker.worker import Worker, rank_device
+from services.engine.worker.worker_plan import WorkerPlan
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from services.engine.core.outputs import SchedulerOutput
 from services.engine.worker.structured.manager import StepConstraints
-from services.engine.worker.worker import WorkerPlan
+from services.engine.worker.worker_plan import WorkerPlan
 
 
 class WorkerDiedError(RuntimeError):

@@ -3,27 +3,25 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import cast
 
 import torch
 
-from services.engine.core.config import EngineConfig
 from services.engine.core.outputs import ModelRunnerOutput, SchedulerOutput
 from services.engine.worker.attention import ComputeBackend, select_backend
 from services.engine.worker.cuda_graphs import GraphFacts, decode_graphs
 from services.engine.worker.loader.model_loader import load_embedding_model, load_model
 from services.engine.worker.lora.lora_manager import LoRAManager
-from services.engine.worker.model_config import ModelConfig
-from services.engine.worker.model_runner import ModelRunner, RunnerFeatures, kv_cache_shape
+from services.engine.worker.model_runner import ModelRunner, RunnerFeatures, bytes_per_block, kv_cache_shape
+from services.engine.worker.models.capabilities import ModelCapabilities
 from services.engine.worker.models.interface import CausalLM, EmbeddingModel
-from services.engine.worker.models.moe import moe_layers
+from services.engine.worker.models.moe import expert_token_counts, moe_layers
 from services.engine.worker.parallel.groups import ParallelGroups, rank_kv_config
 from services.engine.worker.pooling import pooling_config_for
-from services.engine.worker.quantization.quant_config import QuantConfig
 from services.engine.worker.spec_decode.setup import build_spec_decoder
 from services.engine.worker.spec_decode.spec_decoder import SpecDecoder
 from services.engine.worker.structured.manager import StepConstraints
+from services.engine.worker.worker_plan import WorkerPlan
 
 log = logging.getLogger(__name__)
 
@@ -33,26 +31,6 @@ def rank_device(device: str, rank: int) -> torch.device:
     if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
         return torch.device("cuda", rank)
     return torch.device("cpu")
-
-
-@dataclass(frozen=True)
-class WorkerPlan:
-    """The engine's resolved settings that every rank builds from (picklable: sent to spawned ranks)."""
-
-    config: EngineConfig
-    model_config: ModelConfig
-    task: str  # "generate" | "embed"
-    encoder: bool  # an encoder model: no KV cache, no logits
-    max_model_len: int
-    dtype: torch.dtype
-    quant: QuantConfig
-    backend: str  # the compute backend's name ("cpu", "torch", "triton")
-    draft_config: ModelConfig | None
-
-    @property
-    def kernels(self) -> str:
-        """Which quantized layers to build: "triton" with the Triton backend, else the CPU ones."""
-        return "triton" if self.backend == "triton" else "cpu"
 
 
 class Worker:
@@ -146,9 +124,15 @@ class Worker:
             raise ValueError("enable_lora: LoRA adapters are for generation models")
         if plan.model_config.vision is not None:
             raise ValueError("enable_lora: LoRA adapters on vision-language models are not supported yet")
+        targets = ModelCapabilities.of(type(cast(torch.nn.Module, self.model))).lora
+        if targets is None:
+            raise ValueError(
+                f"enable_lora: the model class of {plan.model_config.architecture} declares no lora_targets"
+            )
         manager = LoRAManager(
             cast(torch.nn.Module, self.model),
             plan.model_config,
+            targets,
             c.max_loras,
             c.max_lora_rank,
             c.max_cpu_loras or c.max_loras,
@@ -187,6 +171,14 @@ class Worker:
             self.lora.remove(name)
         else:
             self.lora.add(name, path)
+
+    def moe_expert_tokens(self) -> list[tuple[int, list[int]]]:
+        """Tokens routed to each expert of each MoE layer since start (empty for dense models)."""
+        return expert_token_counts(self.moe_layers)
+
+    def bytes_per_block(self) -> int:
+        """One KV block's bytes on this rank (its heads and layers)."""
+        return bytes_per_block(self.kv_config, self.plan.config.block_size, self.plan.dtype)
 
     def _graph_facts(self, runner: ModelRunner) -> GraphFacts:
         plan = self.plan

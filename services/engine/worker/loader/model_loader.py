@@ -17,6 +17,7 @@ from services.engine.worker.linear import pack_linears
 from services.engine.worker.loader.safetensors_slices import SafetensorsSlices
 from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models import get_model_class, is_encoder_architecture
+from services.engine.worker.models.capabilities import ModelCapabilities, TPPlan
 from services.engine.worker.models.eagle import EagleHead
 from services.engine.worker.models.interface import CausalLM, EmbeddingModel
 from services.engine.worker.parallel.pp_stage import PPStage
@@ -171,21 +172,22 @@ def _build_and_load(
     shards = {name: group for name, group in (("tp", tp), ("pp", pp)) if group is not None}
     with torch.device("meta"):
         model = cls(cfg, max_positions, dtype, **shards)
-    plan = (
-        QuantPlan(model, quant, dtype, kernels) if quant.quantized else None
-    )  # before any float weight exists
+    shard = TPShard(cfg, tp, _tp_plan(cls)) if tp is not None else None
+    # before any float weight exists
+    plan = QuantPlan(model, quant, dtype, kernels, shard) if quant.quantized else None
     model = model.to_empty(device=device).to(dtype)
     build_rope_cache = getattr(model, "build_rope_cache", None)
     if build_rope_cache is not None:  # rotary models: the table is not a checkpoint tensor
         model.cos_sin_cache = build_rope_cache(dtype).to(device)
     p = Path(path)
     wanted = pp.reads if pp is not None else None
-    shard = TPShard(cfg, tp) if tp is not None else None  # tensor parallelism refuses quantized weights
     total = sum(1 for _ in model.parameters())
     if dummy:
         random_weights(model)
     else:
-        tensors = plan.filter(checkpoint_tensors(p)) if plan else dense_checkpoint_tensors(p, wanted, shard)
+        tensors = (
+            plan.filter(checkpoint_tensors(p, wanted)) if plan else dense_checkpoint_tensors(p, wanted, shard)
+        )
         bar = tqdm(tensors, desc=f"loading {p.name}", unit="tensor", leave=False, disable=None, total=None)
         cast(EmbeddingModel, model).load_weights(bar)
     quantized = plan.finish(model) if plan else "none"
@@ -201,6 +203,13 @@ def _build_and_load(
         linears,
     )
     return model
+
+
+def _tp_plan(cls: type[nn.Module]) -> TPPlan:
+    plan = ModelCapabilities.of(cls).tp_plan
+    if plan is None:
+        raise ValueError(f"tensor parallelism: the model class {cls.__name__} declares no tp_plan")
+    return plan
 
 
 def random_weights(model: nn.Module) -> None:

@@ -13,24 +13,12 @@ from torch import nn
 from services.engine.worker.lora.lora_layer import LoRAEmbedding, LoRALinear, LoRAStep
 from services.engine.worker.lora.ops import select_ops
 from services.engine.worker.lora.peft_adapter import LoRAAdapter
+from services.engine.worker.lora.tp_adapter import AdapterShard
 from services.engine.worker.model_config import ModelConfig
-from services.engine.worker.parallel.tp_group import TPGroup
+from services.engine.worker.models.capabilities import LoRATargets
+from services.engine.worker.parallel.tp_group import TPGroup, shard_config
 
 log = logging.getLogger(__name__)
-_FUSED = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
-
-
-def module_shapes(cfg: ModelConfig) -> dict[str, tuple[list[int], int]]:
-    """Each LoRA-able module's shard output sizes and input size, by our module names."""
-    q, kv, h = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.hidden_size
-    return {
-        "self_attn.qkv_proj": ([q, kv, kv], h),
-        "self_attn.o_proj": ([h], q),
-        "mlp.gate_up_proj": ([cfg.intermediate_size, cfg.intermediate_size], h),
-        "mlp.down_proj": ([h], cfg.intermediate_size),
-        "lm_head": ([cfg.vocab_size], h),
-        "embed_tokens": ([h], cfg.vocab_size),
-    }
 
 
 class LoRAManager:
@@ -45,6 +33,7 @@ class LoRAManager:
         self,
         model: nn.Module,
         cfg: ModelConfig,
+        targets: LoRATargets,
         max_loras: int,
         max_rank: int,
         max_cpu_loras: int,
@@ -56,17 +45,21 @@ class LoRAManager:
         self.ops = select_ops(device, backend)
         self.step = LoRAStep(self.ops, max_loras, device)
         self.max_rank, self.max_cpu_loras = max_rank, max(max_cpu_loras, max_loras)
-        self.shapes = module_shapes(cfg)
+        self.targets = targets
+        self.shapes = targets.shapes(cfg)  # the whole model's: what an adapter file is checked against
+        # under tensor parallelism: each adapter cut as this rank's base layers are
+        self.cut = AdapterShard(cfg, tp) if tp is not None else None
+        rank_shapes = targets.shapes(shard_config(cfg, tp)) if tp is not None else self.shapes
         self.layers: dict[str, LoRALinear | LoRAEmbedding] = {}
         decoder_layers: nn.ModuleList = getattr(model, "layers")  # noqa: B009 - the decoder models have it
         for i, layer in enumerate(decoder_layers):
-            for path in _FUSED:
+            for path in targets.layer_modules:
                 parent_name, leaf = path.split(".")
                 parent = getattr(layer, parent_name)
-                wrapped = LoRALinear(getattr(parent, leaf), self.shapes[path][0], max_rank, dtype, self.step)
+                wrapped = LoRALinear(getattr(parent, leaf), rank_shapes[path][0], max_rank, dtype, self.step)
                 setattr(parent, leaf, wrapped)
                 self.layers[f"layers.{i}.{path}"] = wrapped
-        vocab, hidden = cfg.vocab_size, cfg.hidden_size
+        (vocab,), hidden = rank_shapes["lm_head"][0], cfg.hidden_size
         head = LoRALinear(model.get_submodule("lm_head"), [vocab], max_rank, dtype, self.step, True, True)
         embed = LoRAEmbedding(model.get_submodule("embed_tokens"), vocab, hidden, max_rank, dtype, self.step)
         model.lm_head, model.embed_tokens = head, embed  # lm_head / embed_tokens: allocated on first use
@@ -87,7 +80,7 @@ class LoRAManager:
         """Register and load an adapter (errors name the problem; a failed add changes nothing)."""
         if name in self.paths or name in self.retiring:
             raise ValueError(f"LoRA adapter {name!r} is already loaded")
-        adapter = LoRAAdapter.load(name, path, self.shapes, self.max_rank)
+        adapter = self._read(name, path)
         self.paths[name] = path
         self._cache(adapter)
 
@@ -152,9 +145,14 @@ class LoRAManager:
         if name in self.cpu:
             self.cpu.move_to_end(name)
             return self.cpu[name]
-        adapter = LoRAAdapter.load(name, self.paths[name], self.shapes, self.max_rank)
+        adapter = self._read(name, self.paths[name])
         self._cache(adapter)
         return adapter
+
+    def _read(self, name: str, path: str) -> LoRAAdapter:
+        """An adapter read from its folder (checked against the whole model), cut to this rank's part."""
+        adapter = LoRAAdapter.load(name, path, self.shapes, self.max_rank, self.targets.target_index())
+        return self.cut(adapter) if self.cut is not None else adapter
 
     def _cache(self, adapter: LoRAAdapter) -> None:
         self.cpu[adapter.name] = adapter

@@ -10,19 +10,8 @@ from pathlib import Path
 
 import torch
 
-# PEFT target name -> (our module, shard index in it)
-_TARGETS = {
-    "q_proj": ("self_attn.qkv_proj", 0),
-    "k_proj": ("self_attn.qkv_proj", 1),
-    "v_proj": ("self_attn.qkv_proj", 2),
-    "o_proj": ("self_attn.o_proj", 0),
-    "gate_proj": ("mlp.gate_up_proj", 0),
-    "up_proj": ("mlp.gate_up_proj", 1),
-    "down_proj": ("mlp.down_proj", 0),
-    "lm_head": ("lm_head", 0),
-    "embed_tokens": ("embed_tokens", 0),
-}
-_LAYER_KEY = re.compile(r"(?:.*\.)?layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
+Targets = dict[str, tuple[str, int]]  # PEFT target name -> (our module path, part index in it)
+_LAYER_KEY = re.compile(r"(?:.*\.)?layers\.(\d+)\.(?:\w+\.)*?(\w+)\.lora_([AB])\.weight$")
 _TOP_KEY = re.compile(
     r"(?:.*\.)?(lm_head)\.lora_([AB])\.weight$|(?:.*\.)?(embed_tokens)\.lora_embedding_([AB])$"
 )
@@ -53,18 +42,24 @@ class LoRAAdapter:
 
     @classmethod
     def load(
-        cls, name: str, path: str | Path, shapes: dict[str, tuple[list[int], int]], max_rank: int
+        cls,
+        name: str,
+        path: str | Path,
+        shapes: dict[str, tuple[list[int], int]],
+        max_rank: int,
+        targets: Targets,
     ) -> LoRAAdapter:
         """Read ``path`` (adapter_config.json + adapter_model.safetensors); ``shapes`` gives each module's
-        shard output sizes and input size, e.g. ``{"self_attn.qkv_proj": ([q, k, v], hidden), ...}``."""
+        shard output sizes and input size, e.g. ``{"self_attn.qkv_proj": ([q, k, v], hidden), ...}``;
+        ``targets`` the model's LoRA targets (LoRATargets.target_index)."""
         folder = Path(path)
-        cfg = _read_config(folder)
+        cfg = _read_config(folder, targets)
         rank, alpha = int(cfg.get("r", 0)), float(cfg.get("lora_alpha", cfg.get("r", 0)))
         if rank < 1 or rank > max_rank:
             raise ValueError(f"LoRA adapter {name!r}: r={rank} is outside 1..max_lora_rank={max_rank}")
         scaling = alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank
         layers = {}
-        for (prefix, module), shards in _group(_read_pairs(folder, name, shapes)).items():
+        for (prefix, module), shards in _group(_read_pairs(folder, name, shapes, targets)).items():
             sizes, fan_in = shapes[module]
             a = torch.zeros(len(sizes) * rank, fan_in)
             b = torch.zeros(rank, sum(sizes))
@@ -84,7 +79,7 @@ class LoRAAdapter:
         return cls(name, str(folder), rank, scaling, layers)
 
 
-def _read_config(folder: Path) -> dict:
+def _read_config(folder: Path, targets: Targets) -> dict:
     cfg_file = folder / "adapter_config.json"
     if not cfg_file.is_file():
         raise ValueError(f"LoRA adapter: {folder} has no adapter_config.json")
@@ -102,18 +97,18 @@ def _read_config(folder: Path) -> dict:
     ):
         if not ok:
             raise ValueError(f"LoRA adapter: {field}={cfg.get(field)!r} is not supported")
-    targets = cfg.get("target_modules") or []
-    names = [targets] if isinstance(targets, str) else list(targets)
-    bad = sorted(t for t in names if t.rsplit(".", 1)[-1] not in _TARGETS)
+    wanted = cfg.get("target_modules") or []
+    names = [wanted] if isinstance(wanted, str) else list(wanted)
+    bad = sorted(t for t in names if t.rsplit(".", 1)[-1] not in targets)
     if bad:
         raise ValueError(
-            f"LoRA adapter: target_modules {bad} are not supported (supported: {sorted(_TARGETS)})"
+            f"LoRA adapter: target_modules {bad} are not supported (supported: {sorted(targets)})"
         )
     return cfg
 
 
 def _read_pairs(
-    folder: Path, name: str, shapes: dict[str, tuple[list[int], int]]
+    folder: Path, name: str, shapes: dict[str, tuple[list[int], int]], targets: Targets
 ) -> dict[tuple[str, str, int], dict[str, torch.Tensor]]:
     """(module prefix, our module, shard) -> {"A": ..., "B": ...} from the safetensors file."""
     from safetensors.torch import load_file
@@ -132,13 +127,13 @@ def _read_pairs(
                     f"{(vocab, hidden)}; an extended or resized vocabulary is not supported"
                 )
             continue
-        if (m := _LAYER_KEY.match(key)) is not None and m.group(2) in _TARGETS:
+        if (m := _LAYER_KEY.match(key)) is not None and m.group(2) in targets:
             prefix, target, which = f"layers.{m.group(1)}.", m.group(2), m.group(3)
         elif (m := _TOP_KEY.match(key)) is not None:
             prefix, target, which = "", m.group(1) or m.group(3), m.group(2) or m.group(4)
         else:
             raise ValueError(f"LoRA adapter {name!r}: tensor {key!r} is not a supported LoRA weight")
-        module, index = _TARGETS[target]
+        module, index = targets[target]
         pairs.setdefault((prefix, module, index), {})[which] = tensor
     return pairs
 

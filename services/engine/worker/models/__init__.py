@@ -8,6 +8,7 @@ from types import MappingProxyType
 from torch import nn
 
 from services.engine.worker.models.bert import BertModel
+from services.engine.worker.models.capabilities import ModelCapabilities
 from services.engine.worker.models.idefics3 import Idefics3ForConditionalGeneration
 from services.engine.worker.models.llama import LlamaForCausalLM
 from services.engine.worker.models.llava import LlavaForConditionalGeneration
@@ -56,7 +57,9 @@ def is_encoder_architecture(architecture: str) -> bool:
 def get_model_class(architecture: str) -> type[nn.Module]:
     """The class for an architecture name: built in, or from a ``kvferry.models`` entry point; a clear
     error listing both otherwise. A plugin class is built as ``cls(ModelConfig, max_positions, dtype)``
-    and implements the ``CausalLM`` protocol (services.engine.worker.models.interface)."""
+    and implements the ``CausalLM`` protocol (services.engine.worker.models.interface); what else it
+    supports it declares (services.engine.worker.models.capabilities: ``tp_plan``, ``lora_targets``, a
+    ``pp`` constructor argument, ``encode_images``)."""
     cls = _REGISTRY.get(architecture) or _ENCODERS.get(architecture)
     if cls is not None:
         return cls
@@ -67,6 +70,7 @@ def get_model_class(architecture: str) -> type[nn.Module]:
             raise ValueError(
                 f"model plugin {architecture!r} ({plugins[architecture].value}) is not an nn.Module class"
             )
+        ModelCapabilities.of(loaded)  # its declarations are well formed (ValueError naming one)
         return loaded
     raise ValueError(
         f"model architecture {architecture!r} is not supported; supported: {', '.join(sorted(_REGISTRY))}; "

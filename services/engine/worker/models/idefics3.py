@@ -3,12 +3,16 @@ connector with a linear projection, and a Llama-family LM that takes the feature
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
 from services.engine.worker.model_config import ModelConfig
+from services.engine.worker.models.llama import LLAMA_TP_PLAN
 from services.engine.worker.models.siglip_vision import SiglipVisionTower
 from services.engine.worker.models.vision_language import VisionLanguageModel
+from services.engine.worker.parallel.tp_group import TPGroup
 
 
 class Connector(nn.Module):
@@ -31,8 +35,12 @@ class Connector(nn.Module):
 class Idefics3ForConditionalGeneration(VisionLanguageModel):
     """Features of each tile: tower -> connector; ``seq_len`` = patches per tile / scale_factor^2."""
 
-    def __init__(self, cfg: ModelConfig, max_positions: int, dtype: torch.dtype) -> None:
-        super().__init__(cfg, max_positions, dtype)
+    tp_plan = replace(LLAMA_TP_PLAN, replicated=("vision_model.", "connector."))
+
+    def __init__(
+        self, cfg: ModelConfig, max_positions: int, dtype: torch.dtype, tp: TPGroup | None = None
+    ) -> None:
+        super().__init__(cfg, max_positions, dtype, tp)
         assert cfg.vision is not None
         self.vision_model = SiglipVisionTower(cfg.vision)
         self.connector = Connector(cfg)

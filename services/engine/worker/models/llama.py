@@ -14,6 +14,7 @@ from kernels.reference import build_cos_sin_cache
 from services.engine.worker.attention import AttentionMetadata
 from services.engine.worker.attention import ComputeBackend as Backend
 from services.engine.worker.model_config import ModelConfig
+from services.engine.worker.models.capabilities import LoRAShapes, LoRATargets, TPPlan
 from services.engine.worker.models.moe import MoEBlock, expert_shard, moe_name
 from services.engine.worker.parallel.pp_stage import PPStage, stage_layers
 from services.engine.worker.parallel.tp_group import TPGroup, shard_config
@@ -121,6 +122,39 @@ PACKED_MODULES: Mapping[str, tuple[str, ...]] = MappingProxyType(
 )
 
 
+def lora_shapes(cfg: ModelConfig) -> LoRAShapes:
+    """Each LoRA-able module's part output sizes and input size, by our module names."""
+    q, kv, h = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.hidden_size
+    return {
+        "self_attn.qkv_proj": ([q, kv, kv], h),
+        "self_attn.o_proj": ([h], q),
+        "mlp.gate_up_proj": ([cfg.intermediate_size, cfg.intermediate_size], h),
+        "mlp.down_proj": ([h], cfg.intermediate_size),
+        "lm_head": ([cfg.vocab_size], h),
+        "embed_tokens": ([h], cfg.vocab_size),
+    }
+
+
+LLAMA_TP_PLAN = TPPlan(
+    column=frozenset({"q_proj", "gate_proj", "up_proj", "w1", "w3"}),  # dense, shared and routed experts
+    kv=frozenset({"k_proj", "v_proj"}),
+    row=frozenset({"o_proj", "down_proj", "w2"}),
+    vocab=frozenset({"embed_tokens", "lm_head"}),
+    fused=MappingProxyType({"qkv_proj": ("q", "kv", "kv"), "gate_up_proj": ("half", "half")}),  # Phi-3's
+)
+LLAMA_LORA_TARGETS = LoRATargets(
+    layer_modules=MappingProxyType(
+        {
+            "self_attn.qkv_proj": ("q_proj", "k_proj", "v_proj"),
+            "self_attn.o_proj": ("o_proj",),
+            "mlp.gate_up_proj": ("gate_proj", "up_proj"),
+            "mlp.down_proj": ("down_proj",),
+        }
+    ),
+    shapes=lora_shapes,
+)
+
+
 class OtherStage(nn.Module):
     """A part of the model another pipeline stage holds: no parameters here, never called."""
 
@@ -130,6 +164,8 @@ class LlamaForCausalLM(nn.Module):
 
     cos_sin_cache: torch.Tensor
     packed_modules_mapping = PACKED_MODULES
+    tp_plan = LLAMA_TP_PLAN
+    lora_targets = LLAMA_LORA_TARGETS
 
     def __init__(
         self,
@@ -178,7 +214,7 @@ class LlamaForCausalLM(nn.Module):
             like = cast(LlamaDecoderLayer, self.layers[pp.start]).input_layernorm.weight
             x, residual = pp.recv_hidden(input_ids.shape[0], self.cfg.hidden_size, like.dtype, like.device)
         else:
-            x = self._embed(input_ids) if inputs_embeds is None else inputs_embeds
+            x = self.embed_ids(input_ids) if inputs_embeds is None else inputs_embeds
         rope = backend.rope_inputs(positions, self.cos_sin_cache)
         for i in stage_layers(len(self.layers), pp):
             x, residual = self.layers[i](x, residual, rope, kv_cache, meta, backend)
@@ -188,7 +224,7 @@ class LlamaForCausalLM(nn.Module):
             return x
         return self.norm(x, backend, residual)[0]
 
-    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def embed_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings; vocab-parallel: each rank embeds the ids in its rows, the sum is the lookup."""
         if self.tp is None:
             return self.embed_tokens(input_ids)

@@ -3,13 +3,17 @@ input embeddings take the projected image features at the image placeholder posi
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models.clip_vision import CLIPVisionTower
+from services.engine.worker.models.llama import LLAMA_TP_PLAN
 from services.engine.worker.models.vision_language import VisionLanguageModel
+from services.engine.worker.parallel.tp_group import TPGroup
 
 
 class Projector(nn.Module):
@@ -36,8 +40,12 @@ def _unsupported(act: str) -> torch.Tensor:
 class LlavaForConditionalGeneration(VisionLanguageModel):
     """The LM runs as any Llama-family model; ``encode_images`` feeds ``merge`` its placeholder rows."""
 
-    def __init__(self, cfg: ModelConfig, max_positions: int, dtype: torch.dtype) -> None:
-        super().__init__(cfg, max_positions, dtype)
+    tp_plan = replace(LLAMA_TP_PLAN, replicated=("vision_tower.", "multi_modal_projector."))
+
+    def __init__(
+        self, cfg: ModelConfig, max_positions: int, dtype: torch.dtype, tp: TPGroup | None = None
+    ) -> None:
+        super().__init__(cfg, max_positions, dtype, tp)
         assert cfg.vision is not None
         self.vision_tower = CLIPVisionTower(cfg.vision)
         self.multi_modal_projector = Projector(cfg)

@@ -14,17 +14,22 @@ from services.engine.worker.attention import AttentionMetadata
 from services.engine.worker.attention import ComputeBackend as Backend
 from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models.llama import LlamaForCausalLM
+from services.engine.worker.parallel.tp_group import TPGroup
 
 
 class VisionLanguageModel(nn.Module, abc.ABC):
     """The LM part; a family adds its tower and ``encode_images`` ([N, C, H, W] -> [N, tokens, hidden])."""
 
-    def __init__(self, cfg: ModelConfig, max_positions: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self, cfg: ModelConfig, max_positions: int, dtype: torch.dtype, tp: TPGroup | None = None
+    ) -> None:
+        """``tp``: the language model holds this rank's shard; the tower and projector are replicated."""
         super().__init__()
         if cfg.vision is None:
             raise ValueError(f"{cfg.architecture} needs a vision_config")
         self.cfg = cfg
-        self.language_model = LlamaForCausalLM(cfg.model_copy(update={"vision": None}), max_positions, dtype)
+        text = cfg.model_copy(update={"vision": None})
+        self.language_model = LlamaForCausalLM(text, max_positions, dtype, tp=tp)
 
     @property
     def cos_sin_cache(self) -> torch.Tensor:
@@ -38,7 +43,7 @@ class VisionLanguageModel(nn.Module, abc.ABC):
         return self.language_model.build_rope_cache(dtype)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.language_model.embed_tokens(input_ids)
+        return self.language_model.embed_ids(input_ids)
 
     def forward(
         self,

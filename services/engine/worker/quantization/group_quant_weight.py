@@ -78,6 +78,37 @@ class GroupQuantWeight:
             group=group,
         )
 
+    def __getitem__(self, key: slice | tuple[slice, slice]) -> GroupQuantWeight:
+        """Rows ``w[a:b]`` or input columns ``w[:, a:b]`` (a tensor-parallel shard). A column range must
+        cover whole groups, or lie in a row's one group; act-order weights cannot be cut by columns."""
+        if not isinstance(key, tuple):
+            return replace(self, codes=self.codes[key], scales=self.scales[key], offsets=self.offsets[key])
+        a, b, _ = key[1].indices(self.shape[1])
+        if self.perm is not None:
+            raise ValueError(
+                "act-order (desc_act) weights store their input columns permuted: they cannot be split by "
+                "input columns (tensor parallelism over a row-parallel layer)"
+            )
+        codes = self.codes[:, a:b]
+        if self.group == self.shape[1]:  # one scale per row holds for any column range
+            return replace(self, codes=codes, group=b - a)
+        if a % self.group or b % self.group:
+            raise ValueError(
+                f"quantized weight: input columns {a}:{b} split its groups of {self.group} (tensor "
+                "parallelism needs each rank's columns to be whole groups)"
+            )
+        g = slice(a // self.group, b // self.group)
+        return replace(self, codes=codes, scales=self.scales[:, g], offsets=self.offsets[:, g])
+
+    def pad_rows(self, rows: int) -> GroupQuantWeight:
+        """Zero rows appended up to ``rows`` (a vocabulary shard's padding: they dequantize to 0)."""
+        extra = rows - self.shape[0]
+
+        def pad(t: torch.Tensor) -> torch.Tensor:
+            return torch.cat([t, t.new_zeros((extra, *t.shape[1:]))])
+
+        return replace(self, codes=pad(self.codes), scales=pad(self.scales), offsets=pad(self.offsets))
+
     def select_rows(self, index: torch.Tensor) -> GroupQuantWeight:
         return replace(self, codes=self.codes[index], scales=self.scales[index], offsets=self.offsets[index])
 

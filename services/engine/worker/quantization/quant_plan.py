@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
 from services.engine.worker.quantization.group_quant_weight import GroupQuantWeight
+from services.engine.worker.quantization.int8_rows import Int8Rows
 from services.engine.worker.quantization.quant_config import QuantConfig
 from services.engine.worker.quantization.quantized_linear import Int4Linear, Int8Embedding, Int8Linear
 from services.engine.worker.quantization.triton_linear import TritonQuantLinear
 
 Shard = torch.Tensor | GroupQuantWeight
+Cut = Callable[[str, Any], Any]  # (tensor name, whole tensor or codes) -> this rank's part
+
+
+def _whole(name: str, tensor: Any) -> Any:
+    return tensor
 
 
 class _Pending(nn.Module):
@@ -36,8 +42,18 @@ class QuantPlan:
     order), e.g. ``{"qkv_proj": ("q_proj", "k_proj", "v_proj")}``; other linears map one to one.
     """
 
-    def __init__(self, model: nn.Module, qcfg: QuantConfig, dtype: torch.dtype, kernels: str = "cpu") -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        qcfg: QuantConfig,
+        dtype: torch.dtype,
+        kernels: str = "cpu",
+        shard: Cut | None = None,
+    ) -> None:
+        """``shard``: a tensor-parallel rank's cut of each named tensor (the model holds its shard); a layer
+        is quantized whole, then cut, so each rank holds the unsharded layer's codes and scales."""
         self.qcfg, self.dtype, self.kernels = qcfg, dtype, kernels  # kernels: "cpu" (torch's) | "triton"
+        self.cut: Cut = shard or _whole
         fused: dict[str, tuple[str, ...]] = getattr(model, "packed_modules_mapping", {})
         self.shard_index = {s: (f, i) for f, shards in fused.items() for i, s in enumerate(shards)}
         self.shard_count = {f: len(shards) for f, shards in fused.items()}
@@ -48,6 +64,7 @@ class QuantPlan:
                 self.pending[path] = _Pending(mod)
                 _set_module(model, path, self.pending[path])
         self.weights: dict[str, dict[int, Shard]] = {p: {} for p in self.pending}
+        self.names: dict[str, dict[int, str]] = {p: {} for p in self.pending}  # each shard's tensor name
         self.biases: dict[str, dict[int, torch.Tensor]] = {p: {} for p in self.pending}
         self.built: dict[str, nn.Module] = {}  # a layer is built as soon as its shards are in
 
@@ -55,7 +72,7 @@ class QuantPlan:
         """Pass through what the model loads itself; keep the planned linears' weights and biases."""
         for name, tensor in tensors:
             if not self._claim(name.removeprefix("model."), tensor):
-                yield name, _dense(tensor)
+                yield name, self.cut(name, _dense(tensor))
 
     def _claim(self, name: str, tensor: Any) -> bool:
         module, _, part = name.rpartition(".")
@@ -64,12 +81,16 @@ class QuantPlan:
         path = f"{parent}.{fused}" if parent else fused
         if module == "embed_tokens" and self.tied and "lm_head" in self.pending and part == "weight":
             self.weights["lm_head"][0] = tensor
+            self.names["lm_head"][0] = "lm_head.weight"
             self._build_if_complete("lm_head")
             return False  # the model loads its embedding too (replaced by a view of lm_head in finish)
         if path not in self.pending or part not in ("weight", "bias"):
             return False
-        store = self.weights if part == "weight" else self.biases
-        store[path][index] = tensor
+        if part == "weight":
+            self.weights[path][index] = tensor
+            self.names[path][index] = name
+        else:
+            self.biases[path][index] = self.cut(name, tensor)
         self._build_if_complete(path)
         return True
 
@@ -104,45 +125,58 @@ class QuantPlan:
         shards, biases = self.weights[path], self.biases[path]
         if len(shards) != want or (pending.has_bias and len(biases) != want):
             raise ValueError(f"checkpoint is missing weights of {path} ({len(shards)} of {want} shards)")
-        parts = [shards[i] for i in range(want)]
+        whole = [shards[i] for i in range(want)]
+        kind = self._method(path, whole)
+        codes = self._encode(kind, whole)  # per shard: every encoding is row by row, as the fused layer's
+        parts = [self.cut(self.names[path][i], c) for i, c in enumerate(codes)]
         bias = torch.cat([biases[i].float() for i in range(want)]) if pending.has_bias else None
         rows = sum(p.shape[0] for p in parts)
         if rows != pending.out_features or any(p.shape[1] != pending.in_features for p in parts):
             raise ValueError(
                 f"weight shape mismatch for {path}: expected ({pending.out_features}, {pending.in_features})"
             )
-        kind = self._method(path, parts)
         if kind != "float" and self.kernels == "triton":
-            return TritonQuantLinear(self._codes(kind, parts), bias, self.dtype)
+            return TritonQuantLinear(GroupQuantWeight.cat_rows(parts), bias, self.dtype)
         if kind == "int4":
-            quantized = [
+            return Int4Linear(GroupQuantWeight.cat_rows(parts), bias, self.dtype)
+        if kind in ("int8", "fp8"):  # the CPU has no FP8 matmul: FP8 weights run as int8 per row
+            return Int8Linear(Int8Rows.cat_rows(parts), bias, self.dtype)
+        linear = nn.Linear(pending.in_features, pending.out_features, bias=bias is not None, dtype=self.dtype)
+        with torch.no_grad():
+            linear.weight.copy_(torch.cat(parts))
+            if bias is not None:
+                linear.bias.copy_(bias)
+        return linear.requires_grad_(False)
+
+    def _encode(self, kind: str, parts: list[Shard]) -> list[Any]:
+        """Each shard of a layer in the form its linear takes: floats, Int8Rows, or GroupQuantWeight."""
+        if kind == "float":
+            return [_dense(p) for p in parts]
+        if self.kernels == "triton":
+            return self._codes(kind, parts)
+        if kind == "int4":
+            return [
                 p
                 if isinstance(p, GroupQuantWeight)
                 else GroupQuantWeight.quantize(p, 4, self.qcfg.group_size)
                 for p in parts
             ]
-            return Int4Linear(GroupQuantWeight.cat_rows(quantized), bias, self.dtype)
-        weight = torch.cat([_dense(p) for p in parts])
-        if kind in ("int8", "fp8"):  # the CPU has no FP8 matmul: FP8 weights run as int8 per row
-            return Int8Linear(weight, bias, self.dtype)
-        linear = nn.Linear(pending.in_features, pending.out_features, bias=bias is not None, dtype=self.dtype)
-        with torch.no_grad():
-            linear.weight.copy_(weight)
-            if bias is not None:
-                linear.bias.copy_(bias)
-        return linear.requires_grad_(False)
+        return [Int8Rows.quantize(_dense(p)) for p in parts]
 
-    def _codes(self, kind: str, parts: list[Shard]) -> GroupQuantWeight:
+    def _codes(self, kind: str, parts: list[Shard]) -> list[GroupQuantWeight]:
         """The layer's codes for the Triton kernel: stored codes when they fuse, else quantized floats."""
         coded = [p for p in parts if isinstance(p, GroupQuantWeight)]
         if len(coded) == len(parts) and _same_layout(parts) and coded[0].group % 16 == 0:
-            return GroupQuantWeight.cat_rows(coded)
-        dense = torch.cat([_dense(p) for p in parts])
+            return coded
+        dense = [_dense(p) for p in parts]
         if kind == "fp8":
-            return GroupQuantWeight.quantize_fp8(dense)
+            return [GroupQuantWeight.quantize_fp8(d) for d in dense]
         bits = 4 if kind == "int4" else 8
-        group = self.qcfg.group_size if bits == 4 else dense.shape[1]  # int8: one scale per row
-        return GroupQuantWeight.quantize(dense, bits, group)
+        # int8: one scale per row
+        return [
+            GroupQuantWeight.quantize(d, bits, self.qcfg.group_size if bits == 4 else d.shape[1])
+            for d in dense
+        ]
 
     def _method(self, path: str, parts: list[Shard]) -> str:
         """int4 | int8 | fp8 | float for one layer.

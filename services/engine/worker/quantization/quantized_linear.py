@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.engine.worker.quantization.group_quant_weight import GroupQuantWeight
+from services.engine.worker.quantization.int8_rows import Int8Rows
 
 INT4_GROUPS = (256, 128, 64, 32)  # group sizes torch's int4pack kernel takes
 _BLOCK_N = 64  # int4pack's CPU layout tiles output rows by 64: byte j of a tile holds rows j and j + 32
@@ -119,15 +120,17 @@ class Int8Linear(nn.Module):
 
     def __init__(
         self,
-        weight: torch.Tensor,
+        weight: torch.Tensor | Int8Rows,
         bias: torch.Tensor | None,
         dtype: torch.dtype,
         min_dense_rows: int = INT8_DENSE_ROWS,
     ) -> None:
+        """``weight``: a float weight to quantize, or its codes (a tensor-parallel shard of them)."""
         super().__init__()
-        self.out_features, self.in_features = weight.shape
-        self.qweight, scale = quantize_rows_int8(weight)
-        self.scales = scale.to(dtype)
+        rows = weight if isinstance(weight, Int8Rows) else Int8Rows.quantize(weight)
+        self.out_features, self.in_features = rows.shape
+        self.qweight = rows.codes.contiguous()
+        self.scales = rows.scales.to(dtype)
         self.dtype, self.min_dense_rows = dtype, min_dense_rows
         self.bias = None if bias is None else bias.to(dtype)
         self.ops = cpu_ops()
@@ -168,9 +171,8 @@ class Int8Embedding(nn.Module):
 
 def quantize_rows_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 codes of ``weight [..., N, K]`` with one fp32 scale per row [..., N] (absmax / 127)."""
-    w = weight.float()
-    scale = (w.abs().amax(dim=-1) / 127).clamp_min(1e-12)
-    return (w / scale[..., None]).round_().clamp_(-127, 127).to(torch.int8), scale
+    rows = Int8Rows.quantize(weight)
+    return rows.codes, rows.scales
 
 
 def int8_matmul(
