@@ -27,7 +27,7 @@ class DecodeRole:
         transfer = ctx.transfer(purpose=self.name)
         pull = PullConnector(transfer, ctx.block_size)
         self._admission = DecodeAdmission(transfer, pull, ctx.config.pool_secret)
-        return [pull, *ctx.kvstore(offload=False)]  # prefill already offloaded the prompt
+        return [pull, *ctx.tiers(offload=False)]  # prefill already offloaded the prompt
 
     def routes(self) -> Sequence[APIRouter]:
         return ()

@@ -41,7 +41,7 @@ class PrefillRole:
         s = self.settings
         self.transfer = ctx.transfer(purpose=self.name)
         lease = LeaseConnector(self.transfer, s.host, s.port, ctx.block_size, s.lease_s)
-        return [lease, *ctx.kvstore(offload=True)]
+        return [lease, *ctx.tiers(offload=True)]
 
     def routes(self) -> Sequence[APIRouter]:
         return (handshake_router(self.transfer),)

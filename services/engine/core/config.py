@@ -54,6 +54,7 @@ class EngineConfig(BaseModel):
     lora_modules: dict[str, str] = Field(default_factory=dict)  # adapter name -> PEFT folder, at start
     speculative_config: SpeculativeConfig | None = None  # draft tokens verified in one target pass
     kvstore_url: str | None = None  # grpc://host:port of the shared kvstore tier
+    kv_offload_cpu_bytes: int = Field(0, ge=0)  # this engine's host-memory KV tier (0: none)
     use_nixl: bool = True  # False: KV moves between engines through the kvstore only
     # The pool's side-channel token (--pool-secret-file): required on this engine's /kv/ routes, sent to
     # prefill's and to the kvstore. None: side channels are open, as without the flag.

@@ -239,6 +239,13 @@ def _add_pool_flags(add: Callable[..., object]) -> None:
     )
     add("--kvstore-url", default=None, help="shared KV tier (grpc://host:port): offload blocks, fetch misses")
     add(
+        "--kv-offload-cpu-bytes",
+        type=int,
+        default=0,
+        help="bytes of host memory for this engine's own second KV tier: finished requests' blocks are "
+        "copied there off the step, and a prefix found there is loaded back instead of recomputed (0: none)",
+    )
+    add(
         "--no-nixl",
         dest="use_nixl",
         action="store_false",
@@ -305,6 +312,7 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
         enforce_eager=args.enforce_eager,
         seed=args.seed,
         kvstore_url=args.kvstore_url,
+        kv_offload_cpu_bytes=args.kv_offload_cpu_bytes,
         use_nixl=args.use_nixl,
         pool_secret=read_pool_secret(args.pool_secret_file),
         enable_lora=args.enable_lora,

@@ -36,6 +36,10 @@ def check_tensor_parallel(config: EngineConfig, cfg: ModelConfig, quant: QuantCo
             config.kvstore_url is not None,
             "the kvstore tier reads and writes one rank's whole KV blocks",
         ),
+        "kv_offload_cpu_bytes": (
+            config.kv_offload_cpu_bytes > 0,
+            "the host tier copies one rank's whole KV blocks",
+        ),
         "device xpu": (config.device.startswith("xpu"), "no collective backend for XPU here"),
     }
     for name, (bad, reason) in refused.items():

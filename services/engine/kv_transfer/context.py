@@ -69,6 +69,25 @@ class KVTransferContext:
         if self._local is not None:
             self._local.close()
 
+    def tiers(self, offload: bool = True) -> list[KVConnector]:
+        """This engine's KV tiers, nearest first: its host-memory tier (``kv_offload_cpu_bytes``), then the
+        shared kvstore (``kvstore_url``); ``offload`` puts finished prompts into the kvstore."""
+        return [*self.host_tier(), *self.kvstore(offload)]
+
+    def host_tier(self) -> list[KVConnector]:
+        """The host-memory tier when ``kv_offload_cpu_bytes`` is set (none otherwise)."""
+        budget = self.config.kv_offload_cpu_bytes
+        if not budget:
+            return []
+        from services.engine.kv_transfer.host_tier import HostKVTier
+        from services.engine.kv_transfer.offload_connector import OffloadConnector
+
+        per_block = self.kv_cache[0].numel() * self.kv_cache.element_size()
+        if budget < per_block:
+            raise ValueError(f"kv_offload_cpu_bytes={budget}: below one KV block ({per_block} bytes)")
+        log.info("host KV tier: %d blocks (%d MiB)", budget // per_block, budget // 2**20)
+        return [OffloadConnector(HostKVTier(self.kv_cache, budget // per_block), self.block_size)]
+
     def kvstore(self, offload: bool = True) -> list[KVConnector]:
         """The kvstore connector when ``kvstore_url`` is set (none otherwise); ``offload`` puts finished prompts."""
         if not self.config.kvstore_url:
@@ -98,5 +117,5 @@ ConnectorFactory = Callable[[KVTransferContext], Sequence[KVConnector]]
 
 
 def aggregated_connectors(ctx: KVTransferContext) -> Sequence[KVConnector]:
-    """Role ``both``: the kvstore tier when one is configured, else nothing."""
-    return ctx.kvstore(offload=True)
+    """Role ``both``: the KV tiers configured (host memory, kvstore), else nothing."""
+    return ctx.tiers(offload=True)

@@ -1,0 +1,92 @@
+"""The host-memory KV tier: blocks evicted from the primary pool come back from host memory, token for
+token the same as never evicted; a full tier or queue drops stores (counted) and changes no output."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.engine import LLM, SamplingParams
+from services.engine.kv_transfer.host_tier import HostKVTier
+
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+
+def _prompts(seed: int, n: int, length: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 400) for _ in range(length)] for _ in range(n)]
+
+
+def _tokens(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+
+
+@pytest.fixture(scope="module")
+def baseline(llama_dir: Path) -> LLM:
+    return LLM(model=str(llama_dir), dtype="float32", num_kv_blocks=256)
+
+
+def test_evicted_prefixes_come_back_from_host_memory(llama_dir: Path, baseline: LLM) -> None:
+    """16 primary blocks of 16 tokens: a 100-token prompt's 6 full blocks are evicted by the next prompts,
+    then found in the host tier (loaded back, not recomputed), with the same tokens."""
+    llm = LLM(
+        model=str(llama_dir), dtype="float32", num_kv_blocks=16, max_num_seqs=2, kv_offload_cpu_bytes=2**22
+    )
+    first, others = _prompts(1, 1, 100), _prompts(2, 6, 100)
+    assert _tokens(llm, first) == _tokens(baseline, first)
+    for prompt in others:  # one at a time: each fills the primary pool
+        assert _tokens(llm, [prompt]) == _tokens(baseline, [prompt])
+    again = llm.generate(first, GREEDY)[0]
+    assert again.outputs[0].token_ids == _tokens(baseline, first)[0]
+    assert again.num_cached_tokens >= 96  # six blocks, none recomputed
+    blocks, failures = llm.engine.core.transfer_stats()
+    assert blocks[("received", "cpu")] >= 6 and blocks[("sent", "cpu")] >= 6
+    assert not failures
+    llm.shutdown()
+
+
+def test_a_tier_too_small_drops_stores_and_changes_nothing(llama_dir: Path, baseline: LLM) -> None:
+    per_block = 2 * 2 * 16 * 2 * 16 * 4  # layers x (K, V) x block_size x KV heads x head_dim x fp32
+    llm = LLM(model=str(llama_dir), dtype="float32", num_kv_blocks=16, max_num_seqs=2,
+              kv_offload_cpu_bytes=2 * per_block)  # fmt: skip
+    prompts = _prompts(3, 4, 100)
+    assert [_tokens(llm, [p])[0] for p in prompts] == _tokens(baseline, prompts)
+    _, failures = llm.engine.core.transfer_stats()
+    assert failures["offload_dropped"] >= 1
+    with pytest.raises(ValueError, match="kv_offload_cpu_bytes=100: below one KV block"):
+        LLM(model=str(llama_dir), dtype="float32", num_kv_blocks=16, kv_offload_cpu_bytes=100)
+    llm.shutdown()
+
+
+def test_tier_lru_pins_and_queue() -> None:
+    kv = torch.arange(6 * 4, dtype=torch.float32).view(6, 4)  # 6 blocks of 4 values
+    tier = HostKVTier(kv, num_slots=2, queue_depth=4)
+    try:
+        assert tier.store("a", [0, 1], [b"h0", b"h1"])
+        _wait(tier, 1)
+        pinned = tier.lookup([b"h0", b"h1", b"h2"])
+        assert len(pinned) == 2  # stops at the first miss
+        assert not tier.store("b", [2], [b"h2"])  # both slots pinned: dropped, counted
+        assert tier.dropped == 1
+        assert tier.load("c", [4, 5], pinned)
+        _wait(tier, 1)
+        assert torch.equal(kv[4:6], kv[0:2])
+        assert tier.store("d", [3], [b"h3"])  # unpinned now: the least recently used slot goes
+        _wait(tier, 1)
+        assert tier.lookup([b"h3"]) and tier.evicted == 1 and tier.used == 2
+    finally:
+        tier.close()
+
+
+def _wait(tier: HostKVTier, jobs: int) -> None:
+    import time
+
+    done: list = []
+    deadline = time.monotonic() + 10
+    while len(done) < jobs and time.monotonic() < deadline:
+        done += tier.finished()
+        time.sleep(0.01)
+    assert len(done) == jobs and all(ok for _, ok in done)
