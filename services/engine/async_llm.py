@@ -9,11 +9,13 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from services.common.kv_transfer import KVTransferParams
 from services.engine.core.config import EngineConfig
+from services.engine.core.engine_request import EngineRequest
 from services.engine.core.mm_input import MMInput
 from services.engine.core.pooling_params import PoolingParams
 from services.engine.core.sampling_params import SamplingParams
@@ -38,17 +40,9 @@ class EngineDeadError(RuntimeError):
 
 @dataclass
 class _Add:
-    request_id: str
-    prompt: list[int]
-    params: SamplingParams
-    cache_salt: str | None
-    priority: int
-    kv_transfer_params: KVTransferParams | None
+    request: EngineRequest
     sink: asyncio.Queue
     loop: asyncio.AbstractEventLoop
-    pooling: PoolingParams | None = None
-    lora_name: str | None = None
-    mm_inputs: tuple[MMInput, ...] | None = None
 
 
 @dataclass
@@ -168,34 +162,33 @@ class AsyncLLM:
         lora_name: str | None = None,
         mm_inputs: tuple[MMInput, ...] | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
-        """Yield a RequestOutput per engine step for this request; cancelling the iteration aborts it.
+        """``submit`` of a request built here (``engine.make_request``: ValueError naming the field).
 
         ``pooling``: an embedding request (one output, with ``embedding``), for engines with task 'embed'.
         ``mm_inputs``: the prompt's images and videos, from ``engine.expand_media`` (vision-language models;
         ``prompt_token_ids`` are the expanded ids).
-        ``request_id`` is a label (logs, the client's echo): the engine keys the request by an id of its own
-        (``label#n``, unique per engine), so two requests with the same label never touch each other.
+        """
+        request = self.engine.make_request(
+            prompt_token_ids, params, request_id, cache_salt=cache_salt, lora_name=lora_name,
+            priority=priority, kv_transfer_params=kv_transfer_params, pooling=pooling,
+            mm_inputs=mm_inputs or (),
+        )  # fmt: skip
+        async with aclosing(self.submit(request)) as outputs:
+            async for out in outputs:
+                yield out
+
+    async def submit(self, request: EngineRequest) -> AsyncGenerator[RequestOutput, None]:
+        """Yield a RequestOutput per engine step for this request (validated where it was built: by
+        ``engine.make_request``); cancelling the iteration aborts it.
+
+        ``request.request_id`` is a label (logs, the client's echo): the engine keys the request by an id of
+        its own (``label#n``, unique per engine), so two requests with the same label never touch each other.
         """
         if not self.is_alive:
             raise EngineDeadError("the engine loop is not running")
-        self.engine.validate_prompt(prompt_token_ids, params)
-        request_id = f"{request_id}#{next(self._ids)}"
+        request_id = f"{request.request_id}#{next(self._ids)}"
         sink: asyncio.Queue = asyncio.Queue()
-        self._commands.put(
-            _Add(
-                request_id,
-                prompt_token_ids,
-                params,
-                cache_salt,
-                priority,
-                kv_transfer_params,
-                sink,
-                asyncio.get_running_loop(),
-                pooling,
-                lora_name,
-                mm_inputs,
-            )
-        )
+        self._commands.put(_Add(request.with_id(request_id), sink, asyncio.get_running_loop()))
         finished = False
         try:
             while True:
@@ -270,24 +263,15 @@ class AsyncLLM:
             if self._sinks.pop(cmd.request_id, None) is not None:
                 self.engine.abort([cmd.request_id])
             return
-        if cmd.request_id in self._sinks:  # engine-owned ids never repeat; were one to, it fails alone
-            _put(cmd.sink, cmd.loop, ValueError(f"request_id: {cmd.request_id!r} is already in use"))
+        rid = cmd.request.request_id
+        if rid in self._sinks:  # engine-owned ids never repeat; were one to, it fails alone
+            _put(cmd.sink, cmd.loop, ValueError(f"request_id: {rid!r} is already in use"))
             return
-        self._sinks[cmd.request_id] = (cmd.sink, cmd.loop)
+        self._sinks[rid] = (cmd.sink, cmd.loop)
         try:
-            self.engine.add_request(
-                cmd.prompt,
-                cmd.params,
-                cmd.request_id,
-                cache_salt=cmd.cache_salt,
-                priority=cmd.priority,
-                kv_transfer_params=cmd.kv_transfer_params,
-                pooling=cmd.pooling,
-                lora_name=cmd.lora_name,
-                mm_inputs=cmd.mm_inputs,
-            )
+            self.engine.add(cmd.request)
         except (ValueError, LookupError) as exc:  # LookupError: its LoRA adapter was unloaded meanwhile
-            self._deliver(cmd.request_id, exc, True)
+            self._deliver(rid, exc, True)
 
     def _update_lora(self, cmd: _LoRAUpdate) -> None:
         try:

@@ -6,13 +6,14 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from services.common.hashing import BlockHashExtras
 from services.common.kv_transfer import KVTransferParams
 from services.common.protocol_common import FinishReason
 from services.common.tokenizer import Tokenizer
 from services.engine.core.config import EngineConfig
+from services.engine.core.engine_request import EngineRequest
 from services.engine.core.mm_input import MMInput
 from services.engine.core.outputs import EngineCoreOutput, Logprobs
 from services.engine.core.pooling_params import PoolingParams
@@ -129,11 +130,11 @@ class LLMEngine:
                 "(the prompt must leave room for at least one generated token)"
             )
 
-    def add_request(
+    def make_request(
         self,
         prompt: str | list[int],
         params: SamplingParams,
-        request_id: str | None = None,
+        request_id: str = "",
         cache_salt: str | None = None,
         lora_name: str | None = None,
         priority: int = 0,
@@ -142,8 +143,8 @@ class LLMEngine:
         pooling: PoolingParams | None = None,
         images: Sequence[Image.Image | VideoClip] = (),
         mm_inputs: tuple[MMInput, ...] | None = None,
-    ) -> str:
-        """Queue one sequence (n is expanded by the caller); returns its request id.
+    ) -> EngineRequest:
+        """The request value for one sequence, validated (ValueError naming the field).
 
         ``pooling`` makes it an embedding request (engines with task 'embed' serve only those).
         ``images``: one per image / video placeholder of the prompt (vision-language models), preprocessed
@@ -158,34 +159,44 @@ class LLMEngine:
         if mm_inputs is None:
             token_ids, mm_inputs = self.expand_media(token_ids, images)
         self.validate_prompt(token_ids, params, kv_transfer_params)
+        return EngineRequest(
+            request_id, tuple(token_ids), params, text, cache_salt, lora_name, priority, index,
+            kv_transfer_params, pooling, mm_inputs,
+        )  # fmt: skip
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams, **kw: Any) -> str:
+        """Queue one sequence (``make_request``'s arguments); returns its request id."""
+        return self.add(self.make_request(prompt, params, **kw))
+
+    def add(self, request: EngineRequest) -> str:
+        """Queue a request built by ``make_request`` (its prompt already validated); returns its id
+        (LookupError when its LoRA adapter is not loaded, ValueError when its id is in use)."""
+        lora_name = request.lora_name
         if lora_name is not None and lora_name not in self.core.lora_names():
             raise LookupError(f"model: LoRA adapter {lora_name!r} is not loaded")
         if lora_name is not None and self.core.lora is not None:
             self.core.lora.requests[lora_name] += 1
-        request_id = request_id or f"req-{next(self._ids)}"
+        if not request.request_id:
+            request = request.with_id(f"req-{next(self._ids)}")
+        request_id, params = request.request_id, request.params
         if request_id in self._tracked:
             raise ValueError(f"request_id: {request_id!r} is already in use")
-        extras = BlockHashExtras(lora_name=lora_name, cache_salt=cache_salt, mm_spans=mm_spans(mm_inputs))
-        req = Request(
-            request_id,
-            token_ids,
-            params,
+        extras = BlockHashExtras(
+            lora_name=lora_name, cache_salt=request.cache_salt, mm_spans=mm_spans(request.mm_inputs)
+        )
+        req = Request.of(
+            request,
             self.eos_token_id,
             hash_fn=lambda hashes, toks: self.core.hasher.extend(hashes, toks, extras),
-            priority=priority,
-            kv_transfer_params=kv_transfer_params,
-            pooling=pooling,
-            lora_name=lora_name,
-            mm_inputs=mm_inputs,
         )
         detok = IncrementalDetokenizer(
             self.tokenizer,
-            token_ids,
+            list(request.prompt_token_ids),
             params.stop,
             params.include_stop_str_in_output,
             params.skip_special_tokens,
         )
-        self._tracked[request_id] = _Tracked(req, text, detok, index)
+        self._tracked[request_id] = _Tracked(req, request.prompt_text, detok, request.index)
         if params.structured_outputs is not None:
             self.structured.add(req, params.structured_outputs, params.structured_outputs_after)
         self.core.add_request(req)

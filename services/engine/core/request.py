@@ -10,6 +10,7 @@ from typing import Protocol
 
 from services.common.kv_transfer import KVTransferParams
 from services.common.protocol_common import FinishReason
+from services.engine.core.engine_request import EngineRequest
 from services.engine.core.mm_input import MMInput
 from services.engine.core.outputs import Logprobs
 from services.engine.core.pooling_params import PoolingParams
@@ -124,9 +125,33 @@ class Request:
         self.grammar: GrammarGate | None = None  # set for constrained requests (compiled off the step)
         self.pooling = pooling  # an embedding request: finished with its pooled prompt, nothing sampled
         self._hash_fn = hash_fn
+        self.spec: EngineRequest | None = None  # the request as it entered the engine (``of``)
         self.block_hashes: list[bytes] = []
         if hash_fn is not None:
             hash_fn(self.block_hashes, self.all_token_ids)
+
+    @classmethod
+    def of(
+        cls,
+        request: EngineRequest,
+        eos_token_id: int | None,
+        hash_fn: Callable[[list[bytes], list[int]], list[bytes]] | None = None,
+    ) -> Request:
+        """The scheduler's state of an engine request (which it keeps, as ``spec``)."""
+        state = cls(
+            request.request_id,
+            list(request.prompt_token_ids),
+            request.params,
+            eos_token_id,
+            hash_fn=hash_fn,
+            priority=request.priority,
+            kv_transfer_params=request.kv_transfer_params,
+            pooling=request.pooling,
+            lora_name=request.lora_name,
+            mm_inputs=request.mm_inputs,
+        )
+        state.spec = request
+        return state
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -11,6 +11,7 @@ from services.common.errors import OpenAIError, bad_request
 from services.common.kv_transfer import KVTransferParams
 from services.common.protocol_common import Usage
 from services.engine.async_llm import EngineDeadError
+from services.engine.core.engine_request import EngineRequest
 from services.engine.core.mm_input import MMInput
 from services.engine.entrypoints.serving import ServingContext, SubRequest, engine_error, request_timeout
 from services.engine.llm_engine import RequestOutput
@@ -48,16 +49,17 @@ class Generation:
     async def _pump(self, sub: SubRequest) -> None:
         timer = self._timers[sub.index]
         opts = self._options
-        gen = self._ctx.llm.generate(
-            sub.prompt_ids,
-            sub.params,
+        request = EngineRequest(  # the prompt was validated with the API request (serving.subrequests)
             f"{opts.request_id}-{sub.index}",
+            tuple(sub.prompt_ids),
+            sub.params,
             cache_salt=opts.cache_salt,
+            lora_name=opts.lora_name,
             priority=opts.priority,
             kv_transfer_params=opts.kv_transfer_params,
-            lora_name=opts.lora_name,
-            mm_inputs=opts.mm_inputs,
+            mm_inputs=opts.mm_inputs or (),
         )
+        gen = self._ctx.llm.submit(request)
         try:
             async with aclosing(gen):
                 async for out in gen:
