@@ -164,9 +164,11 @@ class LLMEngine:
             kv_transfer_params, pooling, mm_inputs,
         )  # fmt: skip
 
-    def add_request(self, prompt: str | list[int], params: SamplingParams, **kw: Any) -> str:
-        """Queue one sequence (``make_request``'s arguments); returns its request id."""
-        return self.add(self.make_request(prompt, params, **kw))
+    def add_request(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None, **kw: Any
+    ) -> str:
+        """Queue one sequence (``make_request``'s arguments; no id: the engine names it); returns its id."""
+        return self.add(self.make_request(prompt, params, request_id or "", **kw))
 
     def add(self, request: EngineRequest) -> str:
         """Queue a request built by ``make_request`` (its prompt already validated); returns its id

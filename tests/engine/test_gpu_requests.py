@@ -14,6 +14,7 @@ import torch
 
 from services.common.protocol_structured import StructuredSpec
 from services.engine import LLM, SamplingParams
+from services.engine.worker.cuda_graphs import DecodeGraphs
 
 pytestmark = pytest.mark.gpu
 DTYPES = ["bfloat16", "float16"]
@@ -106,7 +107,7 @@ def test_cuda_graphs_equal_eager(llama_dir: Path, dtype: str) -> None:
     eager = _tokens(_llm(llama_dir, dtype, enforce_eager=True, max_model_len=512), PROMPTS, greedy)
     llm = _llm(llama_dir, dtype, max_model_len=512)
     graphs = llm.engine.core.runner.graphs
-    assert graphs is not None and llm.engine.core.runner.graphs is not None
+    assert isinstance(graphs, DecodeGraphs)
     graphed = _tokens(llm, PROMPTS, greedy)
     assert graphs.replays > 0 and 4 in graphs.graphs
     if dtype == "float32":

@@ -107,7 +107,7 @@ def test_tp2_equals_tp1_with_speculative_decoding(llama_dir: Path, method: str) 
     for one, two in _pair(llama_dir, num_kv_blocks=128, speculative_config=spec):
         assert _tokens(two, prompts) == _tokens(one, prompts)
         assert _tokens(two, prompts, seeded) == _tokens(one, prompts, seeded)
-        assert two.engine.core.runner.spec is not None
+        assert two.engine.core.runner.spec.proposes
 
 
 def test_unsupported_settings_are_refused(llama_dir: Path, family_dir, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from typing import cast
 import torch
 
 from services.engine.core.outputs import Logprobs, ModelRunnerOutput, SchedulerOutput
+from services.engine.worker.absent_features import NoGraphs, NoSpec
 from services.engine.worker.attention import ComputeBackend
 from services.engine.worker.cuda_graphs import DecodeGraphs
 from services.engine.worker.decode_inputs import DecodeInputs
@@ -63,8 +64,9 @@ class ModelRunner:
         self.states: dict[str, CachedRequestState] = {}
         self.inputs = DecodeInputs(backend, block_size, device)
         f = features or RunnerFeatures()
-        self.pooling, self.lora, self.spec = f.pooling, f.lora, f.spec
-        self.graphs: DecodeGraphs | None = None  # set by the engine on CUDA unless --enforce-eager
+        self.pooling, self.lora = f.pooling, f.lora
+        self.spec: SpecDecoder | NoSpec = f.spec if f.spec is not None else NoSpec()
+        self.graphs: DecodeGraphs | NoGraphs = NoGraphs()  # the Worker's on CUDA unless --enforce-eager
         # vision-language models: image features by content hash
         self.encoder_cache = EncoderCache() if hasattr(model, "encode_images") else None
         self._signed: tuple[object, bool] = (None, False)  # (model, its compute_logits takes fp32)
@@ -98,8 +100,7 @@ class ModelRunner:
         gone = sched.finished_req_ids | sched.preempted_req_ids
         for req_id in gone:
             self.states.pop(req_id, None)
-        if self.spec is not None:
-            self.spec.forget(gone)
+        self.spec.forget(gone)
         for new in sched.new_reqs:
             p = new.sampling_params
             stop_ids = () if p.ignore_eos else tuple(self.eos_ids)
@@ -149,7 +150,7 @@ class ModelRunner:
                 self.lora.prepare(names, inputs.meta.query_start_loc.tolist())
             extra = self._image_embeddings(sched, inputs) if self.encoder_cache is not None else None
             kwargs = {"inputs_embeds": extra} if extra is not None else {}
-            if self.graphs is not None and extra is None and self.graphs.serves(inputs):
+            if extra is None and self.graphs.serves(inputs):
                 hidden = self.graphs.run(inputs)  # a pure decode step: replay its batch size's graph
             else:
                 hidden = self.model(
@@ -165,7 +166,7 @@ class ModelRunner:
                 if inputs.sample_rows
                 else {}
             )
-            starts = [self.states[r].num_computed for r in req_ids] if self.spec is not None else []
+            starts = [self.states[r].num_computed for r in req_ids] if self.spec.proposes else []
             for req_id, n in sched.num_scheduled_tokens:  # rejected drafts' KV is overwritten later
                 self.states[req_id].num_computed += n - rejected.get(req_id, 0)
             proposed = self._propose(req_ids, sampled, hidden, inputs, starts) if starts else ()
@@ -255,8 +256,7 @@ class ModelRunner:
             st.output_ids.extend(targets[:n])
             if m:
                 rejected[req_ids[r]] = m - (n - 1)
-                if self.spec is not None:
-                    self.spec.record(req_ids[r], m, n - 1)
+                self.spec.record(req_ids[r], m, n - 1)
             st.spec_ids = []
             off += m + 1
         return rejected
@@ -270,7 +270,6 @@ class ModelRunner:
         starts: list[int],
     ) -> tuple[tuple[str, tuple[int, ...]], ...]:
         """The next step's drafts (the states hold this step's tokens and KV counts)."""
-        assert self.spec is not None
         rows = inputs.meta.query_start_loc.tolist()
         steps = [
             (rid, self.states[rid], bool(tok), rows[i], starts[i])

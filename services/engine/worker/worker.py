@@ -87,13 +87,15 @@ class Worker:
             features=features,
         )
         model = self.model
-        runner.graphs = decode_graphs(
+        graphs = decode_graphs(
             self._graph_facts(runner),
             lambda ids, pos, meta: model(ids, pos, kv_cache, meta, self.backend),
             plan.config.max_num_seqs,
             plan.max_model_len,
             plan.config.block_size,
         )
+        if graphs is not None:
+            runner.graphs = graphs
         self.runner = runner
         return runner
 

@@ -34,6 +34,8 @@ class SpecDecoder:
     one at a time, or nothing is sampled.
     """
 
+    proposes = True  # (NoSpec, its stand-in without speculation, proposes nothing)
+
     def __init__(self, config: SpeculativeConfig, proposer: Proposer, max_model_len: int) -> None:
         self.config, self.proposer, self.max_model_len = config, proposer, max_model_len
         assert config.min_acceptance is not None  # resolved by the config's validator
