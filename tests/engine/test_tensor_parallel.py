@@ -95,13 +95,17 @@ def test_tp2_equals_tp1_across_families(kind: str, family_dir, qwen2_dir: Path) 
         assert _tokens(two, _prompts(8)) == _tokens(one, _prompts(8))
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft_model"])
-def test_tp2_equals_tp1_with_speculative_decoding(llama_dir: Path, method: str) -> None:
-    """n-gram and draft-model speculation under TP=2: drafts proposed on rank 0 (the draft unsharded),
-    verified alike on every rank; greedy and seeded tokens equal TP=1's."""
-    spec = {"method": method, "num_speculative_tokens": 3} | (
-        {"model": str(llama_dir)} if method != "ngram" else {}
-    )
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "eagle"])
+def test_tp2_equals_tp1_with_speculative_decoding(llama_dir: Path, method: str, tmp_path: Path) -> None:
+    """n-gram, draft-model and EAGLE speculation under TP=2: drafts proposed on rank 0 (the draft, or the
+    EAGLE head with whole copies of the target's embedding and LM head, unsharded), verified alike on
+    every rank; greedy and seeded tokens equal TP=1's."""
+    from tests.checkpoints import build_eagle_head
+
+    model = {"ngram": None, "draft_model": llama_dir, "eagle": None}[method]
+    if method == "eagle":
+        model = build_eagle_head(llama_dir, tmp_path / "eagle")
+    spec = {"method": method, "num_speculative_tokens": 3} | ({"model": str(model)} if model else {})
     prompts = [[5, 6, 7, 5, 6, 7, 5, 6], list(range(3, 40)), [9] * 5]
     seeded = SamplingParams(temperature=0.8, seed=3, max_tokens=12, ignore_eos=True)
     for one, two in _pair(llama_dir, num_kv_blocks=128, speculative_config=spec):
@@ -110,13 +114,9 @@ def test_tp2_equals_tp1_with_speculative_decoding(llama_dir: Path, method: str) 
         assert two.engine.core.runner.spec.proposes
 
 
-def test_unsupported_settings_are_refused(llama_dir: Path, family_dir, tmp_path: Path) -> None:
-    from tests.checkpoints import build_eagle_head
-
-    head = build_eagle_head(llama_dir, tmp_path / "eagle")
-    with pytest.raises(ValueError, match="speculative_config method eagle is not supported with tensor"):
-        LLM(model=str(llama_dir), tensor_parallel_size=2,
-            speculative_config={"method": "eagle", "num_speculative_tokens": 2, "model": str(head)})  # fmt: skip
+def test_unsupported_settings_are_refused(llama_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="kv_offload_cpu_bytes is not supported with tensor parallelism yet"):
+        LLM(model=str(llama_dir), tensor_parallel_size=2, kv_offload_cpu_bytes=2**20)
     with pytest.raises(ValueError, match="does not divide the model's num_attention_heads=4"):
         LLM(model=str(llama_dir), tensor_parallel_size=3)
 

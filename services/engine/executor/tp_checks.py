@@ -27,10 +27,6 @@ def check_tensor_parallel(config: EngineConfig, cfg: ModelConfig, quant: QuantCo
             "their codes are stored in a permuted column order, so no rank's input columns are contiguous",
         ),
         "enable_lora": (config.enable_lora and pp > 1, "adapter slots wrap every layer, a stage holds some"),
-        "speculative_config method eagle": (
-            spec is not None and spec.method == "eagle" and tp > 1,
-            "EAGLE's head reads the target's embedding and LM head, vocabulary shards under TP",
-        ),
         "speculative_config": (spec is not None and pp > 1, "drafts are verified on the last stage only"),
         "kvstore_url": (
             config.kvstore_url is not None,

@@ -18,6 +18,7 @@ from services.engine.worker.models.interface import CausalLM, EmbeddingModel
 from services.engine.worker.models.moe import expert_token_counts, moe_layers
 from services.engine.worker.parallel.groups import ParallelGroups, rank_kv_config
 from services.engine.worker.pooling import pooling_config_for
+from services.engine.worker.spec_decode.full_vocab import FullVocab
 from services.engine.worker.spec_decode.setup import build_spec_decoder
 from services.engine.worker.spec_decode.spec_decoder import SpecDecoder
 from services.engine.worker.structured.manager import StepConstraints
@@ -154,9 +155,15 @@ class Worker:
             return None
         draft = plan.draft_config
         draft_kv = kv_cache_shape(draft, num_blocks, plan.config.block_size) if draft else ()
+        target = cast(CausalLM, self.model)
+        if spec.method == "eagle" and self.groups is not None and self.groups.tp is not None:
+            # the target's embedding and head are vocabulary shards: the head reads whole copies
+            target = cast(
+                CausalLM, FullVocab.load(plan.config.model, plan.model_config, plan.dtype, self.device)
+            )
         return build_spec_decoder(
             spec,
-            cast(CausalLM, self.model),
+            target,
             draft,
             draft_kv,
             plan.dtype,
