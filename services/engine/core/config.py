@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from services.engine.core.spec_config import Quantization, SpeculativeConfig
 
@@ -55,6 +55,8 @@ class EngineConfig(BaseModel):
     speculative_config: SpeculativeConfig | None = None  # draft tokens verified in one target pass
     kvstore_url: str | None = None  # grpc://host:port of the shared kvstore tier
     kv_offload_cpu_bytes: int = Field(0, ge=0)  # this engine's host-memory KV tier (0: none)
+    kv_offload_disk_path: str | None = None  # a local-disk tier behind the host tier: its folder
+    kv_offload_disk_bytes: int = Field(0, ge=0)  # ... and its budget
     use_nixl: bool = True  # False: KV moves between engines through the kvstore only
     # The pool's side-channel token (--pool-secret-file): required on this engine's /kv/ routes, sent to
     # prefill's and to the kvstore. None: side channels are open, as without the flag.
@@ -69,6 +71,17 @@ class EngineConfig(BaseModel):
         if p.is_file() and p.suffix != ".gguf":
             raise ValueError(f"model file {v!r} is not a .gguf file")
         return v
+
+    @model_validator(mode="after")
+    def _disk_tier_behind_host_tier(self) -> EngineConfig:
+        disk = (self.kv_offload_disk_path is not None, self.kv_offload_disk_bytes > 0)
+        if any(disk) and not all(disk):
+            raise ValueError("kv_offload_disk_path and kv_offload_disk_bytes: set both for a disk KV tier")
+        if all(disk) and not self.kv_offload_cpu_bytes:
+            raise ValueError(
+                "kv_offload_disk_path: the disk tier holds what the host tier evicts; set kv_offload_cpu_bytes"
+            )
+        return self
 
     @property
     def model_name(self) -> str:

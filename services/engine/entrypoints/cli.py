@@ -246,6 +246,13 @@ def _add_pool_flags(add: Callable[..., object]) -> None:
         "copied there off the step, and a prefix found there is loaded back instead of recomputed (0: none)",
     )
     add(
+        "--kv-offload-disk-path",
+        default=None,
+        help="folder of a local-disk KV tier behind the host tier: blocks the host tier evicts are written "
+        "there (checksummed files, kept across restarts) and loaded back on a prefix hit",
+    )
+    add("--kv-offload-disk-bytes", type=int, default=0, help="the disk KV tier's budget in bytes")
+    add(
         "--no-nixl",
         dest="use_nixl",
         action="store_false",
@@ -313,6 +320,8 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
         seed=args.seed,
         kvstore_url=args.kvstore_url,
         kv_offload_cpu_bytes=args.kv_offload_cpu_bytes,
+        kv_offload_disk_path=args.kv_offload_disk_path,
+        kv_offload_disk_bytes=args.kv_offload_disk_bytes,
         use_nixl=args.use_nixl,
         pool_secret=read_pool_secret(args.pool_secret_file),
         enable_lora=args.enable_lora,

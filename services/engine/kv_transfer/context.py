@@ -79,6 +79,7 @@ class KVTransferContext:
         budget = self.config.kv_offload_cpu_bytes
         if not budget:
             return []
+        from services.engine.kv_transfer.disk_tier import DiskKVTier
         from services.engine.kv_transfer.host_tier import HostKVTier
         from services.engine.kv_transfer.offload_connector import OffloadConnector
 
@@ -86,7 +87,13 @@ class KVTransferContext:
         if budget < per_block:
             raise ValueError(f"kv_offload_cpu_bytes={budget}: below one KV block ({per_block} bytes)")
         log.info("host KV tier: %d blocks (%d MiB)", budget // per_block, budget // 2**20)
-        return [OffloadConnector(HostKVTier(self.kv_cache, budget // per_block), self.block_size)]
+        disk = None
+        if self.config.kv_offload_disk_path is not None:
+            layout = self.compat.model_dump_json()  # blocks of another model, dtype or layout never load
+            disk = DiskKVTier(
+                self.config.kv_offload_disk_path, self.config.kv_offload_disk_bytes, layout, per_block
+            )
+        return [OffloadConnector(HostKVTier(self.kv_cache, budget // per_block, disk=disk), self.block_size)]
 
     def kvstore(self, offload: bool = True) -> list[KVConnector]:
         """The kvstore connector when ``kvstore_url`` is set (none otherwise); ``offload`` puts finished prompts."""

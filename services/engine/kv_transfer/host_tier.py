@@ -1,4 +1,5 @@
-"""HostKVTier: an engine's own second KV tier in host memory: block copies by hash, LRU, moved off the step.
+"""HostKVTier: an engine's own second KV tier in host memory: block copies by hash, LRU, moved off the step;
+with a local-disk tier behind it, the blocks it evicts are demoted to disk and found there later.
 
 Its budget is separate from the primary KV pool's (on a CPU engine both are RAM; on a GPU the tier is
 pinned host memory). Stores and loads are jobs for one worker thread through a bounded queue: a store
@@ -18,28 +19,36 @@ from dataclasses import dataclass
 
 import torch
 
+from services.engine.kv_transfer.disk_tier import DiskKVTier
+
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class TierJob:
-    """Copy ``blocks`` of the KV cache to (``store``) or from the tier's slots, for ``request_id``."""
+    """Copy ``blocks`` of the KV cache to (``store``) or from the tier's slots, then (loads) from the disk
+    files of ``disk_hashes``, for ``request_id``; a demotion (no request) writes slots to disk files."""
 
     request_id: str
     store: bool
     blocks: tuple[int, ...]
     slots: tuple[int, ...]
-    hashes: tuple[bytes, ...]  # a store's block hashes (a load's are already indexed)
+    hashes: tuple[bytes, ...]  # a store's (or demotion's) block hashes (a load's slots are indexed)
     ready: torch.cuda.Event | None = None  # a GPU engine's step that wrote the blocks (stores)
+    disk_hashes: tuple[bytes, ...] = ()  # a load's blocks after its slots' ones, read from disk
+    demote: bool = False
 
 
 class HostKVTier:
     """``num_slots`` blocks of host memory shaped like the KV cache's blocks, indexed by block hash."""
 
-    def __init__(self, kv_cache: torch.Tensor, num_slots: int, queue_depth: int = 64) -> None:
+    def __init__(
+        self, kv_cache: torch.Tensor, num_slots: int, queue_depth: int = 64, disk: DiskKVTier | None = None
+    ) -> None:
         if num_slots < 1:
             raise ValueError(f"kv_offload_cpu_bytes: holds no block ({num_slots} slots)")
-        self.kv_cache = kv_cache
+        self.kv_cache, self.disk = kv_cache, disk
+        self._demotions: list[tuple[bytes, int]] = []  # slots evicted to disk, written before their reuse
         pin = kv_cache.device.type == "cuda"
         self.slots = torch.empty((num_slots, *kv_cache.shape[1:]), dtype=kv_cache.dtype, pin_memory=pin)
         self.index: OrderedDict[bytes, int] = OrderedDict()  # hash -> slot, least recently used first
@@ -48,9 +57,13 @@ class HostKVTier:
         self._lock = threading.Lock()
         self._jobs: queue.Queue[TierJob | None] = queue.Queue(maxsize=queue_depth)
         self._done: queue.SimpleQueue[tuple[TierJob, bool]] = queue.SimpleQueue()
-        self.stored = self.loaded = self.dropped = self.evicted = 0
+        self.stored = self.loaded = self.loaded_disk = self.dropped = self.evicted = self.demoted = 0
         self._worker = threading.Thread(target=self._work, name="kvferry-host-tier", daemon=True)
         self._worker.start()
+
+    def on_disk(self, hashes: Sequence[bytes]) -> int:
+        """How many of the leading ``hashes`` the disk tier holds (0 without one)."""
+        return self.disk.leading(list(hashes)) if self.disk is not None else 0
 
     def lookup(self, hashes: Sequence[bytes]) -> list[int]:
         """The slots of the leading ``hashes`` the tier holds, in order (stops at the first miss), pinned:
@@ -77,25 +90,34 @@ class HostKVTier:
                 else:
                     del self.busy[slot]
 
-    def load(self, request_id: str, blocks: Sequence[int], slots: Sequence[int]) -> bool:
-        """Copy pinned ``slots`` into the KV cache's ``blocks`` off the engine thread (unpinned when done);
-        False (and unpinned) if the queue is full."""
-        job = TierJob(request_id, False, tuple(blocks), tuple(slots), ())
+    def load(
+        self, request_id: str, blocks: Sequence[int], slots: Sequence[int], disk_hashes: Sequence[bytes] = ()
+    ) -> bool:
+        """Copy pinned ``slots``, then the disk files of ``disk_hashes``, into the KV cache's ``blocks`` off
+        the engine thread (unpinned when done); False (and unpinned) if the queue is full."""
+        job = TierJob(request_id, False, tuple(blocks), tuple(slots), (), disk_hashes=tuple(disk_hashes))
         if self._submit(job):
             return True
         self.unpin(slots)
         return False
 
     def store(self, request_id: str, blocks: Sequence[int], hashes: Sequence[bytes]) -> bool:
-        """Copy ``blocks`` (full blocks with these hashes) into the tier; blocks it holds already are skipped.
-        False (the store dropped, counted) when the queue is full or no slot can be freed."""
+        """Copy ``blocks`` (full blocks with these hashes, in prompt order) into the tier; blocks it holds
+        already are skipped, and those past the slots that can be freed are dropped (counted). False when
+        nothing is stored (all held, no slot, or the queue full)."""
         with self._lock:
             todo = [(b, h) for b, h in zip(blocks, hashes, strict=True) if h not in self.index]
-            slots = [s for s in (self._take_slot() for _ in todo) if s is not None]
-        if len(slots) < len(todo):
-            self._release(slots)
+            slots: list[int] = []
+            while len(slots) < len(todo) and (slot := self._take_slot()) is not None:
+                slots.append(slot)
+            demoted, self._demotions = self._demotions, []
+        if demoted:  # ahead of the store that reuses their slots (one worker, first in first out)
+            self._submit(
+                TierJob("", True, (), tuple(s for _, s in demoted), tuple(h for h, _ in demoted), demote=True)
+            )
+        if len(slots) < len(todo):  # the leading blocks that fit are kept (a prefix), the rest dropped
             self.dropped += 1
-            return False
+            todo = todo[: len(slots)]
         if not todo:
             return False
         ready = None
@@ -144,6 +166,8 @@ class HostKVTier:
             if slot not in self.busy:
                 del self.index[h]
                 self.evicted += 1
+                if self.disk is not None:
+                    self._demotions.append((h, slot))
                 return slot
         return None
 
@@ -160,6 +184,9 @@ class HostKVTier:
                 what = "store" if job.store else "load"
                 log.exception("host KV tier: %s of %d blocks failed", what, len(job.blocks))
                 ok = False
+            if job.demote:
+                self._done.put((job, ok))
+                continue
             with self._lock:
                 if job.store and ok:
                     for h, slot in zip(job.hashes, job.slots, strict=True):
@@ -172,18 +199,42 @@ class HostKVTier:
                 if job.store:
                     self.stored += len(job.blocks)
                 else:
-                    self.loaded += len(job.blocks)
+                    self.loaded += len(job.slots)
+                    self.loaded_disk += len(job.disk_hashes)
             self._done.put((job, ok))
 
     def _copy(self, job: TierJob) -> None:
+        if job.demote:
+            self._demote(job)
+            return
         blocks = torch.tensor(job.blocks, dtype=torch.long, device=self.kv_cache.device)
-        slots = torch.tensor(job.slots, dtype=torch.long)
+        n = len(job.slots)
         if job.store:
             if job.ready is not None:
                 job.ready.synchronize()
-            self.slots[slots] = self.kv_cache.index_select(0, blocks).to("cpu")
-        else:
-            data = self.slots.index_select(0, slots).to(self.kv_cache.device, non_blocking=True)
-            self.kv_cache.index_copy_(0, blocks, data)
-            if self.kv_cache.device.type == "cuda":
-                torch.cuda.current_stream(self.kv_cache.device).synchronize()
+            self.slots[torch.tensor(job.slots, dtype=torch.long)] = self.kv_cache.index_select(0, blocks).to(
+                "cpu"
+            )
+            return
+        parts = [self.slots.index_select(0, torch.tensor(job.slots, dtype=torch.long))] if n else []
+        parts += [self._from_disk(h) for h in job.disk_hashes]
+        data = torch.cat(parts).to(self.kv_cache.device, non_blocking=True)
+        self.kv_cache.index_copy_(0, blocks, data)
+        if self.kv_cache.device.type == "cuda":
+            torch.cuda.current_stream(self.kv_cache.device).synchronize()
+
+    def _demote(self, job: TierJob) -> None:
+        """Evicted slots' blocks written to the disk tier (before the slots are reused)."""
+        assert self.disk is not None
+        for h, slot in zip(job.hashes, job.slots, strict=True):
+            self.disk.write(h, self.slots[slot].contiguous().view(torch.uint8).numpy().tobytes())
+            self.demoted += 1
+
+    def _from_disk(self, block_hash: bytes) -> torch.Tensor:
+        """One block read from the disk tier, shaped as a slot (RuntimeError when it cannot be served)."""
+        assert self.disk is not None
+        payload = self.disk.read(block_hash)
+        if payload is None:
+            raise RuntimeError(f"disk KV tier: block {block_hash.hex()[:12]} is gone or corrupt")
+        raw = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        return raw.view(self.slots.dtype).view(1, *self.slots.shape[1:])

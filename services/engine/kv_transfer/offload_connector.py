@@ -23,7 +23,8 @@ class OffloadConnector:
 
     def __init__(self, tier: HostKVTier, block_size: int) -> None:
         self.tier, self.block_size = tier, block_size
-        self._matched: dict[str, tuple[int, list[int]]] = {}  # request id -> (first block, pinned slots)
+        # request id -> (first block, pinned host slots, the block hashes after them found on disk)
+        self._matched: dict[str, tuple[int, list[int], list[bytes]]] = {}
         self._stats = TransferStats()
         self._failed_now: set[str] = set()  # loads that could not start, reported at the next get_finished
 
@@ -33,18 +34,21 @@ class OffloadConnector:
         first, last = num_local_computed // bs, (request.num_tokens - 1) // bs
         if first >= last:
             return 0, False
-        slots = self.tier.lookup(request.block_hashes[first:last])
-        if not slots:
+        hashes = request.block_hashes[first:last]
+        slots = self.tier.lookup(hashes)
+        disk = hashes[len(slots) : len(slots) + self.tier.on_disk(hashes[len(slots) :])]
+        if not slots and not disk:
             return 0, False
-        self._matched[rid] = (first, slots)
-        return min(len(slots) * bs, request.num_tokens - 1 - num_local_computed), True
+        self._matched[rid] = (first, slots, disk)
+        return min((len(slots) + len(disk)) * bs, request.num_tokens - 1 - num_local_computed), True
 
     def update_state_after_alloc(self, request: Request, block_ids: Sequence[int], num_external: int) -> None:
         rid = request.request_id
-        first, slots = self._matched.pop(rid)
+        first, slots, disk = self._matched.pop(rid)
         n = -(-num_external // self.block_size)
         self.tier.unpin(slots[n:])
-        if not self.tier.load(rid, list(block_ids[first : first + n]), slots[:n]):
+        ids = list(block_ids[first : first + n])
+        if not self.tier.load(rid, ids, slots[:n], disk[: max(0, n - len(slots))]):
             self._stats.add_failure("offload_queue_full")
             self._failed_now.add(rid)
 
@@ -66,12 +70,15 @@ class OffloadConnector:
         received: set[str] = set()
         failed, self._failed_now = self._failed_now, set()
         for job, ok in self.tier.finished():
-            if job.store:
+            if job.demote:
+                self._stats.add_blocks("sent", "disk", len(job.slots) if ok else 0)
+            elif job.store:
                 sent.add(job.request_id)
                 self._stats.add_blocks("sent", MEDIUM, len(job.blocks) if ok else 0)
             elif ok:
                 received.add(job.request_id)
-                self._stats.add_blocks("received", MEDIUM, len(job.blocks))
+                self._stats.add_blocks("received", MEDIUM, len(job.slots))
+                self._stats.add_blocks("received", "disk", len(job.disk_hashes))
             else:
                 self._stats.add_failure("offload_load_failed")
                 failed.add(job.request_id)
@@ -84,6 +91,8 @@ class OffloadConnector:
         out.merge(self._stats)
         if self.tier.dropped:
             out.failures["offload_dropped"] += self.tier.dropped
+        if self.tier.disk is not None and self.tier.disk.corrupt:
+            out.failures["offload_disk_corrupt"] += self.tier.disk.corrupt
         return out
 
     def close(self) -> None:

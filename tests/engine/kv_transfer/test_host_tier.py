@@ -13,6 +13,7 @@ from services.engine import LLM, SamplingParams
 from services.engine.kv_transfer.host_tier import HostKVTier
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+PER_BLOCK = 2 * 2 * 16 * 2 * 16 * 4  # layers x (K, V) x block_size x KV heads x head_dim x fp32
 
 
 def _prompts(seed: int, n: int, length: int) -> list[list[int]]:
@@ -49,9 +50,8 @@ def test_evicted_prefixes_come_back_from_host_memory(llama_dir: Path, baseline: 
 
 
 def test_a_tier_too_small_drops_stores_and_changes_nothing(llama_dir: Path, baseline: LLM) -> None:
-    per_block = 2 * 2 * 16 * 2 * 16 * 4  # layers x (K, V) x block_size x KV heads x head_dim x fp32
     llm = LLM(model=str(llama_dir), dtype="float32", num_kv_blocks=16, max_num_seqs=2,
-              kv_offload_cpu_bytes=2 * per_block)  # fmt: skip
+              kv_offload_cpu_bytes=2 * PER_BLOCK)  # fmt: skip
     prompts = _prompts(3, 4, 100)
     assert [_tokens(llm, [p])[0] for p in prompts] == _tokens(baseline, prompts)
     _, failures = llm.engine.core.transfer_stats()
@@ -90,3 +90,60 @@ def _wait(tier: HostKVTier, jobs: int) -> None:
         done += tier.finished()
         time.sleep(0.01)
     assert len(done) == jobs and all(ok for _, ok in done)
+
+
+def _disk_engine(llama_dir: Path, folder: Path) -> LLM:
+    """Four host slots; what they evict goes to disk."""
+    return LLM(model=str(llama_dir), dtype="float32", num_kv_blocks=16, max_num_seqs=2,
+               kv_offload_cpu_bytes=4 * PER_BLOCK, kv_offload_disk_path=str(folder),
+               kv_offload_disk_bytes=2**22)  # fmt: skip
+
+
+def test_blocks_demoted_to_disk_come_back_and_survive_a_restart(
+    llama_dir: Path, baseline: LLM, tmp_path: Path
+) -> None:
+    first, others = _prompts(4, 1, 100), _prompts(5, 3, 100)
+    expected = _tokens(baseline, first)
+    llm = _disk_engine(llama_dir, tmp_path / "kv")
+    assert _tokens(llm, first) == expected
+    for prompt in others:  # each evicts the previous prompt's blocks: primary -> host -> disk
+        assert _tokens(llm, [prompt]) == _tokens(baseline, [prompt])
+    again = llm.generate(first, GREEDY)[0]
+    assert again.outputs[0].token_ids == expected[0] and again.num_cached_tokens >= 64
+    blocks, failures = llm.engine.core.transfer_stats()
+    assert blocks[("sent", "disk")] >= 4 and blocks[("received", "disk")] >= 4
+    assert set(failures) == {"offload_dropped"}  # six blocks a prompt, four host slots: the tail is dropped
+    llm.shutdown()
+    files = sorted((tmp_path / "kv").glob("*.kvb"))
+    assert files
+    restarted = _disk_engine(llama_dir, tmp_path / "kv")  # the files of the last run are found again
+    out = restarted.generate(_prompts(5, 3, 100)[1:2], GREEDY)[0]
+    assert out.outputs[0].token_ids == _tokens(baseline, _prompts(5, 3, 100)[1:2])[0]
+    assert out.num_cached_tokens >= 64
+    restarted.shutdown()
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "layout"])
+def test_a_damaged_block_file_is_never_served(
+    llama_dir: Path, baseline: LLM, tmp_path: Path, damage: str
+) -> None:
+    prompts = _prompts(6, 3, 100)
+    llm = _disk_engine(llama_dir, tmp_path / "kv")
+    for prompt in prompts:
+        _tokens(llm, [prompt])
+    llm.shutdown()
+    for path in (tmp_path / "kv").glob("*.kvb"):
+        data = bytearray(path.read_bytes())
+        if damage == "flip":
+            data[-5] ^= 0xFF
+        elif damage == "truncate":
+            data = data[: len(data) // 2]
+        else:
+            data[10] ^= 0xFF  # the layout digest: another model's or dtype's block
+        path.write_bytes(bytes(data))
+    again = _disk_engine(llama_dir, tmp_path / "kv")
+    out = again.generate(prompts[:1], GREEDY)[0]
+    assert out.outputs[0].token_ids == _tokens(baseline, prompts[:1])[0]  # recomputed
+    _, failures = again.engine.core.transfer_stats()
+    assert failures["offload_disk_corrupt"] >= 1
+    again.shutdown()
