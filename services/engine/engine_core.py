@@ -100,7 +100,9 @@ class EngineCore:
         refusal = (
             unsupported(config, "--role prefill/decode (KV split over pipeline stages)") if staged else None
         )
-        self.kv_transfer = KVTransferContext(config, kv_cache, self.kv_compat(), ranks, refusal)
+        self.kv_transfer = KVTransferContext(
+            config, kv_cache, self.kv_compat(), ranks, refusal, self.worker.kv_head_ranges()
+        )
         try:
             self.connector: KVConnector = compose(list(connectors(self.kv_transfer)))
         except BaseException:

@@ -127,3 +127,25 @@ def test_vision_model_tp2_equals_tp1(tmp_path: Path) -> None:
         finally:
             llm.shutdown()
     assert outs[1] == outs[0]
+
+
+def test_kvstore_blocks_written_by_tp2_read_back_by_tp2_and_tp1(llama_dir: Path) -> None:
+    """The kvstore holds whole blocks in the unsharded layout (the ranks' shards joined by KV head), so a
+    TP=2 engine reads back what a TP=2 engine wrote, and so does a TP=1 engine."""
+    from tests.kvstore_server import running_kvstore
+
+    prompts = [list(range(3, 83)), list(range(100, 170))]
+    runs = []
+    with running_kvstore(capacity_gb="0.05") as target:
+        for tp in (2, 2, 1):  # the writer, then two fresh readers
+            llm = LLM(model=str(llama_dir), dtype="float32", num_kv_blocks=64, tensor_parallel_size=tp,
+                      kvstore_url=f"grpc://{target}")  # fmt: skip
+            try:
+                outs = llm.generate(prompts, GREEDY)
+                runs.append(([o.outputs[0].token_ids for o in outs], [o.num_cached_tokens for o in outs]))
+            finally:
+                llm.shutdown()
+    (written, none), *reads = runs
+    assert max(none) == 0
+    for tokens, cached in reads:  # every full prompt block came from the store, the tokens unchanged
+        assert tokens == written and min(cached) >= 64

@@ -28,10 +28,7 @@ def check_tensor_parallel(config: EngineConfig, cfg: ModelConfig, quant: QuantCo
         ),
         "enable_lora": (config.enable_lora and pp > 1, "adapter slots wrap every layer, a stage holds some"),
         "speculative_config": (spec is not None and pp > 1, "drafts are verified on the last stage only"),
-        "kvstore_url": (
-            config.kvstore_url is not None,
-            "the kvstore tier reads and writes one rank's whole KV blocks",
-        ),
+        "kvstore_url": (config.kvstore_url is not None and pp > 1, "a stage holds some layers of a block"),
         "kv_offload_cpu_bytes": (
             config.kv_offload_cpu_bytes > 0,
             "the host tier copies one rank's whole KV blocks",

@@ -29,10 +29,13 @@ class KVTransferContext:
         compat: KVCompat,
         ranks: Sequence[RankTransferClient] = (),
         refusal: str | None = None,
+        kv_heads: Sequence[tuple[int, int]] = (),
     ) -> None:
         """``ranks``: the tensor-parallel workers' agents (their KV shards), when there are any;
-        ``refusal``: why this engine cannot move KV to or from other engines (ValueError on first use)."""
+        ``refusal``: why this engine cannot move KV to or from other engines (ValueError on first use);
+        ``kv_heads``: each rank's (first KV head, count) under tensor parallelism, rank order."""
         self.config, self.kv_cache, self.compat = config, kv_cache, compat
+        self.kv_heads = list(kv_heads)
         self.ranks, self.refusal = list(ranks), refusal
         self.block_size = compat.block_size
         self._transfer: BlockTransfer | None = None
@@ -99,6 +102,7 @@ class KVTransferContext:
         """The kvstore connector when ``kvstore_url`` is set (none otherwise); ``offload`` puts finished prompts."""
         if not self.config.kvstore_url:
             return []
+        from services.engine.kv_transfer.block_bytes import ShardedBlocks
         from services.engine.kv_transfer.kvstore_connector import KVStoreConnector
         from services.engine.kv_transfer.kvstore_tier import KVStoreTier
         from services.engine.kv_transfer.nixl_transfer import NixlTransfer
@@ -110,12 +114,14 @@ class KVTransferContext:
             log.warning("kvstore %s failed (%s): %s", what, reason, detail)
             stats.add_failure(reason)
 
+        blocks = ShardedBlocks(self.kv_cache, self.ranks, self.kv_heads) if self.ranks else None
         tier = KVStoreTier(
             self.config.kvstore_url,
             self.kv_cache,
             on_failure,
-            transfer=transfer if isinstance(transfer, NixlTransfer) else None,  # tensor parallelism: no tier
+            transfer=transfer if isinstance(transfer, NixlTransfer) else None,  # tensor parallelism: gRPC
             pool_secret=self.config.pool_secret,
+            blocks=blocks,
         )
         return [KVStoreConnector(tier, self.block_size, stats, offload=offload)]
 

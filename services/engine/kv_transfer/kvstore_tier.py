@@ -21,6 +21,7 @@ import torch
 
 from services.common.kv_transfer import KVTransferError
 from services.common.kvstore_client import KVStoreClient, KVStoreUnavailable
+from services.engine.kv_transfer.block_bytes import BlockBytes, LocalBlocks
 
 if TYPE_CHECKING:
     from pydantic import SecretStr
@@ -70,13 +71,16 @@ class KVStoreTier:
         timeout_s: float = 2.0,
         transfer: NixlTransfer | None = None,
         pool_secret: SecretStr | None = None,
+        blocks: BlockBytes | None = None,
     ) -> None:
+        """``blocks``: the KV cache's whole blocks as bytes (default: ``kv_cache``'s own; under tensor
+        parallelism every rank's shards, joined)."""
         self.url = url
         self._transfer = transfer
         self._store_peer: str | None = None  # the store's NIXL engine id once handshaken
         self._next_handshake = 0.0
         self._client = KVStoreClient(url, timeout_s=timeout_s, pool_secret=pool_secret)
-        self._cache_bytes = kv_cache.view(kv_cache.shape[0], -1).view(torch.uint8)
+        self._blocks = blocks if blocks is not None else LocalBlocks(kv_cache)
         self._on_failure = on_failure
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._done: queue.SimpleQueue = queue.SimpleQueue()
@@ -115,8 +119,7 @@ class KVStoreTier:
 
     def copy_in(self, block_ids: list[int], payloads: list[bytes]) -> None:
         """Copy fetched payloads into our blocks (engine thread; the blocks belong to one waiting request)."""
-        for block_id, data in zip(block_ids, payloads, strict=True):
-            self._cache_bytes[block_id].copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        self._blocks.write(block_ids, payloads)
         self.blocks_received += len(block_ids)
 
     def read_in(self, block_ids: list[int], fetch: Fetch) -> bool:
@@ -169,7 +172,8 @@ class KVStoreTier:
         """Copy (hash, tokens, block id) blocks out now; the worker puts them to the store later."""
         if not items or not self.available:
             return
-        blocks = [(h, list(toks), self._cache_bytes[bid].numpy().tobytes()) for h, toks, bid in items]
+        data = self._blocks.read([bid for _, _, bid in items])
+        blocks = [(h, list(toks), d) for (h, toks, _), d in zip(items, data, strict=True)]
         self._jobs.put(("put", blocks))
 
     def close(self) -> None:

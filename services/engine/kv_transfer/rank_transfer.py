@@ -51,6 +51,15 @@ class RankTransferServer:
         self.handles: dict[int, Any] = {}
         self.next_handle = 0
 
+    def block_bytes(self, block_ids: list[int]) -> bytes:
+        """The shard of these blocks, in order (for rank 0's whole-block copies, e.g. the kvstore)."""
+        return self.kv_cache[block_ids].contiguous().view(torch.uint8).numpy().tobytes()
+
+    def write_blocks(self, block_ids: list[int], data: bytes) -> None:
+        """Fill these blocks' shard from ``block_bytes``-shaped bytes."""
+        shard = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(self.kv_cache.dtype)
+        self.kv_cache[block_ids] = shard.view(len(block_ids), *self.kv_cache.shape[1:])
+
     def open(self, compat: KVCompat, engine_id: str) -> KVAgent:
         from services.engine.kv_transfer.nixl_transfer import NixlTransfer
 

@@ -17,6 +17,7 @@ from services.engine.worker.models.capabilities import ModelCapabilities
 from services.engine.worker.models.interface import CausalLM, EmbeddingModel
 from services.engine.worker.models.moe import expert_token_counts, moe_layers
 from services.engine.worker.parallel.groups import ParallelGroups, rank_kv_config
+from services.engine.worker.parallel.tp_group import TPGroup
 from services.engine.worker.pooling import pooling_config_for
 from services.engine.worker.spec_decode.full_vocab import FullVocab
 from services.engine.worker.spec_decode.setup import build_spec_decoder
@@ -180,6 +181,14 @@ class Worker:
             self.lora.remove(name)
         else:
             self.lora.add(name, path)
+
+    def kv_head_ranges(self) -> list[tuple[int, int]]:
+        """Each tensor-parallel rank's (first KV head, count), rank order (one rank: all heads)."""
+        heads = self.plan.model_config.num_key_value_heads
+        tp = self.groups.tp if self.groups is not None else None
+        if tp is None:
+            return [(0, heads)]
+        return [TPGroup(r, tp.size).kv_head(heads) for r in range(tp.size)]
 
     def moe_expert_tokens(self) -> list[tuple[int, list[int]]]:
         """Tokens routed to each expert of each MoE layer since start (empty for dense models)."""
