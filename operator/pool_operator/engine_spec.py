@@ -64,12 +64,6 @@ class EngineSpec(CrdModel):
             lambda s: s.pipeline_parallel_size == 1 or s.speculative is None,
         ),
         CelRule(
-            "self.tensorParallelSize == 1 || !has(self.speculative) || self.speculative.method != 'eagle'",
-            "speculative method eagle does not run with tensorParallelSize > 1 (its head reads the "
-            "target's embedding and LM head, split across the ranks); ngram and draft_model do",
-            lambda s: s.tensor_parallel_size == 1 or s.speculative is None or s.speculative.method != "eagle",
-        ),
-        CelRule(
             "!self.enableAutoToolChoice || has(self.toolCallParser)",
             "enableAutoToolChoice needs toolCallParser",
             lambda s: not s.enable_auto_tool_choice or s.tool_call_parser is not None,

@@ -258,20 +258,14 @@ class InferencePoolSpec(CrdModel):
             lambda s: s.mode != "Disaggregated" or s.prefill is not None,
         ),
         CelRule(
-            "!has(self.engine) || (self.engine.tensorParallelSize == 1 && self.engine.pipelineParallelSize == 1)"
-            " || ((self.mode == 'Aggregated' || self.engine.pipelineParallelSize == 1) && "
+            "!has(self.engine) || self.engine.pipelineParallelSize == 1 || (self.mode == 'Aggregated' && "
             "(!has(self.kvstore) || !has(self.kvstore.enabled) || !self.kvstore.enabled) && "
             "(!has(self.loras) || size(self.loras) == 0))",
-            "engine.tensorParallelSize > 1 or engine.pipelineParallelSize > 1 needs no kvstore and no loras, "
-            "and pipelineParallelSize > 1 needs mode Aggregated (the kvstore tier and LoRA over sharded "
-            "engines, and P/D over pipeline stages, are not built yet)",
+            "engine.pipelineParallelSize > 1 needs mode Aggregated, no kvstore and no loras (P/D, the "
+            "kvstore tier and LoRA over pipeline stages are not built yet; tensor parallelism serves them)",
             lambda s: (
-                s.engine.ranks == 1
-                or (
-                    (s.mode == "Aggregated" or s.engine.pipeline_parallel_size == 1)
-                    and not s.kvstore.enabled
-                    and not s.loras
-                )
+                s.engine.pipeline_parallel_size == 1
+                or (s.mode == "Aggregated" and not s.kvstore.enabled and not s.loras)
             ),
         ),
         CelRule(

@@ -167,8 +167,9 @@ def test_every_engine_field_reaches_the_engines():
 
 
 def test_tensor_parallel_size_sets_the_flag_and_the_gpu_count():
-    """--tensor-parallel-size 2 and nvidia.com/gpu 2 on GPU pods (none added to CPU pods); refused where
-    the engines cannot shard (P/D over pipeline stages, kvstore, LoRA, EAGLE; speculation with PP)."""
+    """--tensor-parallel-size 2 and nvidia.com/gpu 2 on GPU pods (none added to CPU pods), with the kvstore,
+    LoRA and EAGLE; refused where the engines cannot shard (P/D, kvstore, LoRA or speculation over
+    pipeline stages)."""
     body = load_example("aggregated-pool.yaml")
     body["spec"]["engine"]["tensorParallelSize"] = 2
     (pod,) = _engines(body)
@@ -189,11 +190,8 @@ def test_tensor_parallel_size_sets_the_flag_and_the_gpu_count():
     assert cpu_args[cpu_args.index("--device") + 1] == "cpu"
     pd = load_example("disaggregated-pool.yaml")
     pd["spec"]["engine"]["tensorParallelSize"] = 2  # one engine spec: prefill and decode shard alike
-    with pytest.raises(ValueError, match="needs no kvstore"):  # no tier over sharded KV yet
-        parse_pool(pd)
-    pd["spec"].pop("kvstore")
-    pods = _engines(pd)
-    assert len(pods) == 2
+    pods = _engines(pd)  # with the kvstore tier: the ranks' shards move as whole blocks
+    assert len(pods) == 2 and all("--kvstore-url" in p["containers"][0]["args"] for p in pods)
     for pod in pods:
         args = pod["containers"][0]["args"]
         assert args[args.index("--tensor-parallel-size") + 1] == "2"
@@ -205,8 +203,8 @@ def test_tensor_parallel_size_sets_the_flag_and_the_gpu_count():
     (spec_pod,) = _engines(spec)  # n-gram (and draft-model) speculation run with TP
     assert "--speculative-config" in spec_pod["containers"][0]["args"]
     spec["spec"]["engine"]["speculative"] = {"method": "eagle", "numSpeculativeTokens": 3, "model": "eagle"}
-    with pytest.raises(ValueError, match="speculative method eagle does not run with tensorParallelSize"):
-        parse_pool(spec)
+    (eagle_pod,) = _engines(spec)  # EAGLE's head reads whole copies of the embedding and LM head
+    assert "eagle" in str(eagle_pod["containers"][0]["args"])
     spec["spec"]["engine"] |= {"tensorParallelSize": 1, "pipelineParallelSize": 2}
     with pytest.raises(ValueError, match="pipelineParallelSize > 1 does not run speculative decoding"):
         parse_pool(spec)
