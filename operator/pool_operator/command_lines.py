@@ -7,11 +7,13 @@ import json
 from pool_operator import pool_secret
 from pool_operator.models import InferencePool
 from pool_operator.naming import HTTP_PORT, KVSTORE_PORT, REDIS_PORT, PoolNames
+from pool_operator.quantity import parse_quantity
 from services.common.pod_labels import POOL_LABEL, selector_string
 from services.common.roles import EnginePodRole, serve_role
 
 MODEL_MOUNT = "/models"
 API_KEY_MOUNT = "/etc/kvferry/api-key"
+KV_OFFLOAD_MOUNT = "/var/cache/kvferry/kv-offload"  # the disk KV tier's emptyDir
 STRATEGY_FLAG = {"PrefixAware": "prefix-aware", "LeastLoad": "least-load", "RoundRobin": "round-robin"}
 
 
@@ -88,9 +90,21 @@ class CommandLines:
         args += ["--redis-url", self.redis_url()]
         if self.spec.kvstore.enabled:
             args += ["--kvstore-url", f"grpc://{self.names.service_host('kvstore')}:{KVSTORE_PORT}"]
+        args += self.kv_offload_args()
         args += pool_secret.flag()  # the /kv/ handshake and the kvstore calls between the pool's pods
         args += ["--api-key-file", pool_secret.SECRET_FILE]  # /v1: the pool-internal key (router, picker)
         return args + list(engine.extra_args)
+
+    def kv_offload_args(self) -> list[str]:
+        """spec.engine.kvOffload: the host tier's bytes, and the disk tier on its emptyDir (KV_OFFLOAD_MOUNT)."""
+        offload = self.spec.engine.kv_offload
+        if offload is None or offload.host_memory is None:
+            return []
+        args = ["--kv-offload-cpu-bytes", str(int(parse_quantity(offload.host_memory)))]
+        if offload.disk is not None:
+            args += ["--kv-offload-disk-path", KV_OFFLOAD_MOUNT]
+            args += ["--kv-offload-disk-bytes", str(int(parse_quantity(offload.disk)))]
+        return args
 
     def speculative_args(self, role: EnginePodRole) -> list[str]:
         """spec.engine.speculative as --speculative-config JSON (prefill engines emit one token: no drafts)."""

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from pool_operator.crd_model import CelRule, CrdModel, FreeForm
+from pool_operator.crd_model import CelRule, CrdModel, FreeForm, Quantity
 
 
 class SpeculativeSpec(CrdModel):
@@ -37,6 +37,28 @@ class SpeculativeSpec(CrdModel):
     prompt_lookup_max: int | None = Field(None, ge=1, description="ngram: longest suffix looked up")
 
 
+class KVOffloadSpec(CrdModel):
+    """Each engine's own KV tiers behind its primary pool: host memory, and local disk behind that."""
+
+    CEL_RULES = (
+        CelRule(
+            "!has(self.disk) || has(self.hostMemory)",
+            "kvOffload.disk holds what the host tier evicts: set kvOffload.hostMemory too",
+            lambda s: s.disk is None or s.host_memory is not None,
+        ),
+    )
+
+    host_memory: Quantity | None = Field(
+        None,
+        description="host memory for the engine's second KV tier (--kv-offload-cpu-bytes; count it in the "
+        "role's memory requests)",
+    )
+    disk: Quantity | None = Field(
+        None,
+        description="local disk (an emptyDir of this size) for a third tier (--kv-offload-disk-bytes)",
+    )
+
+
 class EnvVar(CrdModel):
     """A container environment variable (value or valueFrom, as in core/v1)."""
 
@@ -62,6 +84,11 @@ class EngineSpec(CrdModel):
             "self.pipelineParallelSize == 1 || !has(self.speculative)",
             "pipelineParallelSize > 1 does not run speculative decoding yet",
             lambda s: s.pipeline_parallel_size == 1 or s.speculative is None,
+        ),
+        CelRule(
+            "!has(self.kvOffload) || (self.tensorParallelSize == 1 && self.pipelineParallelSize == 1)",
+            "kvOffload does not run with tensor or pipeline parallelism yet (the tier copies one rank's blocks)",
+            lambda s: s.kv_offload is None or s.ranks == 1,
         ),
         CelRule(
             "!self.enableAutoToolChoice || has(self.toolCallParser)",
@@ -121,6 +148,9 @@ class EngineSpec(CrdModel):
     )
     speculative: SpeculativeSpec | None = Field(
         None, description="speculative decoding (decode and aggregated engines; prefill engines do not draft)"
+    )
+    kv_offload: KVOffloadSpec | None = Field(
+        None, description="each engine's host-memory (and local-disk) KV tiers: evicted prefixes come back"
     )
     extra_args: list[str] = Field(default_factory=list)
     env: list[EnvVar] = Field(default_factory=list)

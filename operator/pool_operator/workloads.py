@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from pool_operator import pool_secret
-from pool_operator.command_lines import API_KEY_MOUNT, MODEL_MOUNT, CommandLines
+from pool_operator.command_lines import API_KEY_MOUNT, KV_OFFLOAD_MOUNT, MODEL_MOUNT, CommandLines
 from pool_operator.images import ImageSet
 from pool_operator.models import InferencePool, Resources, RoleSpec
 from pool_operator.naming import (
@@ -228,6 +228,10 @@ class WorkloadBuilder:
             self._model_volume(),
             pool_secret.volume(self.names),
         ]
+        offload = engine.kv_offload
+        if offload is not None and offload.disk is not None:  # the disk KV tier: the pod's own scratch disk
+            volumes.append({"name": "kv-offload", "emptyDir": {"sizeLimit": offload.disk}})
+            container["volumeMounts"].append({"name": "kv-offload", "mountPath": KV_OFFLOAD_MOUNT})
         pod = self._pod(container, volumes, "engine", role=role_spec)
         pod["terminationGracePeriodSeconds"] = 120
         strategy = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}

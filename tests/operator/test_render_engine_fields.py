@@ -119,6 +119,7 @@ _ENGINE_FIELD_VALUES = {
     "tool_call_parser": "hermes",
     "reasoning_parser": "qwen3",
     "speculative": {"method": "ngram", "numSpeculativeTokens": 3},
+    "kv_offload": {"hostMemory": "1Gi"},
     "extra_args": ["--seed", "7"],
     "env": [{"name": "FOO", "value": "1"}],
 }
@@ -229,3 +230,23 @@ def test_router_session_affinity_and_the_responses_key():
     args = _router_args(body)
     assert "--session-affinity" in args and args[args.index("--sticky-limit") + 1] == "8192"
     assert args[args.index("--session-ttl") + 1] == "1800"
+
+
+def test_kv_offload_tiers_reach_the_engines() -> None:
+    """spec.engine.kvOffload: the host tier's bytes on every engine, the disk tier on an emptyDir of its size."""
+    body = load_example("aggregated-pool.yaml")
+    body["spec"]["engine"]["kvOffload"] = {"hostMemory": "2Gi", "disk": "20Gi"}
+    (pod,) = _engines(body)
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--kv-offload-cpu-bytes") + 1] == str(2 * 2**30)
+    assert args[args.index("--kv-offload-disk-bytes") + 1] == str(20 * 2**30)
+    path = args[args.index("--kv-offload-disk-path") + 1]
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["kv-offload"] == path
+    assert {"name": "kv-offload", "emptyDir": {"sizeLimit": "20Gi"}} in pod["volumes"]
+    body["spec"]["engine"]["kvOffload"] = {"disk": "20Gi"}
+    with pytest.raises(ValueError, match="kvOffload.disk holds what the host tier evicts"):
+        parse_pool(body)
+    body["spec"]["engine"] |= {"kvOffload": {"hostMemory": "1Gi"}, "tensorParallelSize": 2, "device": "cpu"}
+    with pytest.raises(ValueError, match="kvOffload does not run with tensor or pipeline parallelism"):
+        parse_pool(body)
