@@ -149,3 +149,9 @@ def test_kvstore_blocks_written_by_tp2_read_back_by_tp2_and_tp1(llama_dir: Path)
     assert max(none) == 0
     for tokens, cached in reads:  # every full prompt block came from the store, the tokens unchanged
         assert tokens == written and min(cached) >= 64
+
+
+def test_mixtral_int8_experts_tp2_equal_tp1(family_dir) -> None:
+    """Experts sharded and held as int8: w2's row scales come from the whole rows (a max over the ranks)."""
+    mixtral = family_dir("mixtral")
+    assert _greedy(mixtral, 2, quantization="int8") == _greedy(mixtral, 1, quantization="int8")

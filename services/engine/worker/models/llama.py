@@ -88,7 +88,7 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp: nn.Module = LlamaMLP(cfg)
         if cfg.is_moe_layer(layer_idx):
             shared = cfg.shared_expert_intermediate_size
-            self.mlp = MoEBlock(cfg, LlamaMLP(cfg, shared) if shared else None)
+            self.mlp = MoEBlock(cfg, LlamaMLP(cfg, shared) if shared else None, tp)
 
     def forward(
         self,

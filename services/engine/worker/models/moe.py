@@ -17,7 +17,8 @@ from torch import nn
 
 from services.engine.worker.attention import ComputeBackend as Backend
 from services.engine.worker.model_config import ModelConfig
-from services.engine.worker.quantization.quantized_linear import quantize_rows_int8
+from services.engine.worker.parallel.tp_group import TPGroup
+from services.engine.worker.quantization.int8_rows import Int8Rows
 
 # HF expert tensor names -> (w13 | w2, which rows): Mixtral's w1/w3/w2, Qwen's gate/up/down_proj
 _EXPERT = re.compile(
@@ -47,8 +48,10 @@ class MoEBlock(nn.Module):
     w13_scale: torch.Tensor | None
     w2_scale: torch.Tensor | None
 
-    def __init__(self, cfg: ModelConfig, shared_mlp: nn.Module | None) -> None:
+    def __init__(self, cfg: ModelConfig, shared_mlp: nn.Module | None, tp: TPGroup | None = None) -> None:
+        """``tp``: the experts hold this rank's shard (w13 its rows, w2 its input columns)."""
         super().__init__()
+        self.tp = tp
         e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
         self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
         self.gate = RouterGate(e, h)
@@ -61,10 +64,15 @@ class MoEBlock(nn.Module):
         self.register_buffer("w2_scale", None, persistent=False)
 
     def quantize_int8(self) -> None:
-        """Hold the experts as int8 codes with a scale per (expert, output row), in place of the floats."""
+        """Hold the experts as int8 codes with a scale per (expert, output row), in place of the floats
+        (under tensor parallelism w2's rows span the ranks: their scales come from the whole rows)."""
         for name in ("w13", "w2"):
             weight = getattr(self, name)
-            codes, scale = quantize_rows_int8(weight.data)
+            absmax = weight.data.float().abs().amax(dim=-1)
+            if name == "w2" and self.tp is not None:
+                absmax = self.tp.all_reduce_max(absmax)
+            rows = Int8Rows.quantize(weight.data, absmax)
+            codes, scale = rows.codes, rows.scales
             delattr(self, name)
             self.register_buffer(name, codes, persistent=False)
             setattr(self, f"{name}_scale", scale.to(weight.dtype))

@@ -39,6 +39,13 @@ class TPGroup:
         self.pg.allreduce([x]).wait()
         return x
 
+    def all_reduce_max(self, x: torch.Tensor) -> torch.Tensor:
+        """The element-wise maximum over ranks of ``x`` (in place)."""
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MAX  # type: ignore[assignment]  # torch stubs: RedOpType vs ReduceOp
+        self.pg.allreduce([x], opts).wait()
+        return x
+
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
         """Every rank's ``x`` concatenated along the last dimension, in rank order."""
         x = x.contiguous()

@@ -16,10 +16,12 @@ class Int8Rows:
     scales: torch.Tensor  # float32 [N]
 
     @classmethod
-    def quantize(cls, weight: torch.Tensor) -> Int8Rows:
-        """Symmetric int8 codes of a float [N, K] weight, one scale per row (absmax / 127)."""
+    def quantize(cls, weight: torch.Tensor, absmax: torch.Tensor | None = None) -> Int8Rows:
+        """Symmetric int8 codes of a float [..., N, K] weight, one scale per row (absmax / 127; ``absmax``:
+        the rows' own unless given, e.g. the whole rows' of a shard)."""
         w = weight.float()
-        scale = (w.abs().amax(dim=-1) / 127).clamp_min(1e-12)
+        amax = w.abs().amax(dim=-1) if absmax is None else absmax
+        scale = (amax / 127).clamp_min(1e-12)
         return cls((w / scale[..., None]).round_().clamp_(-127, 127).to(torch.int8), scale)
 
     @property
