@@ -86,9 +86,12 @@ class PDFlow:
         self.metrics = metrics
         self.prefill_timeout_s = prefill_timeout_s
 
-    async def run(self, req: PreparedRequest, ctx: RequestContext, request_id: str) -> Dispatched:
-        """Pick, prefill, decode; raises OpenAIError (4xx from an engine, or 503 when none could serve)."""
-        tried: list[str] = []
+    async def run(
+        self, req: PreparedRequest, ctx: RequestContext, request_id: str, exclude: Sequence[str] = ()
+    ) -> Dispatched:
+        """Pick (never a decode in ``exclude``), prefill, decode; raises OpenAIError (4xx from an engine, or
+        503 when none could serve)."""
+        tried: list[str] = list(exclude)
         failure: EngineUnavailable | None = None
         overhead = 0.0
         for attempt in range(MAX_ATTEMPTS):

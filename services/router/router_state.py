@@ -22,6 +22,7 @@ from services.router.endpoints import EndpointPoller
 from services.router.engine_client import EngineClient
 from services.router.engine_history import EngineHistory
 from services.router.metrics import RouterMetrics
+from services.router.migration.migrator import Migrator
 from services.router.pd_flow import PDFlow
 from services.router.prompt import PreparedRequest, PromptPreparer
 from services.router.scheduling import RequestContext, RouteDecision, Scheduler
@@ -49,6 +50,7 @@ class RouterState:
     background: set[asyncio.Task] = field(default_factory=set)
     discovery: KubernetesDiscovery | None = None
     sessions: SessionAffinity | None = None  # --session-affinity
+    migrator: Migrator = field(init=False)  # streams resumed on another engine when theirs fails
 
     @classmethod
     def build(cls, settings: RouterSettings, rng: random.Random | None = None) -> RouterState:
@@ -109,6 +111,7 @@ class RouterState:
         poller.listeners.append(state.history.observe)
         state.sessions = SessionAffinity.build(settings.sessions, settings.redis_url)
         flow.on_route = state.note_route
+        state.migrator = Migrator(state, settings.migration)
         return state
 
     def note_route(
