@@ -46,11 +46,13 @@ def _engine(full: bool) -> CollectorRegistry:
 
 
 def _router(full: bool) -> CollectorRegistry:
+    from services.router.accuracy.prediction_accuracy import AccuracySettings, PredictionAccuracy
     from services.router.metrics import RouterMetrics
     from services.router.migration.migrator import migration_counter
 
     registry = RouterMetrics(with_index=True).registry
     migration_counter(registry)  # request migration's, registered by its Migrator
+    PredictionAccuracy(AccuracySettings(), 16, registry)  # routing accuracy's, registered by RouterState
     return registry
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
@@ -145,12 +146,16 @@ async def _serve(
     except TimeoutError:
         raise _timed_out(limit) from None
     if d.stream is not None:
-        replay = StreamReplay(state.migrator, req, request_id, d.stream, splice) if splice else None
+        replay = None
+        if splice is not None:
+            observe = functools.partial(state.accuracy.observe, d.decision, ctx)
+            replay = StreamReplay(state.migrator, req, request_id, d.stream, splice, observe)
         events = replay.events() if replay else d.stream.events()
         chunks = adapter.stream(events) if adapter else _passthrough(events)
         relay = _relay(state, d, chunks, deadline, replay)
         return StreamingResponse(relay, media_type=SSE_CONTENT_TYPE, headers=_headers(d))
     assert d.body is not None
+    state.accuracy.observe(d.decision, ctx, d.body)
     answer = adapter.response(d.body) if adapter else d.body
     return JSONResponse(answer, headers=_headers(d))
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from services.common.hashing import BlockHashExtras
 from services.common.sse import SSEEvent
@@ -43,8 +43,16 @@ class StreamReplay:
     """One streaming request's events, across as many engines as its migrations needed."""
 
     def __init__(
-        self, migrator: Migrator, req: PreparedRequest, request_id: str, stream: EngineStream, splice: Splice
+        self,
+        migrator: Migrator,
+        req: PreparedRequest,
+        request_id: str,
+        stream: EngineStream,
+        splice: Splice,
+        on_usage: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
+        """``on_usage``: called with the first engine's usage chunk (not a continuation's)."""
+        self.on_usage = on_usage
         self.m = migrator
         self.req = req
         self.request_id = request_id
@@ -98,6 +106,8 @@ class StreamReplay:
                 data = event.json()
                 if (message := _server_error(data)) is not None:
                     raise EngineUnavailable(stream.url, message)
+                if data.get("usage") and not self.splice.migrated and self.on_usage is not None:
+                    self.on_usage(data)
                 out, stop = self.splice.rewrite(event)
                 for item in out:
                     yield item
