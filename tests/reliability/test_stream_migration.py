@@ -226,3 +226,44 @@ def test_no_engine_to_migrate_to_is_a_clean_error_event(pool: Pool, tmp_path: Pa
         pool.clear()
         alone.stop()
     pool.kv_freed()
+
+
+def test_a_failed_decode_is_migrated_to_another_decode_through_prefill(
+    llama_dir: Path, tmp_path: Path
+) -> None:
+    """P/D: the continuation (prompt + the tokens so far) is prefilled and handed to the other decode over
+    NIXL, and the client still sees the undisturbed stream."""
+    common = ("--block-size", "16", "--num-kv-blocks", "256")
+    prefill = start_in_process(llama_dir, "--role", "prefill", "--kv-lease", "20", *common)
+    decodes = [start_in_process(llama_dir, "--role", "decode", *common) for _ in range(2)]
+    proxies = [FaultProxy(int(d.url.rsplit(":", 1)[1])) for d in decodes]
+    args = [
+        "--pd-threshold",
+        "0",
+        "--prefill",
+        prefill.url,
+        *[a for p in proxies for a in ("--decode", p.url)],
+    ]
+    router = start_router(llama_dir, tmp_path, [], *args)
+    try:
+        reference = _stream(router.url, GREEDY)
+        before = router.metrics()['kvferry_router_requests_total{decision="disaggregated"}']
+        shared: list[Fault | None] = [Fault("reset", 1300)]
+        for p in proxies:
+            p.queue(shared)
+        seen = _stream(router.url, GREEDY)
+        assert seen.error is None and seen.migrations == 1, seen
+        assert (seen.text, seen.finish) == (reference.text, "length")
+        m = router.metrics()
+        assert (
+            m['kvferry_router_requests_total{decision="disaggregated"}'] - before == 2
+        )  # the continuation too
+        assert m['kvferry_router_migrations_total{outcome="resumed"}'] == 1
+        for engine in (prefill, *decodes):
+            engine.wait_until(lambda mm: mm["kvferry_kv_cache_usage_ratio"] == 0.0, timeout=30)
+    finally:
+        router.stop()
+        for p in proxies:
+            p.close()
+        for e in (prefill, *decodes):
+            e.stop()
