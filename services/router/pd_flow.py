@@ -9,7 +9,8 @@ One request's path through the pool, top to bottom:
    counted;
 3. decode gets the original request plus those params; a failure before its first token (connection
    refused, 5xx, a stream that ends or errors before any token) is retried once on another endpoint;
-4. the caller streams decode's answer back (after the first token an error ends the stream cleanly).
+4. the caller streams decode's answer back; after the first token a failure is migrated to another
+   engine (services/router/migration), or ends the stream with a clean error event.
 """
 
 from __future__ import annotations
