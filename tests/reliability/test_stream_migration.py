@@ -6,6 +6,7 @@ no engine can take it, and a client leaving during a migration frees every engin
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -162,18 +163,49 @@ def test_a_seeded_stream_with_penalties_and_logprobs_resumes_its_draws(pool: Poo
     pool.kv_freed()
 
 
-@pytest.mark.parametrize("cut", CUTS)
-def test_a_stop_string_spanning_the_splice_ends_the_stream_as_it_would_have(pool: Pool, cut: int) -> None:
-    """Stop strings cut from the undisturbed text at several places: each ends the migrated stream at the
-    same character with the same stop reason, wherever the splice fell."""
+def test_stop_strings_after_the_splice_end_the_stream_as_they_would_have(pool: Pool) -> None:
+    """Stop strings from the undisturbed text past the splice: each ends the migrated stream at the same
+    character with the same stop reason and usage."""
+    cut = CUTS[1]
     full = _stream(pool.router.url, GREEDY).text
     for start in (len(full) // 4, len(full) // 2):
         stop = full[start : start + 6]
-        body = {**GREEDY, "stop": [stop]}
+        body = {**GREEDY, "stop": [stop], "stream_options": {"include_usage": True}}
         reference = _stream(pool.router.url, body)
         assert reference.finish == "stop" and reference.stop_reason == stop, reference
         seen = _migrated(pool, body, Fault("reset", cut))
         assert (seen.text, seen.finish, seen.stop_reason) == (reference.text, "stop", stop)
+        assert seen.usage is not None and reference.usage is not None
+        assert seen.usage["completion_tokens"] == reference.usage["completion_tokens"], (seen.usage, cut)
+
+
+def _chunk_texts(url: str, body: dict) -> list[str]:
+    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+        lines = [line[5:].strip() for line in r.iter_lines() if line.startswith("data:")]
+    return [json.loads(d)["choices"][0]["text"] for d in lines if d != "[DONE]" and json.loads(d)["choices"]]
+
+
+def test_a_stop_string_the_failed_engine_had_begun_is_found_across_the_splice(pool: Pool) -> None:
+    """Stop strings placed where the first engine was cut: one starts in the text it held back (so neither
+    engine can see it whole) and the router ends the stream there, as the undisturbed stream ends."""
+    cut = 1300
+    texts = _chunk_texts(pool.router.url, GREEDY)  # about one token per chunk
+    full = "".join(texts)
+    _migrated(pool, GREEDY, Fault("reset", cut))
+    tokens = int(re.findall(r"failed after (\d+) tokens", pool.router.log_text())[-1])
+    at = len("".join(texts[:tokens]))  # where the first engine's text ended at the cut
+    for start in range(max(at - 6, 1), at + 3):
+        stop = full[start : start + 6]
+        body = {**GREEDY, "stop": [stop], "stream_options": {"include_usage": True}}
+        reference = _stream(pool.router.url, body)
+        before = pool.router.log_text().count("spans the splice")
+        seen = _migrated(pool, body, Fault("reset", cut))
+        assert (seen.text, seen.finish, seen.stop_reason) == (reference.text, "stop", reference.stop_reason)
+        assert seen.usage is not None and reference.usage is not None
+        assert seen.usage["completion_tokens"] == reference.usage["completion_tokens"]
+        if pool.router.log_text().count("spans the splice") > before:
+            return  # one stop string spanned the splice (the earlier ones did not: the engines saw them)
+    raise AssertionError("no stop string spanned the splice: the test did not test it")
 
 
 def test_a_chat_stream_is_migrated(pool: Pool) -> None:

@@ -38,16 +38,17 @@ class Splice:
     skip_chars: int = 0  # characters of its text the client already has
     header: dict[str, Any] | None = None  # the first engine's id and created
     carry: StopCarry | None = None
+    tokenizer: Tokenizer | None = None  # set at the first resume
+    stop_tokens: int | None = None  # output tokens up to the end of a stop string found across the splice
 
     def resume(self, tokenizer: Tokenizer) -> int:
         """A new engine takes over: the output tokens it gets as prompt (it draws the rest again, the same
         tokens: draws are keyed by position), chosen so its text starts at a whole character. What the failed
         engine held back (text the client has not seen) is carried, and searched for a stop string."""
-        context = self.prompt[-_CONTEXT:]
-        base = len(tokenizer.decode(context, skip_special_tokens=self.skip_special))
+        self.tokenizer = tokenizer
         k, text = len(self.ids), ""
         for k in range(len(self.ids), max(len(self.ids) - _BACK, 0) - 1, -1):
-            text = tokenizer.decode(context + self.ids[:k], skip_special_tokens=self.skip_special)[base:]
+            text = self._text(k)
             if not text.endswith("\ufffd") and (text.startswith(self.text) or self.text.startswith(text)):
                 break
         held = text[len(self.text) :] if text.startswith(self.text) else ""
@@ -57,6 +58,22 @@ class Splice:
         self.migrated, self.resumed, self.offset_shift = True, k, len(text)
         self.carry = StopCarry(self.stops, held, len(held)) if held else None  # sent with the next text
         return k
+
+    def _text(self, tokens: int) -> str:
+        """The output text of the first ``tokens`` output tokens, decoded as the engines decode it."""
+        assert self.tokenizer is not None
+        context = self.prompt[-_CONTEXT:]
+        base = len(self.tokenizer.decode(context, skip_special_tokens=self.skip_special))
+        return self.tokenizer.decode(context + self.ids[:tokens], skip_special_tokens=self.skip_special)[
+            base:
+        ]
+
+    def _tokens_to(self, chars: int) -> int:
+        """The fewest output tokens whose text reaches ``chars`` characters (the engines' token count at a
+        stop string: the resuming engine has drawn a few more, their text held back)."""
+        return next(
+            (j for j in range(self.resumed, len(self.ids) + 1) if len(self._text(j)) >= chars), len(self.ids)
+        )
 
     def rewrite(self, event: SSEEvent) -> tuple[list[SSEEvent], str | None]:
         """The events to send for one engine event, and the spanning stop string if one ended the stream."""
@@ -98,6 +115,7 @@ class Splice:
             text = sent
             if stop is not None:
                 choice.update(finish_reason="stop", stop_reason=stop)
+                self.stop_tokens = self._tokens_to(len(self.text) + len(text) + len(stop))
         if (lps := choice.get("logprobs")) and self.offset_shift:
             lps["text_offset"] = [o + self.offset_shift for o in lps.get("text_offset") or []]
         choice["text"] = text
@@ -122,3 +140,14 @@ class Splice:
         text = self.carry.flush() if self.carry is not None else ""
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason, "stop_reason": None}
         return SSEEvent(json.dumps({**(self.header or {}), "choices": [choice]}, separators=(",", ":")))
+
+    def usage_event(self, prompt_tokens: int) -> SSEEvent:
+        """The usage chunk of a stream the router ended (a stop string spanning the splice)."""
+        tokens = len(self.ids) if self.stop_tokens is None else self.stop_tokens
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": tokens,
+            "total_tokens": prompt_tokens + tokens,
+        }
+        data = {**(self.header or {}), "choices": [], "usage": usage}
+        return SSEEvent(json.dumps(data, separators=(",", ":")))

@@ -112,6 +112,11 @@ class StreamReplay:
                 for item in out:
                     yield item
                 if stop is not None:  # a stop string spanning the splice ended it; the engine stops with us
+                    log.info(
+                        "request %s: stop string %r spans the splice; stream ended", self.request_id, stop
+                    )
+                    if self.req.include_usage:
+                        yield self.splice.usage_event(self.req.prompt_tokens)
                     yield SSEEvent("[DONE]")
                     return
         finally:
