@@ -1,4 +1,5 @@
-"""LocalStack: the child processes of ``kvferry up``: spawn with logs, wait until healthy, stop newest first."""
+"""LocalStack: the child processes of ``kvferry up``: spawn with logs, wait until healthy, restart a dead
+engine (as its Deployment would), stop newest first."""
 
 from __future__ import annotations
 
@@ -33,14 +34,22 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+RESTART_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)  # as a kubelet's crash-loop back-off, capped sooner
+
+
 @dataclass
 class Child:
-    """One child process with a health URL (or a readiness check) and its log file."""
+    """One child process with a health URL (or a readiness check) and its log file; a ``restartable`` one
+    (an engine) is started again with the same command when it dies."""
 
     name: str
     proc: subprocess.Popen
     log: Path
     health_url: str | None = None
+    cmd: list[str] = field(default_factory=list)
+    restartable: bool = False
+    restarts: int = 0
+    restart_at: float | None = None  # monotonic time of the next restart, once its death was seen
 
     def ready(self) -> bool:
         if self.health_url is None:
@@ -49,6 +58,18 @@ class Child:
             return httpx.get(self.health_url, timeout=2).status_code == 200
         except httpx.HTTPError:
             return False
+
+
+def _popen(cmd: list[str], log: Path, mode: str) -> subprocess.Popen:
+    with log.open(mode) as sink:
+        return subprocess.Popen(
+            cmd,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - single-threaded here
+            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+        )
 
 
 @dataclass
@@ -66,20 +87,37 @@ class LocalStack:
         """``--pool-secret-file`` for a kvstore or an engine (nothing without a secret)."""
         return ["--pool-secret-file", str(self.pool_secret_file)] if self.pool_secret_file else []
 
-    def spawn(self, name: str, cmd: list[str], health_url: str | None = None) -> Child:
+    def spawn(
+        self, name: str, cmd: list[str], health_url: str | None = None, restartable: bool = False
+    ) -> Child:
         log = self.log_dir / f"{name}.log"
-        with log.open("wb") as sink:
-            proc = subprocess.Popen(
-                cmd,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - single-threaded here
-                env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
-            )
-        child = Child(name, proc, log, health_url)
+        child = Child(name, _popen(cmd, log, "wb"), log, health_url, cmd, restartable)
         self.children.append(child)
         return child
+
+    def tend(self) -> Child | None:
+        """Restart dead restartable children once their back-off elapsed (the log is appended to); the first
+        dead child that is not restartable is returned (the stack cannot serve without it)."""
+        now = time.monotonic()
+        for child in self.children:
+            if child.proc.poll() is None:
+                continue
+            if not child.restartable:
+                return child
+            if child.restart_at is None:
+                delay = RESTART_BACKOFF_S[min(child.restarts, len(RESTART_BACKOFF_S) - 1)]
+                child.restart_at = now + delay
+                print(
+                    f"kvferry up: {child.name} exited with {child.proc.returncode}; restarting it in "
+                    f"{delay:g}s (restart {child.restarts + 1}, log {child.log})",
+                    flush=True,
+                )
+            elif now >= child.restart_at:
+                child.proc = _popen(child.cmd, child.log, "ab")
+                child.restarts += 1
+                child.restart_at = None
+                print(f"  {child.name:<10} restarted (pid {child.proc.pid})", flush=True)
+        return None
 
     def wait_ready(self, children: list[Child]) -> None:
         """Block until every child is healthy; raise when one exits, on a signal, or at the timeout."""

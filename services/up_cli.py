@@ -165,7 +165,7 @@ def start_pool(stack: LocalStack, s: UpSettings, redis_url: str, kvstore_url: st
             *stack.secret_args(),
             *s.serve_args,
         )
-        children.append(stack.spawn(name, cmd, f"{url}/health"))
+        children.append(stack.spawn(name, cmd, f"{url}/health", restartable=True))
         engines.append((url, role))
         stack.scrape.add(f"{HOST}:{port}", role if role != "both" else "engine", name)
     print(f"  loading {s.name} in {len(children)} engine(s) ...", flush=True)
@@ -217,7 +217,8 @@ def _banner(s: UpSettings, url: str) -> str:
 
 
 def run_stack(s: UpSettings) -> int:
-    """Start everything, serve until Ctrl-C/SIGTERM or a child dies, stop everything."""
+    """Start everything, serve until Ctrl-C/SIGTERM or Redis, the kvstore or the router dies (a dead engine
+    is restarted, as its Deployment would restart it), stop everything."""
     log_dir = s.log_dir or Path(tempfile.mkdtemp(prefix="kvferry-up-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     secret = write_pool_secret(log_dir / "pool-secret")  # this stack's side-channel token
@@ -238,7 +239,7 @@ def run_stack(s: UpSettings) -> int:
         stack.scrape.write(s.prometheus_targets)
         print(_banner(s, url), flush=True)
         while not stack.stopping:
-            dead = stack.first_exited()
+            dead = stack.tend()
             if dead is not None:
                 print(
                     f"kvferry up: {dead.name} exited with {dead.proc.returncode}; stopping (log {dead.log})",

@@ -114,7 +114,8 @@ class PoolRules:
         }
 
     def alerts(self) -> list[Rule]:
-        """Engine down, KV usage high, transfer fallbacks rising, router self-check failing, Redis unreachable."""
+        """Engine down, KV usage high, transfer fallbacks rising, router self-check failing, Redis unreachable,
+        an engine routed by load only because the index mispredicts its cache."""
         where = "pool {{ $labels.namespace }}/{{ $labels.pool }}"
         return [
             self._alert(
@@ -161,6 +162,17 @@ class PoolRules:
                 "A kvferry router cannot reach the prefix index (Redis)",
                 f"Router {{{{ $labels.pod }}}} of {where} has not reached Redis for 2 minutes: requests are "
                 "routed by load only, without prefix reuse.",
+            ),
+            self._alert(
+                "KvferryRoutingInaccurate",
+                f"max by (namespace, pool, pod, endpoint) (kvferry_router_prefix_load_only{self.sel()}) == 1",
+                "5m",
+                "warning",
+                "The prefix index mispredicts an engine's cache",
+                f"Router {{{{ $labels.pod }}}} of {where} has routed engine {{{{ $labels.endpoint }}}} by load "
+                "only for 5 minutes: the cached tokens the index predicts for it disagree with what it reports "
+                "(an index that missed a cache reset or restart). kvferry_router_prefix_prediction_accuracy "
+                "shows how far.",
             ),
         ]
 

@@ -49,6 +49,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         "python benchmarks/agentic_affinity.py",
         "the agentic workload (`kvferry bench serve --dataset agentic`) on 3 SmolLM2 engines under `kvferry up`, once per routing policy: the prefix-aware scorer, sticky-until-saturated session affinity, and round robin; medians over repeats.",
     ),
+    "recovery": Benchmark(
+        "Recovery: engines killed under load",
+        "python benchmarks/recovery.py --duration 90 --kill-every 30 --concurrency 3",
+        "greedy streams through `kvferry up` (2 aggregated SmolLM2 engines, no kvstore) while one engine is killed with SIGKILL every 30 s (after the previous one is back); each stream compared with the undisturbed run of the same prompt. A short run on 2 CPU cores shared with other work: noisy, few requests.",
+    ),
     "sampler": Benchmark(
         "Sampler: one batch vs a loop of rows",
         "python benchmarks/sampler.py",

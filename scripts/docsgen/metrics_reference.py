@@ -46,9 +46,14 @@ def _engine(full: bool) -> CollectorRegistry:
 
 
 def _router(full: bool) -> CollectorRegistry:
+    from services.router.accuracy.prediction_accuracy import AccuracySettings, PredictionAccuracy
     from services.router.metrics import RouterMetrics
+    from services.router.migration.migrator import migration_counter
 
-    return RouterMetrics(with_index=True).registry
+    registry = RouterMetrics(with_index=True).registry
+    migration_counter(registry)  # request migration's, registered by its Migrator
+    PredictionAccuracy(AccuracySettings(), 16, registry)  # routing accuracy's, registered by RouterState
+    return registry
 
 
 def _kvstore(full: bool) -> CollectorRegistry:

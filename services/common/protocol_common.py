@@ -93,6 +93,9 @@ class SamplingRequest(StructuredRequestFields):
     # kvferry: the output constraint starts once the output contains this text (a router forwarding a
     # reasoning model's chat request sets it to the end tag, e.g. "</think>")
     structured_outputs_after: Annotated[str, Field(min_length=1)] | None = None
+    # kvferry: the prompt's last N tokens are this request's output so far, from an engine that failed (the
+    # router's stream replay); frequency and presence penalties count them as output
+    resumed_output_tokens: NonNegativeInt = 0
 
     def token_bias(self) -> dict[int, float] | None:
         """``logit_bias`` with integer token ids (validated: each key a string of digits)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PlainValidator, model_validator
+from pydantic import Field, PlainValidator, model_serializer, model_validator
 from pydantic_core import PydanticCustomError
 
 from services.common.protocol_common import (
@@ -81,6 +81,8 @@ class CompletionRequest(SamplingRequest):
     # kvferry extension (vLLM's offline shape): the images of a one-prompt request, one per placeholder
     # token of a vision-language model, as data: URLs; the router sends chat images to engines this way
     multi_modal_data: MultiModalData | None = None
+    # vLLM's: each choice also carries the ids of its new tokens (a router resuming a broken stream needs them)
+    return_token_ids: bool = False
 
     @model_validator(mode="after")
     def _check_images(self) -> CompletionRequest:
@@ -145,6 +147,15 @@ class CompletionChoice(PromptLogprobsCarrier):
     logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # with return_token_ids: the choice's (new) token ids
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: Any) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for key in ("prompt_logprobs", "token_ids"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
 
 
 class CompletionResponse(ResponseModel):

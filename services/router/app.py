@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
@@ -26,12 +27,13 @@ from services.common.protocol import (
 )
 from services.common.protocol_embeddings import EmbeddingRequest
 from services.common.roles import DECODE_ROLES
-from services.common.sse import SSE_CONTENT_TYPE, SSE_DONE, sse_event
+from services.common.sse import SSE_CONTENT_TYPE, SSE_DONE, SSEEvent, sse_event
 from services.router.anthropic.messages_routes import messages_routes
 from services.router.chat_adapter import ChatAdapter
 from services.router.context_limit import check_prompt_fits
 from services.router.engine_client import EngineUnavailable
 from services.router.metrics import CONTENT_TYPE
+from services.router.migration.stream_replay import StreamReplay
 from services.router.pd_flow import Dispatched, no_endpoint
 from services.router.priority_gate import check_priority
 from services.router.prompt import PreparedRequest
@@ -65,10 +67,14 @@ def _timed_out(seconds: float | None) -> OpenAIError:
 
 
 async def _relay(
-    state: RouterState, d: Dispatched, chunks: AsyncGenerator[bytes, None], deadline: float | None
+    state: RouterState,
+    d: Dispatched,
+    chunks: AsyncGenerator[bytes, None],
+    deadline: float | None,
+    replay: StreamReplay | None = None,
 ) -> AsyncGenerator[bytes, None]:
-    """Yield ``chunks`` until ``deadline`` (loop time); an engine failure after the first token, or the
-    deadline, ends the stream with an error event."""
+    """Yield ``chunks`` until ``deadline`` (loop time); an engine failure after the first token (that could
+    not be migrated), or the deadline, ends the stream with an error event."""
     assert d.stream is not None
     try:
         async with aclosing(chunks) as items:
@@ -78,6 +84,8 @@ async def _relay(
                 if chunk is None:
                     break
                 yield chunk
+        if replay is not None and replay.migrations:
+            yield replay.trailer()
     except TimeoutError:
         state.metrics.stream_errors.inc()
         yield sse_event(_timed_out(state.settings.request_deadline_s).body())
@@ -92,12 +100,13 @@ async def _relay(
         yield SSE_DONE
     finally:
         await d.stream.aclose()
+        if replay is not None:
+            await replay.aclose()
 
 
-async def _passthrough(d: Dispatched) -> AsyncGenerator[bytes, None]:
-    assert d.stream is not None
-    async with aclosing(d.stream.events()) as events:
-        async for event in events:
+async def _passthrough(events: AsyncGenerator[SSEEvent, None]) -> AsyncGenerator[bytes, None]:
+    async with aclosing(events) as items:
+        async for event in items:
             yield sse_event(event.data)
 
 
@@ -130,16 +139,23 @@ async def _serve(
     limit = state.settings.request_deadline_s
     deadline = None if limit is None else asyncio.get_running_loop().time() + limit
     ctx = await state.context(req)
+    splice = state.migrator.prepare(req)
     try:
         async with asyncio.timeout_at(deadline):
             d = await state.flow.run(req, ctx, request_id)
     except TimeoutError:
         raise _timed_out(limit) from None
     if d.stream is not None:
-        chunks = adapter.stream(d.stream.events()) if adapter else _passthrough(d)
-        relay = _relay(state, d, chunks, deadline)
+        replay = None
+        if splice is not None:
+            observe = functools.partial(state.accuracy.observe, d.decision, ctx)
+            replay = StreamReplay(state.migrator, req, request_id, d.stream, splice, observe)
+        events = replay.events() if replay else d.stream.events()
+        chunks = adapter.stream(events) if adapter else _passthrough(events)
+        relay = _relay(state, d, chunks, deadline, replay)
         return StreamingResponse(relay, media_type=SSE_CONTENT_TYPE, headers=_headers(d))
     assert d.body is not None
+    state.accuracy.observe(d.decision, ctx, d.body)
     answer = adapter.response(d.body) if adapter else d.body
     return JSONResponse(answer, headers=_headers(d))
 

@@ -13,9 +13,11 @@ from services.common.errors import config_problem
 from services.common.hashing import check_pool_hash_version
 from services.common.media_settings import add_media_flags, media_limits, remote_media_from_args
 from services.common.tool_templates import add_tool_template_flag, apply_tool_template
+from services.router.accuracy.prediction_accuracy import accuracy_settings, add_accuracy_flags
 from services.router.discovery import DiscoverySettings, in_cluster_url
 from services.router.endpoints import EndpointSpec, PollerSettings
 from services.router.epp.epp_settings import EppSettings
+from services.router.migration.migration_settings import add_migration_flags, migration_settings
 from services.router.responses.responses_settings import add_responses_flags, responses_settings
 from services.router.scheduling import SchedulingConfig, ScorerWeights
 from services.router.sessions.session_settings import add_session_flags, session_settings
@@ -170,6 +172,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_media_flags(add)
     add_responses_flags(p)
     add_session_flags(p)
+    add_migration_flags(p)
+    add_accuracy_flags(p)
     add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
     return p
@@ -231,6 +235,8 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         limit_mm_per_prompt=media_limits(args.limit_mm_per_prompt),
         responses=responses_settings(args),
         sessions=session_settings(args),
+        migration=migration_settings(args),
+        accuracy=accuracy_settings(args),
     )
 
 

@@ -9,7 +9,8 @@ One request's path through the pool, top to bottom:
    counted;
 3. decode gets the original request plus those params; a failure before its first token (connection
    refused, 5xx, a stream that ends or errors before any token) is retried once on another endpoint;
-4. the caller streams decode's answer back (after the first token an error ends the stream cleanly).
+4. the caller streams decode's answer back; after the first token a failure is migrated to another
+   engine (services/router/migration), or ends the stream with a clean error event.
 """
 
 from __future__ import annotations
@@ -86,9 +87,12 @@ class PDFlow:
         self.metrics = metrics
         self.prefill_timeout_s = prefill_timeout_s
 
-    async def run(self, req: PreparedRequest, ctx: RequestContext, request_id: str) -> Dispatched:
-        """Pick, prefill, decode; raises OpenAIError (4xx from an engine, or 503 when none could serve)."""
-        tried: list[str] = []
+    async def run(
+        self, req: PreparedRequest, ctx: RequestContext, request_id: str, exclude: Sequence[str] = ()
+    ) -> Dispatched:
+        """Pick (never a decode in ``exclude``), prefill, decode; raises OpenAIError (4xx from an engine, or
+        503 when none could serve)."""
+        tried: list[str] = list(exclude)
         failure: EngineUnavailable | None = None
         overhead = 0.0
         for attempt in range(MAX_ATTEMPTS):

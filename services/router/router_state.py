@@ -15,6 +15,7 @@ from services.common.hashing import HASH_VERSION, BlockHasher
 from services.common.mm_placeholders import media_placeholders
 from services.common.prefix_index import AsyncPrefixIndex, PrefixMatch
 from services.common.tokenizer import Tokenizer
+from services.router.accuracy.prediction_accuracy import PredictionAccuracy
 from services.router.context_limit import pool_max_model_len
 from services.router.decision_log import DecisionLog
 from services.router.discovery import KubernetesDiscovery
@@ -22,6 +23,7 @@ from services.router.endpoints import EndpointPoller
 from services.router.engine_client import EngineClient
 from services.router.engine_history import EngineHistory
 from services.router.metrics import RouterMetrics
+from services.router.migration.migrator import Migrator
 from services.router.pd_flow import PDFlow
 from services.router.prompt import PreparedRequest, PromptPreparer
 from services.router.scheduling import RequestContext, RouteDecision, Scheduler
@@ -49,6 +51,8 @@ class RouterState:
     background: set[asyncio.Task] = field(default_factory=set)
     discovery: KubernetesDiscovery | None = None
     sessions: SessionAffinity | None = None  # --session-affinity
+    migrator: Migrator = field(init=False)  # streams resumed on another engine when theirs fails
+    accuracy: PredictionAccuracy = field(init=False)  # predicted vs reported cached tokens, per engine
 
     @classmethod
     def build(cls, settings: RouterSettings, rng: random.Random | None = None) -> RouterState:
@@ -109,6 +113,8 @@ class RouterState:
         poller.listeners.append(state.history.observe)
         state.sessions = SessionAffinity.build(settings.sessions, settings.redis_url)
         flow.on_route = state.note_route
+        state.migrator = Migrator(state, settings.migration)
+        state.accuracy = PredictionAccuracy(settings.accuracy, settings.block_size, metrics.registry)
         return state
 
     def note_route(
@@ -175,14 +181,15 @@ class RouterState:
                 {} if self.index is not None else None
             )  # no blocks to look up / no index
             ctx = RequestContext(req.prompt_tokens, bs, none_found, splittable=req.splittable, lora_name=lora)
-            return await self._steer(req, ctx)
+            return self.accuracy.trusting(await self._steer(req, ctx))
         t0 = time.perf_counter()
         matches = await self.index.lookup(req.block_hashes)
         self.metrics.lookup_latency.observe(time.perf_counter() - t0)
         if matches is None:
             self.metrics.fallbacks.labels(kind="index").inc()
         context = RequestContext.from_lookup(req.prompt_tokens, bs, matches)
-        return await self._steer(req, replace(context, splittable=req.splittable, lora_name=lora))
+        steered = await self._steer(req, replace(context, splittable=req.splittable, lora_name=lora))
+        return self.accuracy.trusting(steered)  # an engine whose predictions go wrong: load only
 
     async def _steer(self, req: PreparedRequest, ctx: RequestContext) -> RequestContext:
         """Session affinity: the session's warm engine while it is not saturated."""

@@ -7,10 +7,12 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.common.media_settings import MediaLimits, RemoteMedia
+from services.router.accuracy.prediction_accuracy import AccuracySettings
 from services.router.discovery import DiscoverySettings
 from services.router.endpoints import EndpointSpec, PollerSettings
 from services.router.epp.addresses import endpoint_address
 from services.router.epp.epp_settings import EppSettings
+from services.router.migration.migration_settings import MigrationSettings
 from services.router.responses.responses_settings import ResponsesSettings
 from services.router.scheduling import SchedulingConfig
 from services.router.sessions.session_settings import SessionSettings
@@ -54,6 +56,8 @@ class RouterSettings(BaseModel):
     limit_mm_per_prompt: MediaLimits = MediaLimits()  # images / videos per request, as the engines' flag
     responses: ResponsesSettings = ResponsesSettings()  # /v1/responses: the store's TTL, cap and key
     sessions: SessionSettings = SessionSettings()  # session affinity (sticky until saturated)
+    migration: MigrationSettings = MigrationSettings()  # streams resumed elsewhere when their engine fails
+    accuracy: AccuracySettings = AccuracySettings()  # below it an engine is routed by load only
     epp: EppSettings | None = None  # --epp-port: also serve the Gateway API Inference Extension picker
 
     @model_validator(mode="after")

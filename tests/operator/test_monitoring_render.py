@@ -111,6 +111,7 @@ def test_prometheus_rule_holds_the_pool_rules():
         "KvferryKVTransferFallbacksRising",
         "KvferryRouterSelfCheckFailing",
         "KvferryRedisUnreachable",
+        "KvferryRoutingInaccurate",
     }
 
 

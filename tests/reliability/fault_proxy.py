@@ -85,6 +85,7 @@ class FaultProxy:
         self.faulted = 0  # POSTs that met a fault
         self._armed: Fault | None = None
         self._times = 0
+        self._queued: list[Fault | None] = []
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="fault-proxy", daemon=True)
@@ -100,9 +101,24 @@ class FaultProxy:
         """The next ``times`` POSTs meet ``fault`` (None: disarm)."""
         with self._lock:
             self._armed, self._times = fault, times if fault else 0
+            self._queued = []
+
+    def queue(self, faults: list[Fault | None]) -> None:
+        """The next POSTs meet these faults in order (None: that POST passes), then none; one list given to
+        several proxies is shared: each fault goes to whichever proxy's POST comes first."""
+        with self._lock:
+            self._queued = faults
+            self._armed, self._times = None, 0
 
     def take(self) -> Fault | None:
         with self._lock:
+            if self._queued:
+                try:
+                    fault = self._queued.pop(0)  # atomic: the list may be shared with other proxies' threads
+                except IndexError:
+                    return None
+                self.faulted += fault is not None
+                return fault
             if self._times <= 0:
                 return None
             self._times -= 1

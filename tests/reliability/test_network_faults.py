@@ -1,6 +1,7 @@
 """Network faults between the router and its engines (FaultProxy on loopback): connections reset or stalled
 before the answer are retried once on the other engine, and only once; a stream cut or stalled after its
-first token ends with a clean SSE error event, every token it carried in order and none twice; no hang
+first token ends with a clean SSE error event when migration is off (``--migration-attempts 0``), every
+token it carried in order and none twice; no hang
 (the client's own timeout would fail the test), no KV block left behind on the engines."""
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ def pool(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         "round-robin",
         "--engine-read-timeout",
         str(READ_TIMEOUT_S),
+        "--migration-attempts",  # the failure after the first token as clients see it without migration
+        "0",  # (test_stream_migration.py: with it)
     )
     try:
         reference, error, done = _stream(router.url)

@@ -1,4 +1,5 @@
-"""``kvferry up`` with the tiny model: starts Redis, an engine and a router, serves, stops cleanly on SIGINT.
+"""``kvferry up`` with the tiny model: starts Redis, an engine and a router, serves, restarts a killed engine
+(as its Deployment would) and keeps serving, stops cleanly on SIGINT.
 
 It runs a quantized .gguf, as ``make run`` does with SmolLM2: the router reads the tokenizer rebuilt from
 the GGUF's metadata.
@@ -37,6 +38,31 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in out.split()]
 
 
+def _kill_engine_and_see_it_serve_again(
+    proc: subprocess.Popen, children: list[int], url: str | None, lines: list[str]
+) -> None:
+    """kill -9 the engine: ``kvferry up`` restarts it (same port, same log) and the router serves again."""
+    engine = next(
+        pid for pid in children if b"serve" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    )
+    os.kill(engine, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while not lines[-1].strip().startswith("engine-0   restarted"):
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        assert line and time.monotonic() < deadline, "".join(lines)
+        lines.append(line)
+    assert any("engine-0 exited with -9; restarting it in 1s" in line for line in lines), "".join(lines)
+    deadline = time.monotonic() + 120
+    while True:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        answer = httpx.post(f"{url}/v1/chat/completions", timeout=60, json=body)
+        if answer.status_code == 200:
+            break
+        assert time.monotonic() < deadline, answer.text
+        time.sleep(0.5)
+    assert proc.poll() is None  # only Redis, the kvstore or the router exiting stops the stack
+
+
 def test_up_serves_and_stops_cleanly(llama_dir: Path, tmp_path: Path) -> None:
     gguf = write_gguf(llama_dir, tmp_path / "tiny.Q4.gguf")
     cmd = [
@@ -73,6 +99,9 @@ def test_up_serves_and_stops_cleanly(llama_dir: Path, tmp_path: Path) -> None:
             json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
         )
         assert chat.status_code == 200 and chat.json()["object"] == "chat.completion"
+        _kill_engine_and_see_it_serve_again(proc, children, url, lines)
+        children = _children(proc.pid)  # the restarted engine is a new child, stopped like the others
+        assert len(children) == 4
         page = f"{url}/ui"
         page_status = httpx.get(page, timeout=10).status_code
         proc.send_signal(signal.SIGINT)

@@ -196,6 +196,7 @@ def test_ui_state_shows_engines_history_and_decisions(router_state: tuple[Router
     assert a["series"]["ttft_ms"] == [None, 250.0] and a["series"]["itl_ms"] == [None, 10.0]
     assert (a["ttft_ms"], a["itl_ms"], a["prefix_hit_rate"]) == (250.0, 10.0, 0.25)
     assert engines[B]["prefix_hit_rate"] == 0.0 and engines[B]["series"]["ttft_ms"] == [None, None]
+    assert (a["prediction_accuracy"], a["load_only"]) == (None, False)  # nothing measured yet
     assert [d["request_id"] for d in body["decisions"]] == ["req-2", "req-1"]
     newest = body["decisions"][0]
     assert newest["prompt_tokens"] == 36 and newest["kind"] == "completion"
@@ -261,3 +262,21 @@ def test_request_ids_are_shown_to_an_admin_key_only(llama_dir: Path) -> None:
     as_admin = client.get("/ui/state", headers=_basic("ops", "admin-789"))
     assert [d["request_id"] for d in as_admin.json()["decisions"]] == ["tenant-one-secret-id"]
     assert client.post("/v1/models", headers={"Authorization": "Bearer admin-789"}).status_code == 401
+
+
+def test_the_page_says_which_engine_is_routed_by_load_only(
+    router_state: tuple[RouterState, TestClient],
+) -> None:
+    """An engine whose cached-token predictions went wrong: its accuracy and why it is routed by load."""
+    state, client = router_state
+    pool = [Endpoint(A), Endpoint(B, load=EndpointLoad(running=5))]
+    ctx = RequestContext(64, BS, {A: PrefixMatch("a", A, gpu=4, longest=4)})
+    decision = state.flow.scheduler.schedule(pool, ctx)
+    assert decision is not None and decision.decode.url == A
+    wrong = {"usage": {"prompt_tokens": 64, "prompt_tokens_details": {"cached_tokens": 0}}}
+    for _ in range(20):  # the default verdict needs 20 answers
+        state.accuracy.observe(decision, ctx, wrong)
+    engines = {e["url"]: e for e in client.get("/ui/state").json()["engines"]}
+    assert (engines[A]["prediction_accuracy"], engines[A]["load_only"]) == (0.0, True)
+    assert engines[B]["load_only"] is False
+    assert "routed by load only" in client.get("/ui/pool.js").text

@@ -3,6 +3,7 @@ Redis stopped mid-test, an engine killed. The destructive tests run last in the 
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import time
@@ -301,12 +302,16 @@ def test_killed_engine_mid_stream_then_retried_and_taken_out(
             victim.proc.send_signal(signal.SIGKILL)
             victim.proc.wait(10)
             rest = [line[6:] for line in lines if line.startswith("data: ")]
-        assert rest[-1] == "[DONE]" and '"engine_failed"' in rest[-2]  # a clean error event, then [DONE]
+        assert rest[-1] == "[DONE]" and '"engine_failed"' not in "".join(rest)  # migrated, then finished
+        assert json.loads(rest[-2])["choices"][0]["finish_reason"] == "length"
         for i in range(4):
             served = complete(slow, prefix + [i + 3], stream=bool(i % 2)).headers["x-kvferry-endpoint"]
             assert served != victim.url
         m = slow.metrics()
-        assert m["kvferry_router_retries_total"] >= 1 and m["kvferry_router_stream_errors_total"] == 1
+        # the follow-ups are retried off the victim, or avoid it already: while the migrated stream ran, the
+        # victim's index entries expired and its continuation's engine became the prefix's holder
+        assert m["kvferry_router_stream_errors_total"] == 0
+        assert m['kvferry_router_migrations_total{outcome="resumed"}'] == 1
     finally:
         slow.stop()
     deadline = time.monotonic() + 10

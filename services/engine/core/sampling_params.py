@@ -39,6 +39,9 @@ class SamplingParams(BaseModel):
     structured_outputs_after: str | None = None
     # OpenAI logit_bias: token id -> bias in [-100, 100] added to that token's logit before sampling
     logit_bias: dict[int, float] | None = None
+    # the prompt's last N tokens are this request's output from an earlier engine (a router resuming a
+    # stream elsewhere): frequency and presence penalties count them as output
+    resumed_output_tokens: int = Field(0, ge=0)
 
     @field_validator("structured_outputs", mode="before")
     @classmethod

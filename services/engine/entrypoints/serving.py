@@ -170,6 +170,7 @@ def sampling_params(
             structured_outputs=structured,
             structured_outputs_after=shape.structured_after if shape else req.structured_outputs_after,
             skip_special_tokens=not shape.keep_special_tokens if shape else req.skip_special_tokens,
+            resumed_output_tokens=req.resumed_output_tokens,
         )
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
@@ -192,6 +193,11 @@ def fan_out(
         )
     subs = []
     for p, ids in enumerate(prompts):
+        if req.resumed_output_tokens > len(ids):
+            raise bad_request(
+                f"resumed_output_tokens ({req.resumed_output_tokens}) exceeds the prompt's {len(ids)} tokens",
+                "resumed_output_tokens",
+            )
         budget = output_budget(req, len(ids), ctx.max_model_len)
         for i in range(req.n):
             seed = None if req.seed is None else req.seed + i

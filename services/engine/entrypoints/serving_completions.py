@@ -112,6 +112,7 @@ def _choice(
         finish_reason=out.finish_reason,
         stop_reason=out.stop_reason,
         prompt_logprobs=prompt_lps,
+        token_ids=list(out.token_ids) if body.return_token_ids else None,
     )
 
 
@@ -194,9 +195,13 @@ def _chunk(
             ctx.llm.tokenizer, new_ids, (choice.logprobs or [])[cursor.tokens :], cursor.offset, body.logprobs
         )
         cursor.offset += sum(len(t) for t in logprobs.tokens)
+    new_tokens = list(choice.token_ids[cursor.tokens :]) if body.return_token_ids else []
     cursor.tokens = len(choice.token_ids)
-    if not (out.delta_text or out.finished or logprobs):
+    if not (out.delta_text or out.finished or logprobs or new_tokens):
         return None
     finish = choice.finish_reason if out.finished else None
     stop_reason = choice.stop_reason if out.finished else None
-    return stream.completion_chunk(index, out.delta_text, finish, logprobs, stop_reason)
+    chunk = stream.completion_chunk(index, out.delta_text, finish, logprobs, stop_reason)
+    if body.return_token_ids:
+        chunk.choices[0].token_ids = new_tokens
+    return chunk

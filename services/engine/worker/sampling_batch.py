@@ -85,10 +85,12 @@ class SamplingBatch:
 
 
 def _key(row: SamplingRow, rng: random.Random) -> int:
-    """A seeded row's key is (seed, position): its draw there is the same on any engine and device."""
+    """A seeded row's key is (seed, absolute position in the sequence): its draw there is the same on any
+    engine and device, also when a router resumes the request elsewhere with prompt + the tokens so far as
+    the new prompt (the position of the next token is the same)."""
     if row.params.seed is None:
         return rng.getrandbits(63)
-    return (row.params.seed * _SEED_STRIDE + row.num_output) % _KEY_MOD
+    return (row.params.seed * _SEED_STRIDE + len(row.prompt_ids) + row.num_output) % _KEY_MOD
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,8 @@ class PenaltyBatch:
         for p, j in enumerate(which):
             row = rows[j]
             output = row.output_ids + row.drafts if row.drafts else row.output_ids
+            if resumed := row.params.resumed_output_tokens:  # output an earlier engine generated
+                output = row.prompt_ids[len(row.prompt_ids) - resumed :] + output
             if row.params.frequency_penalty or row.params.presence_penalty:
                 out_rows += [p] * len(output)
                 out_toks += output

@@ -22,6 +22,8 @@ class RequestContext:
     session: str | None = None  # the session key (x-session-id, the Responses chain, or user)
     sticky_url: str | None = None  # the session's warm engine while it is not saturated: decode goes there
     affinity: str | None = None  # why (sticky, moved, new), for the decision log
+    # matches of engines routed by load only (the index's predictions for them went wrong): still measured
+    held_back: Mapping[str, PrefixMatch] = field(default_factory=dict)
 
     @classmethod
     def from_lookup(
@@ -51,6 +53,12 @@ class RequestContext:
         if own is None:
             return PrefixMatch("", endpoint.url, kvstore=self.store_blocks, longest=self.store_blocks)
         return replace(own, kvstore=self.store_blocks, longest=max(own.longest, self.store_blocks))
+
+    def predicted_tokens(self, endpoint: Endpoint) -> int:
+        """``cached_tokens`` as the index predicts it, also for an engine routed by load only."""
+        if endpoint.url not in self.held_back:
+            return self.cached_tokens(endpoint)
+        return min(self.held_back[endpoint.url].longest * self.block_size, self.prompt_tokens)
 
     def cached_tokens(self, endpoint: Endpoint) -> int:
         """Prompt tokens the endpoint holds in any of its tiers (leading blocks only)."""

@@ -37,6 +37,8 @@ class EngineView(BaseModel):
     prefix_hit_rate: float | None = None  # the engine's prefix-cache hits / queries since it started
     max_model_len: int | None = None
     lora_adapters: list[str] = []
+    prediction_accuracy: float | None = None  # share of the index's cached-token predictions that were right
+    load_only: bool = False  # routed by load only: the index mispredicts this engine's cache
     ttft_ms: float | None = None  # the latest interval's mean
     itl_ms: float | None = None
     series: Series = Series()
@@ -99,6 +101,8 @@ def engine_view(state: RouterState, endpoint: Endpoint) -> EngineView:
         prefix_hit_rate=report.prefix_hit_rate if report else None,
         max_model_len=endpoint.max_model_len,
         lora_adapters=sorted(endpoint.lora_adapters),
+        prediction_accuracy=state.accuracy.share(endpoint.url),
+        load_only=endpoint.url in state.accuracy.distrusted,
         ttft_ms=_last(series.ttft_ms),
         itl_ms=_last(series.itl_ms),
         series=series,

@@ -163,3 +163,24 @@ def test_request_id_header_is_echoed(http: httpx.Client) -> None:
     assert response.json()["id"] == "cmpl-my-id-42"
     generated = http.post("/v1/completions", json=body).headers["x-request-id"]
     assert len(generated) >= 16
+
+
+def test_return_token_ids_streams_each_chunks_new_ids(client: openai.OpenAI, http: httpx.Client) -> None:
+    """``return_token_ids``: streamed chunks carry their new token ids (together the non-streamed ones); a
+    ``resumed_output_tokens`` longer than the prompt is a 400 naming the field."""
+    body = {"model": MODEL, "prompt": [5, 6, 7, 8], "max_tokens": 9, "temperature": 0, "ignore_eos": True}
+    whole = http.post("/v1/completions", json={**body, "return_token_ids": True}).json()["choices"][0]
+    plain = http.post("/v1/completions", json=body).json()["choices"][0]
+    assert len(whole["token_ids"]) == 9 and "token_ids" not in plain
+    stream = client.completions.create(
+        model=MODEL,
+        prompt=[5, 6, 7, 8],
+        max_tokens=9,
+        temperature=0,
+        stream=True,
+        extra_body={"return_token_ids": True, "ignore_eos": True},
+    )
+    ids = [t for chunk in stream for t in chunk.choices[0].model_extra.get("token_ids", [])]
+    assert ids == whole["token_ids"]
+    bad = http.post("/v1/completions", json={**body, "resumed_output_tokens": 5})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "resumed_output_tokens", bad.text

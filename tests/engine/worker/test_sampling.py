@@ -35,6 +35,21 @@ def test_seeded_sampling_is_reproducible_across_runs_and_batches(llm: LLM) -> No
     assert other_seed != alone
 
 
+@pytest.mark.parametrize("penalties", [False, True])
+def test_a_seeded_stream_resumes_from_its_prompt_plus_its_tokens(llm: LLM, penalties: bool) -> None:
+    """The draw at a position depends on (seed, absolute position): prompt + the first ``cut`` tokens as
+    the prompt (``resumed_output_tokens`` so penalties count them as output) continues the same stream."""
+    shaping = (
+        {"frequency_penalty": 0.7, "presence_penalty": 0.4, "repetition_penalty": 1.3} if penalties else {}
+    )
+    p = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=16, seed=77, ignore_eos=True, **shaping)
+    whole = _tokens(llm, [PROMPT], p)[0]
+    for cut in (1, 6, 15):
+        resumed = p.model_copy(update={"max_tokens": 16 - cut, "resumed_output_tokens": cut})
+        rest = _tokens(llm, [PROMPT + whole[:cut]], resumed)[0]
+        assert whole[:cut] + rest == whole, cut
+
+
 def test_top_k_one_is_greedy_and_temperature_explores(llm: LLM) -> None:
     greedy = _tokens(llm, [PROMPT], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))[0]
     topk1 = _tokens(llm, [PROMPT], SamplingParams(temperature=1.5, top_k=1, max_tokens=10, ignore_eos=True))[

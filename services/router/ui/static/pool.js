@@ -97,7 +97,8 @@ function engineCard(e) {
       metric("KV usage", pct(e.kv_usage), kvBar(e.kv_usage)),
       metric("running", e.running),
       metric("waiting", e.waiting),
-      metric("prefix hits", pct(e.prefix_hit_rate))),
+      metric("prefix hits", pct(e.prefix_hit_rate)),
+      metric("predictions right", pct(e.prediction_accuracy))),
     el("div", { class: "sparks" },
       el("div", { class: "spark-box" }, el("span", { class: "label" }, "TTFT ", el("b", {}, ms(e.ttft_ms))),
         sparkline(e.series.ttft_ms, `TTFT of ${e.url}`)),
@@ -106,7 +107,8 @@ function engineCard(e) {
     el("div", { class: "foot dim" },
       e.num_blocks ? `${e.num_blocks} KV blocks` : null,
       e.max_model_len ? ` · context ${e.max_model_len}` : null,
-      e.lora_adapters.length ? ` · LoRA ${e.lora_adapters.join(", ")}` : null));
+      e.lora_adapters.length ? ` · LoRA ${e.lora_adapters.join(", ")}` : null,
+      e.load_only ? " · routed by load only: the index mispredicts its cache" : null));
   return card;
 }
 

@@ -1,0 +1,1 @@
+"""Routing accuracy: the index's predicted cached tokens against what the engines report."""
