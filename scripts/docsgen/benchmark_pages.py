@@ -74,6 +74,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         "python benchmarks/moe.py",
         "a Mixtral-shaped MoE layer in each implementation, then a random 4-layer Mixtral end to end.",
     ),
+    "kv_tiers": Benchmark(
+        "KV tiers",
+        "python benchmarks/kv_tiers.py",
+        "a multi-turn agentic workload (sessions round robin, growing histories, a shared system prompt) whose working set is 4x the primary KV pool: primary only, + the host-memory tier, + host and disk.",
+    ),
     "sliding_window": Benchmark(
         "Sliding-window attention",
         "python benchmarks/sliding_window.py",
