@@ -101,8 +101,9 @@ class EngineCore:
             unsupported(config, "--role prefill/decode (KV split over pipeline stages)") if staged else None
         )
         self.kv_transfer = KVTransferContext(
-            config, kv_cache, self.kv_compat(), ranks, refusal, self.worker.kv_head_ranges()
-        )
+            config, kv_cache, self.kv_compat(), ranks, refusal, self.worker.kv_head_ranges(),
+            emit=self.kv_manager.pool.emit,
+        )  # fmt: skip
         try:
             self.connector: KVConnector = compose(list(connectors(self.kv_transfer)))
         except BaseException:

@@ -182,6 +182,10 @@ class BlockPool:
         if self.record_events:
             self._events.append(event)
 
+    def emit(self, event: KVEvent) -> None:
+        """An event about another tier of this engine's KV (its host tier), published with the pool's."""
+        self._emit(event)
+
     def take_events(self) -> list[KVEvent]:
         events, self._events = self._events, []
         return events

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from services.common.kv_events import KVEvent
 from services.common.kv_transfer import KVCompat
 from services.engine.core.config import EngineConfig
 from services.engine.core.kv_connector import KVConnector, TransferStats
@@ -30,12 +31,14 @@ class KVTransferContext:
         ranks: Sequence[RankTransferClient] = (),
         refusal: str | None = None,
         kv_heads: Sequence[tuple[int, int]] = (),
+        emit: Callable[[KVEvent], None] | None = None,
     ) -> None:
         """``ranks``: the tensor-parallel workers' agents (their KV shards), when there are any;
         ``refusal``: why this engine cannot move KV to or from other engines (ValueError on first use);
-        ``kv_heads``: each rank's (first KV head, count) under tensor parallelism, rank order."""
+        ``kv_heads``: each rank's (first KV head, count) under tensor parallelism, rank order;
+        ``emit``: where a tier's KV events go (published with the primary pool's)."""
         self.config, self.kv_cache, self.compat = config, kv_cache, compat
-        self.kv_heads = list(kv_heads)
+        self.kv_heads, self.emit = list(kv_heads), emit
         self.ranks, self.refusal = list(ranks), refusal
         self.block_size = compat.block_size
         self._transfer: BlockTransfer | None = None
@@ -96,7 +99,8 @@ class KVTransferContext:
             disk = DiskKVTier(
                 self.config.kv_offload_disk_path, self.config.kv_offload_disk_bytes, layout, per_block
             )
-        return [OffloadConnector(HostKVTier(self.kv_cache, budget // per_block, disk=disk), self.block_size)]
+        tier = HostKVTier(self.kv_cache, budget // per_block, disk=disk)
+        return [OffloadConnector(tier, self.block_size, self.emit)]
 
     def kvstore(self, offload: bool = True) -> list[KVConnector]:
         """The kvstore connector when ``kvstore_url`` is set (none otherwise); ``offload`` puts finished prompts."""

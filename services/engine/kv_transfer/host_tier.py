@@ -49,6 +49,7 @@ class HostKVTier:
             raise ValueError(f"kv_offload_cpu_bytes: holds no block ({num_slots} slots)")
         self.kv_cache, self.disk = kv_cache, disk
         self._demotions: list[tuple[bytes, int]] = []  # slots evicted to disk, written before their reuse
+        self._evicted: list[bytes] = []  # hashes evicted since take_evicted (the KV events' removals)
         pin = kv_cache.device.type == "cuda"
         self.slots = torch.empty((num_slots, *kv_cache.shape[1:]), dtype=kv_cache.dtype, pin_memory=pin)
         self.index: OrderedDict[bytes, int] = OrderedDict()  # hash -> slot, least recently used first
@@ -142,6 +143,12 @@ class HostKVTier:
             except queue.Empty:
                 return out
 
+    def take_evicted(self) -> list[bytes]:
+        """The block hashes evicted since the last call."""
+        with self._lock:
+            gone, self._evicted = self._evicted, []
+        return gone
+
     @property
     def used(self) -> int:
         """Blocks the tier holds."""
@@ -166,6 +173,7 @@ class HostKVTier:
             if slot not in self.busy:
                 del self.index[h]
                 self.evicted += 1
+                self._evicted.append(h)
                 if self.disk is not None:
                     self._demotions.append((h, slot))
                 return slot

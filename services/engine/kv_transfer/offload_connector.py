@@ -8,21 +8,26 @@ ever a second chance at a prefix hit. Under tensor parallelism the tier is refus
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from services.common.kv_events import BlockRemoved, BlockStored, KVEvent, Tier
 from services.common.kv_transfer import KVTransferParams
 from services.engine.core.kv_connector import FinishedTransfers, Match, TransferStats
 from services.engine.core.request import Request
 from services.engine.kv_transfer.host_tier import HostKVTier
 
-MEDIUM = "cpu"  # the tier's name in metrics and KV events
+MEDIUM: Tier = "cpu"  # the tier's name in metrics and KV events
 
 
 class OffloadConnector:
     """One engine's host tier: ``get_num_new_matched_tokens`` answers at once (an in-process index)."""
 
-    def __init__(self, tier: HostKVTier, block_size: int) -> None:
-        self.tier, self.block_size = tier, block_size
+    def __init__(
+        self, tier: HostKVTier, block_size: int, emit: Callable[[KVEvent], None] | None = None
+    ) -> None:
+        """``emit``: the engine's KV events: blocks the host tier holds and evicts, as tier "cpu" (what it
+        demotes to disk is reported removed: the index under-predicts, never over-predicts)."""
+        self.tier, self.block_size, self._emit = tier, block_size, emit
         # request id -> (first block, pinned host slots, the block hashes after them found on disk)
         self._matched: dict[str, tuple[int, list[int], list[bytes]]] = {}
         self._stats = TransferStats()
@@ -69,7 +74,10 @@ class OffloadConnector:
         sent: set[str] = set()
         received: set[str] = set()
         failed, self._failed_now = self._failed_now, set()
+        self._report()
         for job, ok in self.tier.finished():
+            if job.store and not job.demote and ok and self._emit is not None:
+                self._emit(BlockStored(job.hashes, None, (), self.block_size, MEDIUM))
             if job.demote:
                 self._stats.add_blocks("sent", "disk", len(job.slots) if ok else 0)
             elif job.store:
@@ -85,6 +93,12 @@ class OffloadConnector:
         if not (sent or received or failed):
             return FinishedTransfers()
         return FinishedTransfers(frozenset(sent), frozenset(received), frozenset(failed))
+
+    def _report(self) -> None:
+        """Blocks the host tier evicted since the last step, as removed from tier "cpu"."""
+        gone = self.tier.take_evicted()
+        if gone and self._emit is not None:
+            self._emit(BlockRemoved(tuple(gone), MEDIUM))
 
     def stats(self) -> TransferStats:
         out = TransferStats()
