@@ -36,6 +36,8 @@ class UpSettings(BaseModel):
     kvstore_capacity_gb: float = Field(1.0, gt=0)
     block_size: int = Field(16, gt=0)
     strategy: str = "prefix-aware"
+    kv_offload_cpu_gb: float = Field(0.0, ge=0)  # each engine's host-memory KV tier
+    kv_offload_disk_gb: float = Field(0.0, ge=0)  # each engine's disk KV tier, under the log dir
     serve_args: list[str] = Field(default_factory=list)
     router_args: list[str] = Field(default_factory=list)
     log_dir: Path | None = None
@@ -46,7 +48,21 @@ class UpSettings(BaseModel):
     def _check_pd(self) -> UpSettings:
         if (self.prefill > 0) != (self.decode > 0):
             raise ValueError("--prefill and --decode go together (both at least 1)")
+        if self.kv_offload_disk_gb and not self.kv_offload_cpu_gb:
+            raise ValueError(
+                "--kv-offload-disk-gb holds what the host tier evicts: set --kv-offload-cpu-gb too"
+            )
         return self
+
+    def kv_offload_args(self, engine_dir: Path) -> list[str]:
+        """One engine's KV tier flags (its disk tier in its own folder: engines never share one)."""
+        if not self.kv_offload_cpu_gb:
+            return []
+        args = ["--kv-offload-cpu-bytes", str(int(self.kv_offload_cpu_gb * 1e9))]
+        if self.kv_offload_disk_gb:
+            args += ["--kv-offload-disk-path", str(engine_dir / "kv-offload")]
+            args += ["--kv-offload-disk-bytes", str(int(self.kv_offload_disk_gb * 1e9))]
+        return args
 
     @property
     def name(self) -> str:
@@ -162,6 +178,7 @@ def start_pool(stack: LocalStack, s: UpSettings, redis_url: str, kvstore_url: st
             str(s.block_size),
             *(["--role", role] if role != "both" else []),
             *tier,
+            *s.kv_offload_args(stack.log_dir / name),
             *stack.secret_args(),
             *s.serve_args,
         )
@@ -277,6 +294,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add("--kvstore-capacity-gb", type=float, default=1.0, help="host memory of the kvstore (GB)")
     add("--block-size", type=int, default=16)
     add("--strategy", default="prefix-aware", choices=["prefix-aware", "least-load", "round-robin"])
+    add(
+        "--kv-offload-cpu-gb", type=float, default=0.0, help="each engine's host-memory KV tier (GB; 0: none)"
+    )
+    add(
+        "--kv-offload-disk-gb",
+        type=float,
+        default=0.0,
+        help="each engine's disk KV tier behind its host tier (GB, in a folder of its own under the log dir)",
+    )
     add("--serve-args", default="", help="extra flags for every `kvferry serve`, e.g. '--num-kv-blocks 512'")
     add("--router-args", default="", help="extra flags for `kvferry router`, e.g. '--session-affinity'")
     add("--log-dir", type=Path, default=None, help="where the children's logs go (default: a temp dir)")
@@ -321,6 +347,8 @@ def run(args: argparse.Namespace) -> int:
             kvstore_capacity_gb=args.kvstore_capacity_gb,
             block_size=args.block_size,
             strategy=args.strategy,
+            kv_offload_cpu_gb=args.kv_offload_cpu_gb,
+            kv_offload_disk_gb=args.kv_offload_disk_gb,
             serve_args=shlex.split(args.serve_args),
             router_args=shlex.split(args.router_args),
             log_dir=args.log_dir,

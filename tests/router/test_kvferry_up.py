@@ -77,6 +77,10 @@ def test_up_serves_and_stops_cleanly(llama_dir: Path, tmp_path: Path) -> None:
         "0",
         "--serve-args",
         "--num-kv-blocks 64",
+        "--kv-offload-cpu-gb",
+        "0.01",
+        "--kv-offload-disk-gb",
+        "0.02",
         "--log-dir",
         str(tmp_path),
     ]
@@ -119,6 +123,8 @@ def test_up_serves_and_stops_cleanly(llama_dir: Path, tmp_path: Path) -> None:
     assert not _pids_alive(children)
     secret = tmp_path / "pool-secret"  # one token per stack, readable by its owner only
     assert secret.stat().st_mode & 0o777 == 0o600 and len(secret.read_text().strip()) >= 32
+    assert "host KV tier" in (tmp_path / "engine-0.log").read_text()  # each engine its own disk tier folder
+    assert (tmp_path / "engine-0" / "kv-offload").is_dir()
     for child in ("kvstore", "engine-0"):
         log = (tmp_path / f"{child}.log").read_text()
         assert "callers must present the pool secret" in log and secret.read_text().strip() not in log
@@ -133,6 +139,11 @@ def test_up_rejects_half_a_pd_pool(llama_dir: Path) -> None:
         timeout=60,
     )
     assert out.returncode == 2 and "--prefill and --decode go together" in out.stderr
+    out = subprocess.run(
+        [sys.executable, "-m", "services.cli", "up", str(llama_dir), "--kv-offload-disk-gb", "1"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2 and "set --kv-offload-cpu-gb too" in out.stderr
 
 
 @pytest.mark.parametrize(
