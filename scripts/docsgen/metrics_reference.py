@@ -46,9 +46,12 @@ def _engine(full: bool) -> CollectorRegistry:
 
 
 def _router(full: bool) -> CollectorRegistry:
+    from services.router.admission.admission_metrics import AdmissionMetrics
     from services.router.metrics import RouterMetrics
 
-    return RouterMetrics(with_index=True).registry
+    registry = RouterMetrics(with_index=True).registry
+    AdmissionMetrics(registry)  # the admission package's metrics share the router's registry
+    return registry
 
 
 def _kvstore(full: bool) -> CollectorRegistry:

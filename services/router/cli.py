@@ -13,6 +13,8 @@ from services.common.errors import config_problem
 from services.common.hashing import check_pool_hash_version
 from services.common.media_settings import add_media_flags, media_limits, remote_media_from_args
 from services.common.tool_templates import add_tool_template_flag, apply_tool_template
+from services.router.admission.admission_settings import add_admission_flags, admission_settings
+from services.router.admission.tenants import load_tenants
 from services.router.discovery import DiscoverySettings, in_cluster_url
 from services.router.endpoints import EndpointSpec, PollerSettings
 from services.router.epp.epp_settings import EppSettings
@@ -170,6 +172,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_media_flags(add)
     add_responses_flags(p)
     add_session_flags(p)
+    add_admission_flags(p)
     add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
     return p
@@ -198,6 +201,7 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
             interval_s=args.poll_interval,
         )
     tokenizer = Path(args.tokenizer)
+    tenants, tenant_keys = load_tenants(args.tenants_file) if args.tenants_file else ([], [])
     return RouterSettings(
         endpoints=specs,
         discovery=discovery,
@@ -205,7 +209,7 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         model_name=args.model_name or tokenizer.name,
         block_size=args.block_size,
         redis_url=args.redis_url,
-        api_keys=_api_keys(args),
+        api_keys=_api_keys(args) + [k for k in tenant_keys if k not in _api_keys(args)],
         admin_api_keys=_read_keys(args.admin_api_key_file, "--admin-api-key-file")
         if args.admin_api_key_file
         else [],
@@ -231,6 +235,7 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         limit_mm_per_prompt=media_limits(args.limit_mm_per_prompt),
         responses=responses_settings(args),
         sessions=session_settings(args),
+        admission=admission_settings(args, tenants),
     )
 
 

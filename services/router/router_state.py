@@ -15,6 +15,7 @@ from services.common.hashing import HASH_VERSION, BlockHasher
 from services.common.mm_placeholders import media_placeholders
 from services.common.prefix_index import AsyncPrefixIndex, PrefixMatch
 from services.common.tokenizer import Tokenizer
+from services.router.admission.admission import Admission
 from services.router.context_limit import pool_max_model_len
 from services.router.decision_log import DecisionLog
 from services.router.discovery import KubernetesDiscovery
@@ -49,6 +50,7 @@ class RouterState:
     background: set[asyncio.Task] = field(default_factory=set)
     discovery: KubernetesDiscovery | None = None
     sessions: SessionAffinity | None = None  # --session-affinity
+    admission: Admission | None = None  # tenants, quotas, flow control
 
     @classmethod
     def build(cls, settings: RouterSettings, rng: random.Random | None = None) -> RouterState:
@@ -107,6 +109,10 @@ class RouterState:
             EngineHistory(),
         )
         poller.listeners.append(state.history.observe)
+        state.admission = Admission.build(
+            settings.admission, poller.endpoints, metrics.registry, settings.redis_url
+        )
+        poller.listeners.append(state.admission.kick)
         state.sessions = SessionAffinity.build(settings.sessions, settings.redis_url)
         flow.on_route = state.note_route
         return state
@@ -158,6 +164,8 @@ class RouterState:
             await self.index.aclose()
         if self.sessions is not None:
             await self.sessions.kv.aclose()
+        if self.admission is not None:
+            await self.admission.aclose()
 
     def max_model_len(self) -> int | None:
         """The pool's context length: the smallest the engines report (None before any answered)."""

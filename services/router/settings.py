@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.common.media_settings import MediaLimits, RemoteMedia
+from services.router.admission.admission_settings import AdmissionSettings
 from services.router.discovery import DiscoverySettings
 from services.router.endpoints import EndpointSpec, PollerSettings
 from services.router.epp.addresses import endpoint_address
@@ -54,12 +55,15 @@ class RouterSettings(BaseModel):
     limit_mm_per_prompt: MediaLimits = MediaLimits()  # images / videos per request, as the engines' flag
     responses: ResponsesSettings = ResponsesSettings()  # /v1/responses: the store's TTL, cap and key
     sessions: SessionSettings = SessionSettings()  # session affinity (sticky until saturated)
+    admission: AdmissionSettings = AdmissionSettings()  # tenants, bands, quotas, the flow-control queue
     epp: EppSettings | None = None  # --epp-port: also serve the Gateway API Inference Extension picker
 
     @model_validator(mode="after")
     def _check_keys(self) -> RouterSettings:
         if self.salt_from_api_key and not self.api_keys:
             raise ValueError("--salt-from-api-key needs client keys (--api-key or --api-key-file)")
+        if self.admission.tenants and not self.api_keys:
+            raise ValueError("--tenants-file: tenants need client keys (their apiKey / apiKeyEnv)")
         if set(self.priority_api_keys) - set(self.api_keys):
             raise ValueError("--priority-api-key-file: each key must also be a client key (--api-key-file)")
         return self
