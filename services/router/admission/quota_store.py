@@ -39,7 +39,7 @@ used_t = redis.call('HINCRBY', KEYS[1], 't', tokens)
 redis.call('EXPIRE', KEYS[1], 2 * 60)
 if conc > 0 then
   redis.call('ZADD', KEYS[2], now, ARGV[6])
-  redis.call('EXPIRE', KEYS[2], tonumber(ARGV[7]))
+  redis.call('EXPIRE', KEYS[2], math.ceil(tonumber(ARGV[7])))
 end
 return {'ok', used_r, used_t}
 """
