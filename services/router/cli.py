@@ -15,6 +15,7 @@ from services.common.media_settings import add_media_flags, media_limits, remote
 from services.common.tool_templates import add_tool_template_flag, apply_tool_template
 from services.router.admission.admission_settings import add_admission_flags, admission_settings
 from services.router.admission.tenants import load_tenants
+from services.router.circuit_breaker import add_breaker_flags, breaker_settings
 from services.router.discovery import DiscoverySettings, in_cluster_url
 from services.router.endpoints import EndpointSpec, PollerSettings
 from services.router.epp.epp_settings import EppSettings
@@ -173,6 +174,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_responses_flags(p)
     add_session_flags(p)
     add_admission_flags(p)
+    add_breaker_flags(p)
     add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
     return p
@@ -236,6 +238,7 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         responses=responses_settings(args),
         sessions=session_settings(args),
         admission=admission_settings(args, tenants),
+        breaker=breaker_settings(args),
     )
 
 

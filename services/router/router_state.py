@@ -16,6 +16,7 @@ from services.common.mm_placeholders import media_placeholders
 from services.common.prefix_index import AsyncPrefixIndex, PrefixMatch
 from services.common.tokenizer import Tokenizer
 from services.router.admission.admission import Admission
+from services.router.circuit_breaker import CircuitBreaker
 from services.router.context_limit import pool_max_model_len
 from services.router.decision_log import DecisionLog
 from services.router.discovery import KubernetesDiscovery
@@ -115,6 +116,9 @@ class RouterState:
         poller.listeners.append(state.admission.kick)
         state.sessions = SessionAffinity.build(settings.sessions, settings.redis_url)
         flow.on_route = state.note_route
+        flow.max_attempts = settings.breaker.retries + 1
+        flow.retry_jitter_s = settings.breaker.retry_jitter_s
+        flow.breaker = CircuitBreaker(settings.breaker, metrics.registry)
         return state
 
     def note_route(

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.common.media_settings import MediaLimits, RemoteMedia
 from services.router.admission.admission_settings import AdmissionSettings
+from services.router.circuit_breaker import BreakerSettings
 from services.router.discovery import DiscoverySettings
 from services.router.endpoints import EndpointSpec, PollerSettings
 from services.router.epp.addresses import endpoint_address
@@ -55,6 +56,7 @@ class RouterSettings(BaseModel):
     limit_mm_per_prompt: MediaLimits = MediaLimits()  # images / videos per request, as the engines' flag
     responses: ResponsesSettings = ResponsesSettings()  # /v1/responses: the store's TTL, cap and key
     sessions: SessionSettings = SessionSettings()  # session affinity (sticky until saturated)
+    breaker: BreakerSettings = BreakerSettings()  # retries before the first byte, circuit breakers
     admission: AdmissionSettings = AdmissionSettings()  # tenants, bands, quotas, the flow-control queue
     epp: EppSettings | None = None  # --epp-port: also serve the Gateway API Inference Extension picker
 
