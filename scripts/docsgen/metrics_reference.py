@@ -47,10 +47,12 @@ def _engine(full: bool) -> CollectorRegistry:
 
 def _router(full: bool) -> CollectorRegistry:
     from services.router.admission.admission_metrics import AdmissionMetrics
+    from services.router.circuit_breaker import BreakerSettings, CircuitBreaker
     from services.router.metrics import RouterMetrics
 
     registry = RouterMetrics(with_index=True).registry
     AdmissionMetrics(registry)  # the admission package's metrics share the router's registry
+    CircuitBreaker(BreakerSettings(), registry)  # and the circuit breakers'
     return registry
 
 
