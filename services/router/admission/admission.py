@@ -240,7 +240,7 @@ class Admission:
 
     def kick(self, _reports: object = None) -> None:
         """A poll changed the engines' loads: admit what now fits (a poller listener)."""
-        self.flow.kick()
+        self.flow.polled()
 
     async def aclose(self) -> None:
         await asyncio.gather(*self.background, return_exceptions=True)

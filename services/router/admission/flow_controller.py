@@ -45,6 +45,8 @@ class FlowController:
         self.inflight = 0
         self._waiters: dict[QueueItem, asyncio.Future[float]] = {}
         self._wait_ewma_s = 0.0  # recent queue wait of admitted requests (Retry-After's estimate)
+        self._engines_seen = False
+        self._ramp: int | None = None  # admissions left until the next poll, after engines appeared
 
     def why_full(self) -> str | None:
         return self.detector.why_full(self.endpoints(), self.inflight)
@@ -108,16 +110,31 @@ class FlowController:
     def release(self) -> None:
         """One admitted request finished (answered, failed or cancelled): the next may go."""
         self.inflight -= 1
+        if self._ramp is not None:
+            self._ramp += 1
+        self.kick()
+
+    def polled(self) -> None:
+        """Fresh engine loads. When engines appear where there were none (scale from zero), the queue is
+        released at most ``max_waiting`` per engine until the next poll shows their real load (no herd)."""
+        engines = len(self.detector.candidates(self.endpoints()))
+        if engines and not self._engines_seen:
+            self._ramp = (self.detector.limits.max_waiting or 1) * engines
+        elif engines:
+            self._ramp = None
+        self._engines_seen = engines > 0
         self.kick()
 
     def kick(self) -> None:
         """Admit queued requests, in order, while the pool has room."""
-        while len(self.queue) and self.why_full() is None:
+        while len(self.queue) and self.why_full() is None and (self._ramp is None or self._ramp > 0):
             item = self.queue.pop()
             assert item is not None
             future = self._waiters.pop(item, None)
             if future is None or future.done():
                 continue
+            if self._ramp is not None:
+                self._ramp -= 1
             self.inflight += 1
             waited = max(0.0, self.clock() - item.enqueued_at)
             self._wait_ewma_s = 0.8 * self._wait_ewma_s + 0.2 * waited

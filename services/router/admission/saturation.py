@@ -46,9 +46,14 @@ class SaturationDetector:
         tokens = _token_load(endpoint)
         return self.token_limit is not None and tokens is not None and tokens >= self.token_limit
 
+    @staticmethod
+    def candidates(endpoints: Sequence[Endpoint]) -> list[Endpoint]:
+        """The engines a request could go to (healthy, not draining, decode-capable)."""
+        return eligible(endpoints, DECODE_ROLES)
+
     def why_full(self, endpoints: Sequence[Endpoint], inflight: int) -> str | None:
         """Why the pool cannot take one more request now (None: it can)."""
-        candidates = eligible(endpoints, DECODE_ROLES)
+        candidates = self.candidates(endpoints)
         if not candidates:
             return "no engine in rotation"
         if all(self.saturated(e) for e in candidates):

@@ -150,3 +150,30 @@ async def test_the_critical_band_waits_the_same_under_any_sheddable_backlog() ->
     for t in bulk:
         t.cancel()
     await asyncio.gather(*bulk, return_exceptions=True)
+
+
+@on_loop
+async def test_engines_appearing_release_the_held_queue_at_their_admission_rate() -> None:
+    """Scale from zero: 30 held requests; the first engine's poll releases max_waiting (8) of them, a finished
+    request lets one more go, and the next poll (real loads) lets the rest go while there is room."""
+    engines: list[Endpoint] = []
+    adm = Admission(
+        AdmissionSettings(flow_control=True, tenants=(TEAM,)), lambda: engines, CollectorRegistry()
+    )
+    held = [asyncio.create_task(adm.admit("k-team", None, 1, 1)) for _ in range(30)]
+    await asyncio.sleep(0.01)
+    adm.kick()  # a poll: still no engine
+    await asyncio.sleep(0.01)
+    assert not any(t.done() for t in held)
+    engines.append(Endpoint("http://e1"))
+    adm.kick()  # the poll that sees the first engine ready
+    await asyncio.sleep(0.01)
+    done = [t for t in held if t.done()]
+    assert len(done) == 8 and adm.flow.inflight == 8
+    done[0].result().finish(1)
+    await asyncio.sleep(0.01)
+    assert sum(t.done() for t in held) == 9
+    engines[0] = Endpoint("http://e1", load=EndpointLoad(waiting=2, running=6))
+    adm.kick()  # the next poll: the engine's real load, 2 waiting of 8
+    await asyncio.sleep(0.01)
+    assert all(t.done() for t in held)
