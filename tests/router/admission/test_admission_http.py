@@ -20,7 +20,7 @@ from tests.engine_harness import InProcessEngine, start_in_process
 from tests.router.stack import RouterProcess, start_router
 from tests.router.tcp_proxy import TcpProxy
 
-GOLD, BULK = "gold-key-123456", "bulk-key-123456"
+GOLD, BULK, ADMIN = "gold-key-123456", "bulk-key-123456", "admin-key-123456"
 
 
 class ProxyThread:
@@ -72,12 +72,16 @@ def test_requests_are_held_while_no_engine_is_ready_then_served(
             {"name": "bulk", "apiKey": BULK, "band": "sheddable"},
         ],
     )
+    admin = tmp_path / "admin-keys"
+    admin.write_text(ADMIN + "\n")
     router = start_router(
         llama_dir,
         tmp_path,
         [proxy.proxy.url],
         "--tenants-file",
         str(tenants),
+        "--admin-api-key-file",
+        str(admin),
         "--queue-ttl",
         "sheddable=0.6,critical=60",
         "--poll-interval",
@@ -127,6 +131,12 @@ def _held_critical_request_is_served_when_the_engine_appears(
     worker.start()
     _wait_for(lambda: router.metrics()["kvferry_router_held_requests"] == 1)
     assert not answers
+    for key, rows in ((ADMIN, [{"band": "critical", "tenant": "gold", "waiting": 1}]), (GOLD, [])):
+        page = httpx.get(
+            f"{router.url}/ui/state", headers={"Authorization": f"Bearer {key}"}, timeout=10
+        ).json()
+        queue = page["queue"]  # the pool page shows the queue; tenants' rows to an admin key only
+        assert queue["held"] == 1 and queue["full"] == "no engine in rotation" and queue["rows"] == rows
     proxy.open()  # the engine becomes ready: the poller sees it, the held request goes
     worker.join(30)
     assert len(answers) == 1 and answers[0].choices[0].text is not None  # type: ignore[attr-defined]
