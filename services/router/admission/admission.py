@@ -19,7 +19,7 @@ from services.common.errors import OpenAIError, bad_request
 from services.router.admission.admission_metrics import AdmissionMetrics
 from services.router.admission.admission_settings import AdmissionSettings
 from services.router.admission.fair_queue import QueueItem
-from services.router.admission.flow_controller import ClientGone, FlowController, Rejected
+from services.router.admission.flow_controller import ClientGone, FlowController, Gone, Rejected
 from services.router.admission.quota_store import (
     MemoryQuotaStore,
     QuotaStore,
@@ -145,7 +145,7 @@ class Admission:
         band_header: str | None,
         prompt_tokens: int,
         max_tokens: int | None,
-        gone: Any = None,
+        gone: Gone | None = None,
     ) -> Lease:
         """Quota first (a refused request never queues), then the queue; 429 with Retry-After when refused."""
         tenant = self.tenant(key_id)
@@ -235,7 +235,7 @@ class Admission:
         its client disconnects."""
         key_id = getattr(request.state, "tenant", None)
         return await self.admit(
-            key_id, request.headers.get(BAND_HEADER), prompt_tokens, max_tokens, _disconnect(request)
+            key_id, request.headers.get(BAND_HEADER), prompt_tokens, max_tokens, lambda: _disconnect(request)
         )
 
     def kick(self, _reports: object = None) -> None:

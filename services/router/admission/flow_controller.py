@@ -13,6 +13,8 @@ from services.router.admission.fair_queue import FairQueue, QueueItem
 from services.router.admission.saturation import SaturationDetector
 from services.router.scheduling.endpoint import Endpoint
 
+Gone = Callable[[], Awaitable[object]]  # returns when the request's client disconnected
+
 
 class Rejected(Exception):
     """A request flow control did not admit: ``reason`` is queue_full, shed or queue_ttl."""
@@ -51,8 +53,9 @@ class FlowController:
     def why_full(self) -> str | None:
         return self.detector.why_full(self.endpoints(), self.inflight)
 
-    async def acquire(self, item: QueueItem, gone: Awaitable[object] | None = None) -> float:
-        """Wait until ``item`` is admitted; the seconds it waited. Raises Rejected or ClientGone."""
+    async def acquire(self, item: QueueItem, gone: Gone | None = None) -> float:
+        """Wait until ``item`` is admitted; the seconds it waited (``gone()`` returns when its client left,
+        watched only while it waits). Raises Rejected or ClientGone."""
         if not len(self.queue) and self.why_full() is None:
             self.inflight += 1
             return 0.0
@@ -66,10 +69,8 @@ class FlowController:
         self.kick()
         return await self._wait(item, future, gone)
 
-    async def _wait(
-        self, item: QueueItem, future: asyncio.Future[float], gone: Awaitable[object] | None
-    ) -> float:
-        watcher = asyncio.ensure_future(gone) if gone is not None else None
+    async def _wait(self, item: QueueItem, future: asyncio.Future[float], gone: Gone | None) -> float:
+        watcher = asyncio.ensure_future(gone()) if gone is not None else None
         waits: set[asyncio.Future[Any]] = {future} if watcher is None else {future, watcher}
         try:
             await asyncio.wait(

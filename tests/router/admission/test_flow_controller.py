@@ -93,7 +93,7 @@ async def test_a_queued_request_expires_into_a_429_with_retry_after() -> None:
 async def test_a_client_that_disconnects_leaves_the_queue_at_once() -> None:
     adm = _admission([])
     gone = asyncio.Event()
-    task = asyncio.create_task(adm.admit("k-team", None, 5, 5, gone.wait()))
+    task = asyncio.create_task(adm.admit("k-team", None, 5, 5, gone.wait))
     await asyncio.sleep(0.01)
     assert adm.flow.queue.length(Band.standard, "team") == 1
     gone.set()
