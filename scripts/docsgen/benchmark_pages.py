@@ -49,6 +49,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         "python benchmarks/agentic_affinity.py",
         "the agentic workload (`kvferry bench serve --dataset agentic`) on 3 SmolLM2 engines under `kvferry up`, once per routing policy: the prefix-aware scorer, sticky-until-saturated session affinity, and round robin; medians over repeats.",
     ),
+    "flow_control": Benchmark(
+        "Flow control under a burst",
+        "python benchmarks/flow_control.py",
+        "two tenants through `kvferry up` on 2 SmolLM2 engines: A (critical) steady at 60% of capacity, B (sheddable) bursting at 3x capacity, through a router without flow control and one with it (`--tenants-file`, `--max-inflight-per-engine 4`); A alone first. TTFT, goodput within the SLO (2x A-alone's p99), 429 share, requests lost, the engines' waiting queue.",
+    ),
     "sampler": Benchmark(
         "Sampler: one batch vs a loop of rows",
         "python benchmarks/sampler.py",

@@ -60,14 +60,14 @@ class EngineStream:
     rest: AsyncIterator[SSEEvent]
     response: httpx.Response
     on_close: list[Callable[[int], None]] = field(default_factory=list)  # called once with ``seen``
-    seen: int = 1  # events received (about one per generated token)
+    seen: int = 1  # data events received, [DONE] not counted (about one per generated token)
 
     async def events(self) -> AsyncGenerator[SSEEvent, None]:
         """The first event, then the rest; raises EngineUnavailable when the stream breaks."""
         try:
             yield self.first
             async for event in self.rest:
-                self.seen += 1
+                self.seen += not event.is_done
                 yield event
         except httpx.HTTPError as exc:
             raise EngineUnavailable(self.url, f"stream broke: {exc!r}") from exc

@@ -98,6 +98,13 @@ def test_requests_are_held_while_no_engine_is_ready_then_served(
 
 
 def _held_request_times_out_with_retry_after(router: RouterProcess) -> None:
+    jump = httpx.post(
+        f"{router.url}/v1/completions",
+        json={"model": MODEL, "prompt": "hi", "max_tokens": 2, "priority": -100},
+        headers={"Authorization": f"Bearer {BULK}"},
+        timeout=10,
+    )  # a band is the tenant's: `priority` stays refused for keys outside --priority-api-key-file
+    assert jump.status_code == 403 and jump.json()["error"]["param"] == "priority", jump.text
     t0 = time.monotonic()
     r = httpx.post(
         f"{router.url}/v1/completions",
