@@ -186,7 +186,8 @@ async def _run(args: argparse.Namespace, tmp: Path) -> dict:
         {"name": "a", "apiKey": KEYS["A"], "band": "critical"},
         {"name": "b", "apiKey": KEYS["B"], "band": "sheddable"}]}))  # fmt: skip
     fc_args = ["--tenants-file", str(tenants), "--max-inflight-per-engine", str(args.inflight),
-               "--queue-ttl", f"sheddable={args.sheddable_ttl},critical=60", "--poll-interval", "0.5"]  # fmt: skip
+               "--queue-ttl", f"sheddable={args.sheddable_ttl},critical=60", "--poll-interval", "0.5",
+               "--sheddable-share", str(args.sheddable_share)]  # fmt: skip
     up, fc_url = _up(tmp / "up", fc_args)
     plain = None
     try:
@@ -243,6 +244,9 @@ def main() -> None:
         "--inflight", type=int, default=4, help="--max-inflight-per-engine of the flow-control router"
     )
     ap.add_argument("--sheddable-ttl", type=float, default=2.0)
+    ap.add_argument(
+        "--sheddable-share", type=float, default=0.5, help="of the in-flight limit (the rest: A's)"
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         result = asyncio.run(_run(args, Path(tmp)))

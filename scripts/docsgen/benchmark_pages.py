@@ -52,7 +52,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "flow_control": Benchmark(
         "Flow control under a burst",
         "python benchmarks/flow_control.py",
-        "two tenants through `kvferry up` on 2 SmolLM2 engines: A (critical) steady at 60% of capacity, B (sheddable) bursting at 3x capacity, through a router without flow control and one with it (`--tenants-file`, `--max-inflight-per-engine 4`); A alone first. TTFT, goodput within the SLO (2x A-alone's p99), 429 share, requests lost, the engines' waiting queue.",
+        "two tenants through `kvferry up` on 2 SmolLM2 engines: A (critical) steady at 60% of capacity, B (sheddable) bursting at 3x capacity, through a router without flow control and one with it (`--tenants-file`, `--max-inflight-per-engine 4`, `--sheddable-share 0.5`); A alone first. TTFT, goodput within the SLO (2x A-alone's p99), 429 share, requests lost, the engines' waiting queue.",
     ),
     "sampler": Benchmark(
         "Sampler: one batch vs a loop of rows",

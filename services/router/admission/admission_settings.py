@@ -24,6 +24,7 @@ class AdmissionSettings(BaseModel):
     max_waiting: int | None = Field(8, gt=0)
     max_kv_usage: float | None = Field(0.95, gt=0, le=1)
     max_inflight_per_engine: int | None = Field(None, gt=0)
+    sheddable_share: float = Field(1.0, gt=0, le=1)
     max_queue: int = Field(1024, gt=0)
     queue_ttl_s: dict[Band, float] = Field(default_factory=lambda: dict(DEFAULT_TTL_S))
     out_tokens_estimate: int = Field(256, gt=0, description="Charged for a request without max_tokens.")
@@ -38,7 +39,9 @@ class AdmissionSettings(BaseModel):
 
     @property
     def limits(self) -> SaturationLimits:
-        return SaturationLimits(self.max_waiting, self.max_kv_usage, self.max_inflight_per_engine)
+        return SaturationLimits(
+            self.max_waiting, self.max_kv_usage, self.max_inflight_per_engine, self.sheddable_share
+        )
 
 
 def parse_ttls(text: str) -> dict[Band, float]:
@@ -89,6 +92,14 @@ def add_admission_flags(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="the pool is full at N of this router's requests in flight per engine in rotation (default: no limit)",
     )
+    add(
+        "--sheddable-share",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="sheddable requests fill at most this share of --max-inflight-per-engine; the rest is kept for "
+        "critical and standard ones (default 1: nothing kept)",
+    )
     add("--max-queue", type=int, default=1024, metavar="N", help="requests the admission queue holds at most")
     add(
         "--queue-ttl",
@@ -106,6 +117,7 @@ def admission_settings(args: argparse.Namespace, tenants: list[Tenant]) -> Admis
         max_waiting=args.saturation_waiting,
         max_kv_usage=args.saturation_kv_usage,
         max_inflight_per_engine=args.max_inflight_per_engine,
+        sheddable_share=args.sheddable_share,
         max_queue=args.max_queue,
         queue_ttl_s=args.queue_ttl,
     )

@@ -11,6 +11,7 @@ from typing import Any
 
 from services.router.admission.fair_queue import FairQueue, QueueItem
 from services.router.admission.saturation import SaturationDetector
+from services.router.admission.tenants import Band
 from services.router.scheduling.endpoint import Endpoint
 
 Gone = Callable[[], Awaitable[object]]  # returns when the request's client disconnected
@@ -50,13 +51,13 @@ class FlowController:
         self._engines_seen = False
         self._ramp: int | None = None  # admissions left until the next poll, after engines appeared
 
-    def why_full(self) -> str | None:
-        return self.detector.why_full(self.endpoints(), self.inflight)
+    def why_full(self, band: Band = Band.standard) -> str | None:
+        return self.detector.why_full(self.endpoints(), self.inflight, band)
 
     async def acquire(self, item: QueueItem, gone: Gone | None = None) -> float:
         """Wait until ``item`` is admitted; the seconds it waited (``gone()`` returns when its client left,
         watched only while it waits). Raises Rejected or ClientGone."""
-        if not len(self.queue) and self.why_full() is None:
+        if not len(self.queue) and self.why_full(item.band) is None:
             self.inflight += 1
             return 0.0
         future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
@@ -128,9 +129,11 @@ class FlowController:
 
     def kick(self) -> None:
         """Admit queued requests, in order, while the pool has room."""
-        while len(self.queue) and self.why_full() is None and (self._ramp is None or self._ramp > 0):
+        while (head := self.queue.peek()) is not None and (self._ramp is None or self._ramp > 0):
+            if self.why_full(head.band) is not None:
+                break
             item = self.queue.pop()
-            assert item is not None
+            assert item is head
             future = self._waiters.pop(item, None)
             if future is None or future.done():
                 continue

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.common.roles import DECODE_ROLES
+from services.router.admission.tenants import Band
 from services.router.scheduling.endpoint import Endpoint
 from services.router.scheduling.filters import eligible
 
@@ -23,6 +24,7 @@ class SaturationLimits:
     max_waiting: int | None = 8
     max_kv_usage: float | None = 0.95
     max_inflight_per_engine: int | None = None
+    sheddable_share: float = 1.0  # of the in-flight limit sheddable requests may fill (the rest is reserved)
 
 
 def _token_load(endpoint: Endpoint) -> float | None:
@@ -51,8 +53,10 @@ class SaturationDetector:
         """The engines a request could go to (healthy, not draining, decode-capable)."""
         return eligible(endpoints, DECODE_ROLES)
 
-    def why_full(self, endpoints: Sequence[Endpoint], inflight: int) -> str | None:
-        """Why the pool cannot take one more request now (None: it can)."""
+    def why_full(
+        self, endpoints: Sequence[Endpoint], inflight: int, band: Band = Band.standard
+    ) -> str | None:
+        """Why the pool cannot take one more request of ``band`` now (None: it can)."""
         candidates = self.candidates(endpoints)
         if not candidates:
             return "no engine in rotation"
@@ -61,4 +65,10 @@ class SaturationDetector:
         per_engine = self.limits.max_inflight_per_engine
         if per_engine is not None and inflight >= per_engine * len(candidates):
             return f"{inflight} requests in flight ({per_engine} per engine)"
+        if per_engine is not None and band is Band.sheddable:
+            share = int(self.limits.sheddable_share * per_engine * len(candidates))
+            if inflight >= share:
+                return (
+                    f"{inflight} requests in flight: the rest of the limit is kept for more important bands"
+                )
         return None

@@ -177,3 +177,22 @@ async def test_engines_appearing_release_the_held_queue_at_their_admission_rate(
     adm.kick()  # the next poll: the engine's real load, 2 waiting of 8
     await asyncio.sleep(0.01)
     assert all(t.done() for t in held)
+
+
+@on_loop
+async def test_sheddable_requests_leave_reserved_room_for_the_other_bands() -> None:
+    """--sheddable-share 0.5 of 4 slots: sheddable requests fill 2, then wait; critical ones still get in."""
+    engines = [Endpoint("http://e1")]
+    settings = AdmissionSettings(
+        flow_control=True, tenants=(GOLD, BULK), max_inflight_per_engine=4, sheddable_share=0.5
+    )
+    adm = Admission(settings, lambda: engines, CollectorRegistry())
+    bulk = [asyncio.create_task(adm.admit("k-bulk", None, 1, 1)) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    assert [t.done() for t in bulk] == [True, True, False]
+    gold = [await asyncio.wait_for(adm.admit("k-gold", None, 1, 1), 1) for _ in range(2)]
+    assert adm.flow.inflight == 4 and not bulk[2].done()
+    for lease in [bulk[0].result(), bulk[1].result(), *gold]:
+        lease.finish(1)
+    await asyncio.sleep(0.01)
+    assert bulk[2].done() and adm.flow.inflight == 1
