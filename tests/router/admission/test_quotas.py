@@ -11,9 +11,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 
+from services.router.admission.admission import Admission
+from services.router.admission.admission_settings import AdmissionSettings
 from services.router.admission.quota_store import WINDOW_S, MemoryQuotaStore, RedisQuotaStore
-from services.router.admission.tenants import Quota
+from services.router.admission.tenants import Band, Quota, Tenant
 from tests.engine.entrypoints.helpers import MODEL
 from tests.engine_harness import start_in_process
 from tests.redis_server import RedisServer
@@ -122,3 +125,26 @@ def test_a_dead_replicas_leases_expire(redis_server: RedisServer) -> None:
         await store.aclose()
 
     asyncio.run(scenario())
+
+
+def test_tokens_not_generated_are_given_back() -> None:
+    """Charged prompt + max_tokens up front; a JSON answer's usage, or a stream's event count, settles it."""
+
+    async def scenario() -> list[int]:
+        tenant = Tenant(name="t", key_id="k", band=Band.standard, quota=Quota(tokensPerMinute=1000))
+        adm = Admission(AdmissionSettings(tenants=(tenant,)), lambda: [], CollectorRegistry())
+        used = []
+        lease = await adm.admit("k", None, 10, 30)  # 40 charged
+        used.append(lease.verdict.tokens_used)
+        lease.bind({"usage": {"completion_tokens": 5}}, None)  # 25 back
+        await asyncio.gather(*adm.background)
+        on_close: list = []
+        lease = await adm.admit("k", None, 10, 30)
+        used.append(lease.verdict.tokens_used)
+        lease.bind(None, on_close)
+        on_close[0](12)  # the stream ended after 12 events: 18 back
+        await asyncio.gather(*adm.background)
+        used.append((await adm.admit("k", None, 0, 1)).verdict.tokens_used)
+        return used
+
+    assert asyncio.run(scenario()) == [40, 15 + 40, 15 + 22 + 1]
