@@ -13,7 +13,7 @@ import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from pool_operator.config import AUTOSCALER_FIELD_MANAGER, OperatorConfig
-from pool_operator.engine_metrics import EngineSample, parse_sample, role_signal
+from pool_operator.engine_metrics import EngineSample, parse_held, parse_sample, role_signal
 from pool_operator.kubeclient import KubeClient
 from pool_operator.models import InferencePool
 from pool_operator.naming import HTTP_PORT, PoolNames
@@ -95,22 +95,38 @@ class Autoscaler:
         self.config = config
         self.metrics = metrics
 
-    async def scrape(self, pods: list[dict[str, Any]]) -> dict[str, EngineSample]:
+    async def _texts(self, pods: list[dict[str, Any]]) -> dict[str, str]:
         """GET /metrics of every pod concurrently; pods that fail to answer are left out."""
         timeout = aiohttp.ClientTimeout(total=self.config.scrape_timeout)
         async with aiohttp.ClientSession(timeout=timeout) as session:
 
-            async def one(pod: dict[str, Any]) -> tuple[str, EngineSample | None]:
+            async def one(pod: dict[str, Any]) -> tuple[str, str | None]:
                 url = f"http://{pod['status']['podIP']}:{_pod_port(pod)}/metrics"
                 try:
                     async with session.get(url) as response:
                         response.raise_for_status()
-                        return pod["metadata"]["name"], parse_sample(await response.text(), time.monotonic())
-                except (aiohttp.ClientError, TimeoutError, ValueError):
+                        return pod["metadata"]["name"], await response.text()
+                except (aiohttp.ClientError, TimeoutError):
                     return pod["metadata"]["name"], None
 
             results = await asyncio.gather(*(one(p) for p in pods))
-        return {name: sample for name, sample in results if sample is not None}
+        return {name: text for name, text in results if text is not None}
+
+    async def scrape(self, pods: list[dict[str, Any]]) -> dict[str, EngineSample]:
+        """Every engine pod's sample (pods that fail to answer, or answer nonsense, are left out)."""
+        samples = {}
+        for name, text in (await self._texts(pods)).items():
+            try:
+                samples[name] = parse_sample(text, time.monotonic())
+            except ValueError:
+                continue
+        return samples
+
+    async def held_requests(self, names: PoolNames) -> float:
+        """Requests the pool's routers hold for want of a ready engine (scale from zero's signal)."""
+        pods = await self.client.list("Pod", names.namespace, names.selector_string("router"))
+        texts = await self._texts([p for p in pods if _pod_ready(p)])
+        return sum(parse_held(text) for text in texts.values())
 
     def policies(self, pool: InferencePool) -> dict[str, tuple[ScalingPolicy, str]]:
         """Deployment role -> (policy, metric) of every autoscaled role."""
@@ -163,6 +179,8 @@ class Autoscaler:
             ]
             samples = await self.scrape(pods)
             signal = role_signal(metric, samples, state.samples)
+            if current == 0 and role != "prefill":  # no engine: the routers hold requests, the demand
+                signal = await self.held_requests(names) or signal
             state.samples.update(samples)
             decision = policy.decide(current, signal, state.history.get(role, ()), now)
             state.history[role] = decision.history

@@ -8,6 +8,7 @@ from pool_operator import pool_secret
 from pool_operator.models import InferencePool
 from pool_operator.naming import HTTP_PORT, KVSTORE_PORT, REDIS_PORT, PoolNames
 from pool_operator.quantity import parse_quantity
+from pool_operator.tenants_spec import TENANTS_FILE, TENANTS_MOUNT
 from services.common.pod_labels import POOL_LABEL, selector_string
 from services.common.roles import EnginePodRole, serve_role
 
@@ -187,7 +188,17 @@ class CommandLines:
             args.append("--salt-from-api-key")
         # stored /v1/responses bodies are sealed with a key derived from the pool Secret (mounted already)
         args += ["--responses-key-file", pool_secret.SECRET_FILE]
+        args += self.admission_args()
         return args + self.session_args() + self.chat_shaping_args() + self.gateway_args()
+
+    def admission_args(self) -> list[str]:
+        """spec.router.tenants as the routers' tenants file; flow control also when a role may scale to zero
+        (the routers hold requests while no engine is ready)."""
+        if self.spec.router.tenants:
+            return ["--tenants-file", f"{TENANTS_MOUNT}/{TENANTS_FILE}"]
+        auto = self.spec.autoscaling
+        bounds = [] if auto is None else [b for b in (auto.prefill, auto.decode) if b is not None]
+        return ["--flow-control"] if any(b.min_replicas == 0 for b in bounds) else []
 
     def session_args(self) -> list[str]:
         """spec.router.sessionAffinity as the routers' session flags."""

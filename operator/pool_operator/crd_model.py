@@ -63,3 +63,13 @@ class CrdModel(BaseModel):
                 {"rule": r.rule, "message": r.message} for r in cls.CEL_RULES
             ]
         return schema
+
+
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
+class SecretKeyRef(CrdModel):
+    """A key of a Secret in the pool's namespace."""
+
+    name: str = Field(pattern=DNS_SUBDOMAIN, max_length=253)
+    key: str = Field(pattern=r"^[-._a-zA-Z0-9]+$", max_length=253)

@@ -37,6 +37,21 @@ def parse_sample(text: str, at: float) -> EngineSample:
     return EngineSample.of(parse_load_report(text), at)
 
 
+HELD_METRIC = "kvferry_router_held_requests"  # the routers' admission queue (services.router.admission)
+
+
+def parse_held(text: str) -> float:
+    """The requests a router's /metrics says it holds (0 when absent or unreadable)."""
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == HELD_METRIC:
+            try:
+                return float(value.split()[0])
+            except (ValueError, IndexError):
+                return 0.0
+    return 0.0
+
+
 def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
     """Prometheus' histogram_quantile over cumulative buckets (linear within a bucket); None if empty."""
     if not buckets or buckets[-1][1] <= 0:

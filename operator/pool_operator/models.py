@@ -7,10 +7,11 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from pool_operator.autoscaling_spec import AutoscalingSpec
-from pool_operator.crd_model import CelRule, CrdModel, FreeForm, Quantity
+from pool_operator.crd_model import DNS_SUBDOMAIN, CelRule, CrdModel, FreeForm, Quantity, SecretKeyRef
 from pool_operator.engine_spec import EngineSpec
 from pool_operator.gateway_spec import GatewaySpec
 from pool_operator.monitoring_spec import MonitoringSpec
+from pool_operator.tenants_spec import TenantSpec
 
 GROUP = "kvferry.dev"
 VERSION = "v1alpha1"
@@ -21,16 +22,8 @@ SINGULAR = "inferencepool"
 SHORT_NAMES = ("kfpool",)
 
 DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # Pool names prefix every child ("<pool>-prefill", "<pool>-kvstore"): keep room under 63 chars.
 MAX_POOL_NAME = 40
-
-
-class SecretKeyRef(CrdModel):
-    """A key of a Secret in the pool's namespace."""
-
-    name: str = Field(pattern=DNS_SUBDOMAIN, max_length=253)
-    key: str = Field(pattern=r"^[-._a-zA-Z0-9]+$", max_length=253)
 
 
 class PvcSource(CrdModel):
@@ -187,9 +180,14 @@ class RouterSpec(CrdModel):
 
     CEL_RULES = (
         CelRule(
-            "!self.saltFromApiKey || has(self.apiKeySecretRef)",
-            "saltFromApiKey needs apiKeySecretRef (the keys that name the tenants)",
-            lambda s: not s.salt_from_api_key or s.api_key_secret_ref is not None,
+            "!self.saltFromApiKey || has(self.apiKeySecretRef) || (has(self.tenants) && size(self.tenants) > 0)",
+            "saltFromApiKey needs apiKeySecretRef or tenants (the keys that name the tenants)",
+            lambda s: not s.salt_from_api_key or s.api_key_secret_ref is not None or bool(s.tenants),
+        ),
+        CelRule(
+            "!has(self.tenants) || self.tenants.all(t, self.tenants.exists_one(u, u.name == t.name))",
+            "tenants: each name must be unique",
+            lambda s: len({t.name for t in s.tenants}) == len(s.tenants),
         ),
     )
 
@@ -211,6 +209,12 @@ class RouterSpec(CrdModel):
         None,
         description="sticky until saturated: a session (x-session-id, a Responses chain, or user) stays on "
         "its warm engine until that engine's token load passes the limit",
+    )
+    tenants: list[TenantSpec] = Field(
+        default_factory=list,
+        max_length=64,
+        description="the clients (a key each) with their priority band and quota; turns on the routers' "
+        "flow control (requests wait in the router, by band and fair share, while the engines are saturated)",
     )
     resources: Resources | None = None
 

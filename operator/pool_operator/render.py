@@ -13,6 +13,7 @@ from pool_operator.models import API_VERSION, KIND, InferencePool
 from pool_operator.monitors import MONITORING_KINDS, MonitorBuilder
 from pool_operator.naming import HTTP_PORT, KVSTORE_METRICS_PORT, KVSTORE_PORT, REDIS_PORT, PoolNames
 from pool_operator.netpol import OPERATOR_NAMESPACE, NetworkPolicyBuilder
+from pool_operator.tenants_spec import TENANTS_CONFIG_SUFFIX, TENANTS_FILE, tenants_file
 from pool_operator.workloads import Manifest, WorkloadBuilder
 from services.common.hashing import HASH_VERSION
 from services.common.pod_labels import APPLIED_HASH_ANNOTATION
@@ -78,7 +79,12 @@ class PoolRenderer:
 
     def render(self) -> list[Manifest]:
         """All children, sorted by apply order then name, each stamped with owner refs and a content hash."""
-        items = self._identities() + [self._config_map()] + self._services() + self._deployments()
+        items = (
+            self._identities()
+            + [self._config_map(), *self._tenants_config_map()]
+            + self._services()
+            + self._deployments()
+        )
         items += self._disruption_budgets() + self._network_policies() + self._monitoring() + self._gateway()
         for item in items:
             self._stamp(item)
@@ -157,6 +163,22 @@ class PoolRenderer:
             "metadata": self._meta(self.names.config_map, None),
             "data": self.config_data(),
         }
+
+    def _tenants_config_map(self) -> list[Manifest]:
+        """The routers' --tenants-file (keys by variable, from their Secrets); its own ConfigMap, so a tenant
+        change rolls the routers alone."""
+        tenants = self.pool.spec.router.tenants
+        if not tenants:
+            return []
+        meta = self._meta(self.names.child(TENANTS_CONFIG_SUFFIX), "router")
+        return [
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": meta,
+                "data": {TENANTS_FILE: tenants_file(tenants)},
+            }
+        ]
 
     def _service(
         self,

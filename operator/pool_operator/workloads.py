@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any
 
@@ -17,6 +18,13 @@ from pool_operator.naming import (
     PoolNames,
 )
 from pool_operator.quantity import parse_quantity, quantity_to_gb
+from pool_operator.tenants_spec import (
+    TENANTS_CONFIG_SUFFIX,
+    TENANTS_HASH_ANNOTATION,
+    TENANTS_MOUNT,
+    key_env_vars,
+    tenants_file,
+)
 from services.common.pod_labels import CONFIG_HASH_ANNOTATION
 from services.common.roles import EnginePodRole
 
@@ -255,12 +263,21 @@ class WorkloadBuilder:
         if router.api_key_secret_ref is not None:
             mounts.append({"name": "api-key", "mountPath": API_KEY_MOUNT, "readOnly": True})
             volumes.append({"name": "api-key", "secret": {"secretName": router.api_key_secret_ref.name}})
+        env, extra = self._pool_env("router"), {}
+        if router.tenants:
+            mounts.append({"name": "tenants", "mountPath": TENANTS_MOUNT, "readOnly": True})
+            config = self.names.child(TENANTS_CONFIG_SUFFIX)
+            volumes.append({"name": "tenants", "configMap": {"name": config}})
+            env += key_env_vars(router.tenants)
+            extra[TENANTS_HASH_ANNOTATION] = hashlib.sha256(
+                tenants_file(router.tenants).encode()
+            ).hexdigest()[:16]
         container = {
             "name": "router",
             "image": router.image or self.images.image("router"),
             "command": ["kvferry"],
             "args": self.cmd.router_args(),
-            "env": self._pool_env("router"),
+            "env": env,
             "ports": self._router_ports(),
             "readinessProbe": _http_probe(5, 3),
             "livenessProbe": _http_probe(10, 6),
@@ -269,7 +286,7 @@ class WorkloadBuilder:
             "securityContext": _container_security(RUN_AS),
         }
         return self._deployment(
-            "router", self._pod(container, volumes, "router"), router.replicas, self._annotations()
+            "router", self._pod(container, volumes, "router"), router.replicas, self._annotations(extra)
         )
 
     def _router_ports(self) -> list[dict[str, Any]]:

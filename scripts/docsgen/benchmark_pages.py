@@ -54,6 +54,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         "python benchmarks/recovery.py --duration 90 --kill-every 30 --concurrency 3",
         "greedy streams through `kvferry up` (2 aggregated SmolLM2 engines, no kvstore) while one engine is killed with SIGKILL every 30 s (after the previous one is back); each stream compared with the undisturbed run of the same prompt. A short run on 2 CPU cores shared with other work: noisy, few requests.",
     ),
+    "flow_control": Benchmark(
+        "Flow control under a burst",
+        "python benchmarks/flow_control.py",
+        "two tenants through `kvferry up` on 2 SmolLM2 engines: A (critical) steady at 60% of capacity, B (sheddable) bursting at 3x capacity, through a router without flow control and one with it (`--tenants-file`, `--max-inflight-per-engine 4`, `--sheddable-share 0.5`); A alone first. TTFT, goodput within the SLO (2x A-alone's p99), 429 share, requests lost, the engines' waiting queue.",
+    ),
     "sampler": Benchmark(
         "Sampler: one batch vs a loop of rows",
         "python benchmarks/sampler.py",

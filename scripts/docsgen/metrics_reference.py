@@ -47,12 +47,16 @@ def _engine(full: bool) -> CollectorRegistry:
 
 def _router(full: bool) -> CollectorRegistry:
     from services.router.accuracy.prediction_accuracy import AccuracySettings, PredictionAccuracy
+    from services.router.admission.admission_metrics import AdmissionMetrics
+    from services.router.circuit_breaker import BreakerSettings, CircuitBreaker
     from services.router.metrics import RouterMetrics
     from services.router.migration.migrator import migration_counter
 
     registry = RouterMetrics(with_index=True).registry
     migration_counter(registry)  # request migration's, registered by its Migrator
     PredictionAccuracy(AccuracySettings(), 16, registry)  # routing accuracy's, registered by RouterState
+    AdmissionMetrics(registry)  # the admission package's metrics share the router's registry
+    CircuitBreaker(BreakerSettings(), registry)  # and the circuit breakers'
     return registry
 
 

@@ -44,6 +44,7 @@ class OpenAIError(Exception):
         super().__init__(message)
         self.status = status
         self.info = ErrorInfo(message=message, type=type, param=param, code=code)
+        self.headers: dict[str, str] = {}  # e.g. a 429's Retry-After
 
     def body(self) -> dict[str, Any]:
         """The JSON body: ``{"error": {...}}``."""

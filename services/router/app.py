@@ -133,18 +133,26 @@ async def _embed(state: RouterState, body: EmbeddingRequest, request_id: str) ->
 
 
 async def _serve(
-    state: RouterState, req: PreparedRequest, request_id: str, adapter: ChatAdapter | None
+    state: RouterState, req: PreparedRequest, request_id: str, adapter: ChatAdapter | None, request: Request
 ) -> Response:
     check_prompt_fits(req, state.max_model_len())
+    assert state.admission is not None
+    lease = await state.admission.admit_request(request, req.prompt_tokens, req.max_output_tokens)
     limit = state.settings.request_deadline_s
     deadline = None if limit is None else asyncio.get_running_loop().time() + limit
-    ctx = await state.context(req)
     splice = state.migrator.prepare(req)
     try:
+        ctx = await state.context(req)
         async with asyncio.timeout_at(deadline):
             d = await state.flow.run(req, ctx, request_id)
     except TimeoutError:
+        lease.cancel()
         raise _timed_out(limit) from None
+    except BaseException:
+        lease.cancel()
+        raise
+    lease.bind(d.body, None if d.stream is None else d.stream.on_close)
+    headers = {**_headers(d), **lease.headers}
     if d.stream is not None:
         replay = None
         if splice is not None:
@@ -153,11 +161,11 @@ async def _serve(
         events = replay.events() if replay else d.stream.events()
         chunks = adapter.stream(events) if adapter else _passthrough(events)
         relay = _relay(state, d, chunks, deadline, replay)
-        return StreamingResponse(relay, media_type=SSE_CONTENT_TYPE, headers=_headers(d))
+        return StreamingResponse(relay, media_type=SSE_CONTENT_TYPE, headers=headers)
     assert d.body is not None
     state.accuracy.observe(d.decision, ctx, d.body)
     answer = adapter.response(d.body) if adapter else d.body
-    return JSONResponse(answer, headers=_headers(d))
+    return JSONResponse(answer, headers=headers)
 
 
 def _openai_routes(state: RouterState) -> APIRouter:
@@ -190,7 +198,7 @@ def _openai_routes(state: RouterState) -> APIRouter:
         req = await state.preparer.completion_async(body, lora)
         req.session = session_key(request, body.user)
         req.arrival = request.state.arrival  # the overhead counts parsing, tokenizing and hashing too
-        return await _serve(state, req, rid, None)
+        return await _serve(state, req, rid, None, request)
 
     @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
@@ -202,7 +210,7 @@ def _openai_routes(state: RouterState) -> APIRouter:
         adapter = ChatAdapter(
             lora or name, rid, req.chat_top_logprobs, body.n, req.include_usage, req.chat_plan
         )
-        return await _serve(state, req, rid, adapter)
+        return await _serve(state, req, rid, adapter, request)
 
     @router.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest, request: Request) -> Response:

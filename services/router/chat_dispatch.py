@@ -42,7 +42,13 @@ async def dispatch_chat(
     req.arrival = request.state.arrival
     req.session = session_key(request, session, chat.user)
     check_prompt_fits(req, state.max_model_len())
-    ctx = await state.context(req)
+    assert state.admission is not None
+    lease = await state.admission.admit_request(request, req.prompt_tokens, req.max_output_tokens)
     rid = request.state.request_id
-    d = await state.flow.run(req, ctx, rid)
+    try:
+        d = await state.flow.run(req, await state.context(req), rid)
+    except BaseException:
+        lease.cancel()
+        raise
+    lease.bind(d.body, None if d.stream is None else d.stream.on_close)
     return d, ChatAdapter(lora or state.settings.model_name, rid, None, 1, req.include_usage, req.chat_plan)

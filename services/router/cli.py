@@ -14,6 +14,9 @@ from services.common.hashing import check_pool_hash_version
 from services.common.media_settings import add_media_flags, media_limits, remote_media_from_args
 from services.common.tool_templates import add_tool_template_flag, apply_tool_template
 from services.router.accuracy.prediction_accuracy import accuracy_settings, add_accuracy_flags
+from services.router.admission.admission_settings import add_admission_flags, admission_settings
+from services.router.admission.tenants import load_tenants
+from services.router.circuit_breaker import add_breaker_flags, breaker_settings
 from services.router.discovery import DiscoverySettings, in_cluster_url
 from services.router.endpoints import EndpointSpec, PollerSettings
 from services.router.epp.epp_settings import EppSettings
@@ -174,6 +177,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_session_flags(p)
     add_migration_flags(p)
     add_accuracy_flags(p)
+    add_admission_flags(p)
+    add_breaker_flags(p)
     add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
     return p
@@ -202,6 +207,7 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
             interval_s=args.poll_interval,
         )
     tokenizer = Path(args.tokenizer)
+    tenants, tenant_keys = load_tenants(args.tenants_file) if args.tenants_file else ([], [])
     return RouterSettings(
         endpoints=specs,
         discovery=discovery,
@@ -209,7 +215,7 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         model_name=args.model_name or tokenizer.name,
         block_size=args.block_size,
         redis_url=args.redis_url,
-        api_keys=_api_keys(args),
+        api_keys=_api_keys(args) + [k for k in tenant_keys if k not in _api_keys(args)],
         admin_api_keys=_read_keys(args.admin_api_key_file, "--admin-api-key-file")
         if args.admin_api_key_file
         else [],
@@ -237,6 +243,8 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         sessions=session_settings(args),
         migration=migration_settings(args),
         accuracy=accuracy_settings(args),
+        admission=admission_settings(args, tenants),
+        breaker=breaker_settings(args),
     )
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -59,12 +59,15 @@ class EngineStream:
     first: SSEEvent
     rest: AsyncIterator[SSEEvent]
     response: httpx.Response
+    on_close: list[Callable[[int], None]] = field(default_factory=list)  # called once with ``seen``
+    seen: int = 1  # data events received, [DONE] not counted (about one per generated token)
 
     async def events(self) -> AsyncGenerator[SSEEvent, None]:
         """The first event, then the rest; raises EngineUnavailable when the stream breaks."""
         try:
             yield self.first
             async for event in self.rest:
+                self.seen += not event.is_done
                 yield event
         except httpx.HTTPError as exc:
             raise EngineUnavailable(self.url, f"stream broke: {exc!r}") from exc
@@ -74,6 +77,9 @@ class EngineStream:
     async def aclose(self) -> None:
         with contextlib.suppress(Exception):
             await self.response.aclose()
+        listeners, self.on_close = self.on_close, []
+        for listener in listeners:
+            listener(self.seen)
 
 
 class EngineClient:

@@ -15,7 +15,9 @@ One request's path through the pool, top to bottom:
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ from pydantic import ValidationError
 from services.common.errors import OpenAIError
 from services.common.kv_transfer import KVTransferParams
 from services.common.protocol_structured import CONSTRAINT_FIELDS
+from services.router.circuit_breaker import CircuitBreaker
 from services.router.engine_client import EngineClient, EngineStream, EngineUnavailable
 from services.router.metrics import RouterMetrics
 from services.router.prompt import PreparedRequest
@@ -86,6 +89,9 @@ class PDFlow:
         self.client = client
         self.metrics = metrics
         self.prefill_timeout_s = prefill_timeout_s
+        self.max_attempts = MAX_ATTEMPTS
+        self.retry_jitter_s = 0.0  # a retry first waits up to this long times its number
+        self.breaker: CircuitBreaker | None = None  # engines failing in a row are left out for a while
 
     async def run(
         self, req: PreparedRequest, ctx: RequestContext, request_id: str, exclude: Sequence[str] = ()
@@ -95,8 +101,10 @@ class PDFlow:
         tried: list[str] = list(exclude)
         failure: EngineUnavailable | None = None
         overhead = 0.0
-        for attempt in range(MAX_ATTEMPTS):
-            decision = self.scheduler.schedule(self.endpoints(), ctx, exclude=tried)
+        for attempt in range(self.max_attempts):
+            if attempt and self.retry_jitter_s:
+                await asyncio.sleep(random.uniform(0, self.retry_jitter_s * attempt))
+            decision = self.scheduler.schedule(self.endpoints(), ctx, exclude=self._excluded(tried))
             if decision is None:
                 break
             if attempt == 0:
@@ -108,15 +116,31 @@ class PDFlow:
                 self.on_route(decision, req, ctx, request_id, attempt)
             headers = {"X-Request-Id": f"{request_id}-{attempt}" if attempt else request_id}
             params = await self._prefill(decision, req, headers) if decision.prefill else None
+            url = decision.decode.url
+            if self.breaker is not None:
+                self.breaker.picked(url)
             try:
-                return await self._decode(decision, req, params, headers, overhead)
+                dispatched = await self._decode(decision, req, params, headers, overhead)
             except EngineUnavailable as exc:
                 failure = exc
-                tried.append(decision.decode.url)
+                tried.append(url)
+                if self.breaker is not None:
+                    self.breaker.failed(url)
+                continue
+            if self.breaker is not None:
+                self.breaker.succeeded(url)
+            return dispatched
         if failure is None:
             self.metrics.requests.labels(decision="no_endpoint").inc()
             raise no_endpoint("no healthy engine")
         raise no_endpoint(f"the engines failed ({failure.reason})")
+
+    def _excluded(self, tried: list[str]) -> list[str]:
+        """Engines tried already, and those whose circuit is open (unless that is every one left)."""
+        if self.breaker is None:
+            return tried
+        left = [e.url for e in self.endpoints() if e.healthy and e.url not in tried]
+        return tried + sorted(self.breaker.blocked(left))
 
     def record(self, decision: RouteDecision, req: PreparedRequest, ctx: RequestContext) -> float:
         """Count one routing decision (the router's own and the EPP's); the overhead so far, in seconds."""

@@ -69,6 +69,12 @@ class PreparedRequest:
         return len(self.prompts[0])
 
     @property
+    def max_output_tokens(self) -> int | None:
+        """Tokens the request may generate in all (None: no max_tokens, up to the context)."""
+        limit = self.engine_body.get("max_tokens")
+        return None if limit is None else int(limit) * max(self.n, 1)
+
+    @property
     def splittable(self) -> bool:
         """Whether another engine may prefill: one prompt (one KV hand-off), and no prompt logprobs to score."""
         body = self.engine_body

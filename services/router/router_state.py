@@ -16,6 +16,8 @@ from services.common.mm_placeholders import media_placeholders
 from services.common.prefix_index import AsyncPrefixIndex, PrefixMatch
 from services.common.tokenizer import Tokenizer
 from services.router.accuracy.prediction_accuracy import PredictionAccuracy
+from services.router.admission.admission import Admission
+from services.router.circuit_breaker import CircuitBreaker
 from services.router.context_limit import pool_max_model_len
 from services.router.decision_log import DecisionLog
 from services.router.discovery import KubernetesDiscovery
@@ -53,6 +55,7 @@ class RouterState:
     sessions: SessionAffinity | None = None  # --session-affinity
     migrator: Migrator = field(init=False)  # streams resumed on another engine when theirs fails
     accuracy: PredictionAccuracy = field(init=False)  # predicted vs reported cached tokens, per engine
+    admission: Admission | None = None  # tenants, quotas, flow control
 
     @classmethod
     def build(cls, settings: RouterSettings, rng: random.Random | None = None) -> RouterState:
@@ -111,10 +114,17 @@ class RouterState:
             EngineHistory(),
         )
         poller.listeners.append(state.history.observe)
+        state.admission = Admission.build(
+            settings.admission, poller.endpoints, metrics.registry, settings.redis_url
+        )
+        poller.listeners.append(state.admission.kick)
         state.sessions = SessionAffinity.build(settings.sessions, settings.redis_url)
         flow.on_route = state.note_route
         state.migrator = Migrator(state, settings.migration)
         state.accuracy = PredictionAccuracy(settings.accuracy, settings.block_size, metrics.registry)
+        flow.max_attempts = settings.breaker.retries + 1
+        flow.retry_jitter_s = settings.breaker.retry_jitter_s
+        flow.breaker = CircuitBreaker(settings.breaker, metrics.registry)
         return state
 
     def note_route(
@@ -164,6 +174,8 @@ class RouterState:
             await self.index.aclose()
         if self.sessions is not None:
             await self.sessions.kv.aclose()
+        if self.admission is not None:
+            await self.admission.aclose()
 
     def max_model_len(self) -> int | None:
         """The pool's context length: the smallest the engines report (None before any answered)."""

@@ -8,6 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.common.media_settings import MediaLimits, RemoteMedia
 from services.router.accuracy.prediction_accuracy import AccuracySettings
+from services.router.admission.admission_settings import AdmissionSettings
+from services.router.circuit_breaker import BreakerSettings
 from services.router.discovery import DiscoverySettings
 from services.router.endpoints import EndpointSpec, PollerSettings
 from services.router.epp.addresses import endpoint_address
@@ -58,12 +60,16 @@ class RouterSettings(BaseModel):
     sessions: SessionSettings = SessionSettings()  # session affinity (sticky until saturated)
     migration: MigrationSettings = MigrationSettings()  # streams resumed elsewhere when their engine fails
     accuracy: AccuracySettings = AccuracySettings()  # below it an engine is routed by load only
+    breaker: BreakerSettings = BreakerSettings()  # retries before the first byte, circuit breakers
+    admission: AdmissionSettings = AdmissionSettings()  # tenants, bands, quotas, the flow-control queue
     epp: EppSettings | None = None  # --epp-port: also serve the Gateway API Inference Extension picker
 
     @model_validator(mode="after")
     def _check_keys(self) -> RouterSettings:
         if self.salt_from_api_key and not self.api_keys:
             raise ValueError("--salt-from-api-key needs client keys (--api-key or --api-key-file)")
+        if self.admission.tenants and not self.api_keys:
+            raise ValueError("--tenants-file: tenants need client keys (their apiKey / apiKeyEnv)")
         if set(self.priority_api_keys) - set(self.api_keys):
             raise ValueError("--priority-api-key-file: each key must also be a client key (--api-key-file)")
         return self

@@ -38,6 +38,7 @@ FIELDS: dict[type, tuple[str, dict[str, Any]]] = {
             "apiKeySecretRef": SECRET_REF,
             "saltFromApiKey": True,
             "sessionAffinity": {"stickyLimitTokens": 4096, "ttlSeconds": 600},
+            "tenants": [{"name": "t", "apiKeySecretRef": SECRET_REF, "band": "critical"}],
             "resources": {"requests": {"cpu": "2"}},
         },
     ),

@@ -5,13 +5,17 @@ from __future__ import annotations
 import copy
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from tests.engine.entrypoints.helpers import MODEL, free_port
 from tests.operator.cluster import MONITORING_RESOURCES, POOLS, Cluster, wait_for
 from tests.operator.conftest import OperatorProcess, load_example
 from tests.operator.crd_validator import CrdValidator
+from tests.router.stack import start_router
 
 pytestmark = pytest.mark.timeout(120)
 DEPLOYMENTS = "/apis/apps/v1/namespaces/{ns}/deployments"
@@ -267,3 +271,52 @@ def test_monitoring_waits_for_the_prometheus_operator_then_renders_and_prunes(
     cluster.merge(pool_path("delta", "mon"), {"spec": {"monitoring": None}})
     wait_for(lambda: cluster.get(f"{monitors}/servicemonitors/mon-metrics") is None, what="monitor pruned")
     wait_for(lambda: cluster.get(f"{monitors}/prometheusrules/mon-rules") is None, what="rule pruned")
+
+
+def test_a_request_held_by_the_router_scales_a_role_up_from_zero(
+    cluster, operator_process: OperatorProcess, llama_dir: Path, tmp_path: Path
+):
+    """minReplicas 0: a real router (flow control, no engine) holds a real request; the autoscaler reads the
+    held demand from the router pod's /metrics and scales the engines 0 -> 1."""
+    router = start_router(
+        llama_dir, tmp_path, [f"http://127.0.0.1:{free_port()}"], "--flow-control", "--queue-ttl", "standard=60",
+        healthy=False,
+    )  # fmt: skip
+    held: list[int] = []
+
+    def ask() -> None:
+        try:
+            body = {"model": MODEL, "prompt": "hi"}
+            held.append(httpx.post(f"{router.url}/v1/completions", json=body, timeout=90).status_code)
+        except httpx.HTTPError:  # the router stopped at the end of the test, the request still held
+            held.append(-1)
+
+    worker = threading.Thread(target=ask)
+    try:
+        body = pool_body("zero", "echo")
+        target = {"metric": "KVCacheUsage", "averageValue": 0.7}
+        body["spec"]["autoscaling"] = {
+            "decode": {"minReplicas": 0, "maxReplicas": 2, "target": target},
+            "scaleDownStabilizationSeconds": 0,
+        }
+        cluster.call("POST", pool_path("echo"), body)
+        wait_for(lambda: deployment(cluster, "echo", "zero-router"), what="router Deployment")
+        args = deployment(cluster, "echo", "zero-router")["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert "--flow-control" in args
+        port = int(router.url.rsplit(":", 1)[1])
+        cluster.settle("echo", http_port=port)  # every pod's /metrics is the real router's
+
+        def engines() -> int:
+            return deployment(cluster, "echo", "zero-engine")["spec"].get("replicas", 1)
+
+        wait_for(lambda: engines() == 0, what="idle engines scaled to zero")
+        cluster.settle("echo", http_port=port)
+        worker.start()
+        wait_for(lambda: router.metrics()["kvferry_router_held_requests"] == 1, what="the request is held")
+        wait_for(lambda: engines() == 1, what="scale-up 0 -> 1 from the held request")
+        assert operator_process.count("[echo/zero] autoscaler scaled engine: 0 -> 1") == 1
+        assert not held  # still held: no engine is ready yet
+    finally:
+        router.stop()
+        if worker.is_alive() or held:
+            worker.join(10)

@@ -298,3 +298,36 @@ def test_a_picker_that_is_down_follows_the_failure_mode(envoy, epp) -> None:
     with pytest.raises(openai.APIStatusError) as err:
         closed_client.completions.create(model=MODEL, prompt=[3] * 20, max_tokens=2, temperature=0)
     assert err.value.status_code == 500  # Envoy's answer when ext_proc fails closed
+
+
+def test_the_picker_admits_through_the_routers_tenants_and_quotas(
+    llama_dir, log_dir, gw_engines, pool_redis
+) -> None:
+    """The same admission as the HTTP path: a tenant's quota (shared in Redis) refuses its second request with
+    an immediate 429 carrying Retry-After and x-ratelimit-*; the slot of a picked request is given back when
+    the gateway's stream ends."""
+    port = free_port()
+    tenants = log_dir / "epp-tenants.json"
+    tenants.write_text(
+        json.dumps({"tenants": [{"name": "gw", "apiKey": "sk-gw-tenant", "quota": {"requestsPerMinute": 1}}]})
+    )
+    flags = ("--epp-port", str(port), "--tenants-file", str(tenants), "--max-inflight-per-engine", "4")
+    router = start_router(llama_dir, log_dir, [e.url for e in gw_engines], *flags, redis_url=pool_redis.url)
+    keyed = request_headers()
+    keyed.request_headers.headers.headers.add(key="authorization", raw_value=b"Bearer sk-gw-tenant")
+    body = body_chunks(completion_body([4] * 30), 1)
+    try:
+        first = process(port, [keyed, *body])
+        assert picked(first[0]) in addresses(gw_engines)
+        second = process(port, [keyed, *body])
+        metrics = router.metrics()
+    finally:
+        router.stop()
+    status, error = immediate(second)
+    sets = {
+        h.header.key: h.header.raw_value.decode() for h in second[0].immediate_response.headers.set_headers
+    }
+    assert status == 429 and error["error"]["code"] == "rate_limit_exceeded", error
+    assert int(sets["retry-after"]) >= 1 and sets["x-ratelimit-remaining-requests"] == "0"
+    assert metrics["kvferry_router_inflight"] == 0  # the first stream ended: its slot is back
+    assert metrics['kvferry_router_admission_total{outcome="admitted",reason="immediate"}'] == 1

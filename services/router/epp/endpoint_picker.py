@@ -14,7 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from services.common.errors import bad_request, model_not_found, parse_body, unauthorized
+from services.common.http_middleware import tenant_of
 from services.common.protocol import ChatCompletionRequest, CompletionRequest
+from services.router.admission.admission import BAND_HEADER, Lease
 from services.router.context_limit import check_prompt_fits
 from services.router.epp.addresses import endpoint_address
 from services.router.pd_flow import no_endpoint
@@ -33,6 +35,7 @@ class Pick:
     endpoints: tuple[str, ...]
     decision: RouteDecision
     headers: Mapping[str, str] = field(default_factory=dict)  # set on the request the gateway forwards
+    lease: Lease | None = None  # the admission slot: given back when the gateway's stream ends
 
 
 class EndpointPicker:
@@ -82,8 +85,11 @@ class EndpointPicker:
                 prepared.arrival = arrival
             check_prompt_fits(prepared, self.state.max_model_len())
             ctx = replace(await self.state.context(prepared), splittable=False)
+        lease = await self._admit(headers, token, prepared)
         decision = self.state.flow.scheduler.schedule(pool, ctx)
         if decision is None:
+            if lease is not None:
+                lease.cancel()
             self.state.metrics.requests.labels(decision="no_endpoint").inc()
             where = "in the gateway's subset" if subset is not None else "in the pool"
             raise no_endpoint(f"no healthy aggregated engine {where}")
@@ -91,7 +97,18 @@ class EndpointPicker:
             self.state.flow.record(decision, prepared, ctx)
             # the pool page's decision log: Envoy's x-request-id names the request (attempt 0: Envoy retries)
             self.state.note_route(decision, prepared, ctx, headers.get("x-request-id", "epp"), 0)
-        return Pick(self._ranked(decision, pool), decision, self._engine_headers)
+        return Pick(self._ranked(decision, pool), decision, self._engine_headers, lease)
+
+    async def _admit(
+        self, headers: Mapping[str, str], token: bytes | None, prepared: PreparedRequest | None
+    ) -> Lease | None:
+        """The router's admission (tenant, band, quota, the flow-control queue) for a generation request."""
+        admission = self.state.admission
+        if prepared is None or admission is None:
+            return None
+        key_id = tenant_of(token) if token else None
+        band = headers.get(BAND_HEADER)
+        return await admission.admit(key_id, band, prepared.prompt_tokens, prepared.max_output_tokens)
 
     def _authorize(self, headers: Mapping[str, str]) -> bytes:
         scheme, _, token = headers.get("authorization", "").partition(" ")

@@ -35,11 +35,14 @@ class _Processor(ext_proc_grpc.ExternalProcessorServicer):
         stream = ExtProcStream(
             self.server.picker, self.server.state.metrics, self.server.settings.max_body_bytes
         )
-        async for message in request_iterator:
-            for response in await stream.handle(message):
-                yield response
-            if stream.done:
-                return
+        try:
+            async for message in request_iterator:
+                for response in await stream.handle(message):
+                    yield response
+                if stream.done:
+                    return
+        finally:
+            stream.close()
 
 
 class _Health(health_pb2_grpc.HealthServicer):

@@ -21,6 +21,7 @@ from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import Proces
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 
 from services.common.errors import OpenAIError, server_error
+from services.router.admission.admission import Lease
 from services.router.epp.endpoint_picker import EndpointPicker
 from services.router.epp.gie_protocol import (
     destination,
@@ -56,7 +57,13 @@ class ExtProcStream:
         self.body = bytearray()
         self.arrival = time.perf_counter()
         self.picked: str | None = None
+        self.lease: Lease | None = None  # the admission slot of the picked request
         self.done = False
+
+    def close(self) -> None:
+        """The gateway's stream for this request ended (answered, failed or cut): give the slot back."""
+        if self.lease is not None:
+            self.lease.finish(None)
 
     async def handle(self, message: ext_proc.ProcessingRequest) -> Responses:
         if message.HasField("protocol_config"):
@@ -140,6 +147,7 @@ class ExtProcStream:
             log.exception("endpoint pick failed")
             return self._refuse(server_error(), f"endpoint pick failed: {exc!r}")
         self.picked = pick.endpoints[0]
+        self.lease = pick.lease
         self.metrics.epp_requests.labels(code="200").inc()
         common, metadata = destination(pick.endpoints, pick.headers)
         responses = build(common)
@@ -150,7 +158,7 @@ class ExtProcStream:
         self.done = True
         self.metrics.epp_requests.labels(code=str(error.status)).inc()
         log.info("gateway request %s refused: %d %s", self.headers.get(":path", "?"), error.status, details)
-        return [immediate(error.status, error.body(), details)]
+        return [immediate(error.status, error.body(), details, error.headers)]
 
     def _too_large(self) -> Responses:
         limit = self.max_body_bytes

@@ -96,12 +96,18 @@ def streamed_body(
     return out
 
 
-def immediate(status: int, body: dict[str, Any], details: str) -> ext_proc.ProcessingResponse:
-    """An ImmediateResponse: Envoy answers the client with ``status`` and the JSON ``body`` itself."""
+def immediate(
+    status: int, body: dict[str, Any], details: str, headers: Mapping[str, str] | None = None
+) -> ext_proc.ProcessingResponse:
+    """An ImmediateResponse: Envoy answers the client with ``status``, the JSON ``body`` and ``headers``
+    (e.g. a 429's Retry-After) itself."""
+    extra = [_set_header(k.lower(), v) for k, v in (headers or {}).items()]
     return ext_proc.ProcessingResponse(
         immediate_response=ext_proc.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=status),
-            headers=ext_proc.HeaderMutation(set_headers=[_set_header("content-type", "application/json")]),
+            headers=ext_proc.HeaderMutation(
+                set_headers=[_set_header("content-type", "application/json"), *extra]
+            ),
             body=json.dumps(body).encode(),
             details=details[:200],
         )

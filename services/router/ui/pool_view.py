@@ -58,6 +58,24 @@ class RouterView(BaseModel):
     decisions_by_mode: dict[str, int]
 
 
+class QueueRow(BaseModel):
+    """Requests one tenant has waiting in one band of the admission queue."""
+
+    band: str
+    tenant: str
+    waiting: int
+
+
+class QueueView(BaseModel):
+    """The admission queue: on or off, requests in flight and held, by band and tenant (non-empty rows)."""
+
+    flow_control: bool
+    inflight: int
+    held: int
+    full: str | None  # why the pool takes nothing more now (None: it has room)
+    rows: list[QueueRow]
+
+
 class PoolView(BaseModel):
     """Everything the page shows; ``decisions`` newest first."""
 
@@ -65,6 +83,7 @@ class PoolView(BaseModel):
     router: RouterView
     engines: list[EngineView]
     decisions: list[DecisionRecord]
+    queue: QueueView | None = None
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -137,5 +156,27 @@ def pool_view(state: RouterState, decisions: int = DECISIONS_SHOWN) -> PoolView:
     )
     engines = [engine_view(state, e) for e in sorted(state.poller.endpoints(), key=lambda e: e.url)]
     return PoolView(
-        now=time.time(), router=router, engines=engines, decisions=state.decisions.recent(decisions)
+        now=time.time(),
+        router=router,
+        engines=engines,
+        decisions=state.decisions.recent(decisions),
+        queue=queue_view(state),
+    )
+
+
+def queue_view(state: RouterState) -> QueueView | None:
+    if state.admission is None:
+        return None
+    flow = state.admission.flow
+    counts: dict[tuple[str, str], int] = {}
+    for item in flow.queue:
+        key = (item.band.name, item.tenant)
+        counts[key] = counts.get(key, 0) + 1
+    rows = [QueueRow(band=b, tenant=t, waiting=n) for (b, t), n in sorted(counts.items())]
+    return QueueView(
+        flow_control=state.admission.settings.flow_control,
+        inflight=flow.inflight,
+        held=len(flow.queue),
+        full=flow.why_full(),
+        rows=rows,
     )

@@ -77,6 +77,8 @@ def ui_routes(state: RouterState) -> APIRouter:
         view = pool_view(state, decisions)
         if keys and not key_allowed(presented_key(request.headers), admins):
             view.decisions = [d.model_copy(update={"request_id": ""}) for d in view.decisions]
+            if view.queue is not None:  # other tenants' names and load are an admin's to see
+                view.queue.rows = []
         return view
 
     return router

@@ -167,7 +167,20 @@ function routerLine(r) {
   ];
 }
 
+function queueLine(q) {
+  if (!q) return [el("span", { class: "dim" }, "no admission")];
+  if (!q.flow_control) return [el("span", { class: "dim" }, `flow control off; ${q.inflight} in flight`)];
+  const rows = q.rows.map((r) => el("span", {}, `${r.band} / ${r.tenant}: ${r.waiting}`));
+  return [
+    el("span", {}, `${q.inflight} in flight`),
+    el("span", { class: q.held ? "bad" : "good" }, `${q.held} waiting`),
+    el("span", { class: q.full ? "bad" : "good" }, q.full ? `full: ${q.full}` : "room"),
+    ...rows,
+  ];
+}
+
 function render(state) {
+  document.getElementById("queue").replaceChildren(...queueLine(state.queue));
   document.getElementById("router").replaceChildren(...routerLine(state.router));
   const engines = state.engines.map(engineCard);
   document.getElementById("engines").replaceChildren(...engines);
