@@ -112,8 +112,9 @@ class Autoscaler:
             results = await asyncio.gather(*(one(p) for p in pods))
         return {name: sample for name, sample in results if sample is not None}
 
-    def policies(self, pool: InferencePool) -> dict[str, tuple[ScalingPolicy, str]]:
-        """Deployment role -> (policy, metric) of every autoscaled role."""
+    @staticmethod
+    def policies(pool: InferencePool) -> dict[str, tuple[ScalingPolicy, str]]:
+        """Deployment role -> (policy, metric) of every autoscaled role (static: the simulator uses it too)."""
         spec = pool.spec.autoscaling
         out: dict[str, tuple[ScalingPolicy, str]] = {}
         if spec is None:
