@@ -46,16 +46,17 @@ async def measure(
         model = (await client.get("/v1/models")).json()["data"][0]["id"]
         report = parse_load_report((await client.get("/metrics")).text)
         rows: list[list[float]] = []
-        n = 0
+        n, salt = 0, time.time_ns()  # fresh prompts every run: an engine's prefix cache must not answer
+
         for length in prefill_lens:
             for _ in range(repeats):
                 n += 1
-                ttft, _ = await _ttft_and_itl(client, model, draw(f"calibrate-{n}", length, 30000), 1)
+                ttft, _ = await _ttft_and_itl(client, model, draw(f"calibrate-{salt}-{n}", length, 30000), 1)
                 rows.append([1.0, float(length), 0.0, 0.0, ttft])
         for context in DECODE_CONTEXTS:  # two context lengths: per-sequence and per-token costs apart
             for batch in batches:
                 n += 1
-                prompts = [draw(f"calibrate-{n}-{i}", context, 30000) for i in range(batch)]
+                prompts = [draw(f"calibrate-{salt}-{n}-{i}", context, 30000) for i in range(batch)]
                 results = await asyncio.gather(*(_ttft_and_itl(client, model, p, 48) for p in prompts))
                 itl = float(np.median([r[1] for r in results]))
                 rows.append([1.0, 0.0, float(batch), float(batch * (context + 24)), itl])

@@ -48,6 +48,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--slo-ttft", type=float, default=2.0, help="TTFT target of the SLO attainment, seconds")
     p.add_argument("--no-index", action="store_true", help="route without the Redis prefix index")
+    p.add_argument(
+        "--index-budget",
+        type=float,
+        default=0.02,
+        help="the router's --index-budget: longest lookup, seconds",
+    )
     p.add_argument("--write-trace", type=Path, help="also write the trace as JSONL here")
     p.add_argument("--out", type=Path, help="write the report JSON here (it is printed too)")
     p.add_argument(
@@ -72,6 +78,7 @@ def _reports(args: argparse.Namespace, rows: list[TraceRow], timing: TimingModel
         index=not args.no_index,
         seed=args.seed,
         slo_ttft_s=args.slo_ttft,
+        index_budget_s=args.index_budget,
     )
     runs = []
     for path in [p for p in (args.pool, args.compare) if p is not None]:

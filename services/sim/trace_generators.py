@@ -25,6 +25,7 @@ class GeneratorSettings(BaseModel):
     document_len: int = Field(1024, ge=1)
     turns: int = Field(6, ge=1, description="agentic: turns per session")
     turn_gap_s: float = Field(8.0, gt=0, description="agentic: mean gap between a session's turns")
+    max_output: int = Field(4096, ge=1, description="cap on every row's output length")
 
 
 def _arrivals(rng: random.Random, rate: float, duration_s: float) -> list[float]:
@@ -47,7 +48,7 @@ def chat(s: GeneratorSettings) -> list[TraceRow]:
                 prompt_len=s.system_len + user,
                 prefix_group="system" if s.system_len else None,
                 prefix_len=s.system_len,
-                output_len=rng.randint(30, 300),
+                output_len=min(rng.randint(30, 300), s.max_output),
                 id=f"chat-{s.seed}-{i}",
             )
         )
@@ -67,7 +68,7 @@ def rag(s: GeneratorSettings) -> list[TraceRow]:
                 prompt_len=s.document_len + rng.randint(20, 120),
                 prefix_group=f"doc-{doc}",
                 prefix_len=s.document_len,
-                output_len=rng.randint(50, 250),
+                output_len=min(rng.randint(50, 250), s.max_output),
                 id=f"rag-{s.seed}-{i}",
             )
         )
@@ -83,7 +84,7 @@ def agentic(s: GeneratorSettings) -> list[TraceRow]:
         session, t = f"s-{s.seed}-{n}", start
         context = 400 + rng.randint(0, 800)  # system prompt, tool definitions and the task
         for turn in range(s.turns):
-            out = rng.randint(40, 250)
+            out = min(rng.randint(40, 250), s.max_output)
             rows.append(
                 TraceRow(
                     t=round(t, 6),
