@@ -3,12 +3,12 @@ prefix index under 1,000 engines' KV events.
 
 Part 1 runs `kvferry sim`'s Simulation (real redis-server index, the router's scheduler, simulated SmolLM2
 CPU engines from the committed timing model) on the agentic generator, sessions arriving at 0.03 per engine
-per second for --duration seconds, once per strategy; at the router's default --index-budget (20 ms) and,
+per second for --duration seconds (longer at 10 engines: at least 30 sessions), once per strategy; at the router's default --index-budget (20 ms) and,
 where lookups overran it, again with a budget that lets them finish (what a faster index would give).
 Part 2 loads the index directly: 1,000 engines each write numbered batches of 16 block hashes through the
 engines' own APPLY script (events/s sustained), then the router's LOOKUP script answers 100-block prompts
 with 1,000 live engines (latency percentiles). Writes benchmarks/results/sim_fleet.json.
-Usage: python benchmarks/sim_fleet.py [--sizes 10,100,1000] [--duration 20]
+Usage: python benchmarks/sim_fleet.py [--sizes 10,100,1000] [--duration 10] [--only index|routing]
 """
 
 from __future__ import annotations
@@ -37,6 +37,27 @@ from services.sim.timing_model import TimingModel  # noqa: E402
 from services.sim.trace_generators import GeneratorSettings, generate  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "sim_fleet.json"
+MIN_SESSIONS = 30
+
+# A prototype, not the production index: one SET of holder engine ids per block hash, so a lookup walks
+# the prompt's blocks (and their holders) instead of every live engine. KEYS: none. ARGV: prefix, hashes.
+HOLDERS_LOOKUP_LUA = """
+local prefix, cand, len = ARGV[1], nil, {}
+for i = 2, #ARGV do
+  local holders = redis.call('SMEMBERS', prefix .. 'own:' .. ARGV[i])
+  local nxt, any = {}, false
+  for _, e in ipairs(holders) do
+    if cand == nil or cand[e] then nxt[e] = true; len[e] = (len[e] or 0) + 1; any = true end
+  end
+  if not any then break end
+  cand = nxt
+end
+local out = {}
+for e, n in pairs(len) do
+  if redis.call('EXISTS', prefix .. 'hb:' .. e) == 1 then out[#out + 1] = {e, n} end
+end
+return out
+"""
 
 
 def _summary(report) -> dict:  # noqa: ANN001 - a SimReport
@@ -62,7 +83,8 @@ def routing(sizes: list[int], duration: float) -> list[dict]:
     timing = TimingModel.load()
     rows_out = []
     for n in sizes:
-        trace = generate("agentic", GeneratorSettings(rate=0.03 * n, duration_s=duration, seed=0))
+        seconds = max(duration, MIN_SESSIONS / (0.03 * n))  # enough sessions for percentiles at 10 engines
+        trace = generate("agentic", GeneratorSettings(rate=0.03 * n, duration_s=seconds, seed=0))
         for budget in (0.02, 2.0):
             for strategy in ("prefix-aware", "round-robin"):
                 settings = SimSettings(
@@ -70,7 +92,8 @@ def routing(sizes: list[int], duration: float) -> list[dict]:
                 )
                 with RedisProcess() as url:
                     report = asyncio.run(Simulation(settings, timing, url).run(trace))
-                row = {"engines": n, "strategy": strategy, "index_budget_s": budget, **_summary(report)}
+                row = {"engines": n, "strategy": strategy, "index_budget_s": budget, "trace_s": seconds}
+                row.update(_summary(report))
                 print(json.dumps(row), flush=True)
                 rows_out.append(row)
             if not any(r["index_fallbacks"] for r in rows_out if r["engines"] == n):
@@ -115,8 +138,10 @@ def index_load(engines: int, blocks_each: int, seconds: float, lookups: int) -> 
             found = index.lookup(prompt)
             lat.append(time.perf_counter() - t)
             assert found is not None and found["e7"].gpu >= 16
+        holders = _holder_lookup(client, engines, k, lookups)
         return {
             "engines": engines,
+            "prototype_holder_sets_lookup_ms_100_blocks": holders,
             "blocks_per_engine": k * 16,
             "fill_events_per_s": round(written / fill_s),
             "sustained_events_per_s": round(events / sustained_s),
@@ -125,17 +150,47 @@ def index_load(engines: int, blocks_each: int, seconds: float, lookups: int) -> 
         }
 
 
+def _holder_lookup(client: redis.Redis, engines: int, batches: int, lookups: int) -> dict[str, float]:
+    """The same blocks written as per-hash holder sets (the prototype), then the same lookups timed."""
+    prefix = SIM_INDEX.keys.prefix
+    for i in range(engines):
+        pipe = client.pipeline(transaction=False)
+        for b in range(batches):
+            for j in range(16):
+                pipe.sadd(prefix + "own:" + hashlib.sha256(f"{i}:{b}:{j}".encode()).hexdigest(), f"e{i}")
+        pipe.execute()
+    script = client.register_script(HOLDERS_LOOKUP_LUA)
+    prompt = [hashlib.sha256(f"7:{j // 16}:{j % 16}".encode()).hexdigest() for j in range(100)]
+    lat = []
+    for _ in range(lookups):
+        t = time.perf_counter()
+        rows = script(keys=[], args=[prefix, *prompt])
+        lat.append(time.perf_counter() - t)
+        assert any(e == b"e7" and n == 100 for e, n in rows)
+    return {q: round(v * 1e3, 3) for q, v in percentiles(lat).items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="10,100,1000")
-    ap.add_argument("--duration", type=float, default=20.0)
+    ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--index-engines", type=int, default=1000)
+    ap.add_argument(
+        "--only", choices=["index", "routing"], help="rerun one part, keep the other from the file"
+    )
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     t0 = time.time()
-    index = index_load(args.index_engines, 256, 10.0, 200)
+    kept = json.loads(OUT.read_text()) if args.only and OUT.exists() else {}
+    index = kept.get("index") if args.only == "routing" else index_load(args.index_engines, 256, 10.0, 200)
     print(json.dumps(index), flush=True)
-    rows = routing(sizes, args.duration)
+    if args.only == "index":
+        rows = kept.get("routing", [])
+    else:  # rows of other sizes stay
+        rows = [r for r in kept.get("routing", []) if r["engines"] not in sizes] + routing(
+            sizes, args.duration
+        )
+        rows.sort(key=lambda r: (r["engines"], r["index_budget_s"], r["strategy"]))
     result = {
         "meta": {
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0)),
