@@ -49,6 +49,16 @@ BENCHMARKS: dict[str, Benchmark] = {
         "python benchmarks/agentic_affinity.py",
         "the agentic workload (`kvferry bench serve --dataset agentic`) on 3 SmolLM2 engines under `kvferry up`, once per routing policy: the prefix-aware scorer, sticky-until-saturated session affinity, and round robin; medians over repeats.",
     ),
+    "sim_validation": Benchmark(
+        "Fleet simulator vs a real 3-engine stack",
+        "python benchmarks/sim_validation.py",
+        "one agentic trace replayed on a real `kvferry up --engines 3 --no-kvstore` stack (official `openai` client, token-id prompts at their arrival times) and run through `kvferry sim` with the committed SmolLM2 CPU timing model: TTFT p50/p90 and prefix hit rate side by side.",
+    ),
+    "sim_fleet": Benchmark(
+        "Fleet simulator: routing and the Redis index at 1,000 engines",
+        "python benchmarks/sim_fleet.py",
+        "`kvferry sim` on the agentic generator (0.03 sessions per engine per second) at 10, 100 and 1,000 simulated engines, prefix-aware vs round robin, at the router's 20 ms index budget and with a budget lookups can meet; and the Redis prefix index loaded directly by 1,000 engines' KV event batches (events/s) with lookup latency of 100-block prompts.",
+    ),
     "sampler": Benchmark(
         "Sampler: one batch vs a loop of rows",
         "python benchmarks/sampler.py",

@@ -37,7 +37,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--strategy", default="prefix-aware", choices=["prefix-aware", "least-load", "round-robin"]
     )
-    p.add_argument("--pd-threshold", type=int, default=256)
+    p.add_argument(
+        "--pd-threshold", type=int, default=256, help="uncached prompt tokens from which prefill is split off"
+    )
     p.add_argument(
         "--timing", type=Path, help="a timing model file (default: the committed SmolLM2 CPU model)"
     )
@@ -45,7 +47,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--rate", type=float, default=None, help="generators: requests (agentic: sessions) per second"
     )
     p.add_argument("--duration", type=float, default=60.0, help="generators: seconds of arrivals")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed", type=int, default=0, help="the generators' and the picker's seed (same seed: same report)"
+    )
     p.add_argument("--slo-ttft", type=float, default=2.0, help="TTFT target of the SLO attainment, seconds")
     p.add_argument("--no-index", action="store_true", help="route without the Redis prefix index")
     p.add_argument(
