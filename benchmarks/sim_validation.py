@@ -125,6 +125,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0)),
         "command": "python benchmarks/sim_validation.py " + " ".join(sys.argv[1:]),
         "trace": settings.model_dump(),
+        "timing_model": TimingModel.load().source,
         "real": real,
         "simulated": sim,
         "simulated_over_real": ratio,
@@ -134,8 +135,7 @@ def main() -> None:
     result["meta"] = {
         "date": run["date"],
         "machine": f"{platform.machine()}, 2 cores shared with other jobs (the real runs are noisy)",
-        "timing_model": TimingModel.load().source,
-        "note": "runs by engine count; one run each",
+        "note": "runs by engine count; one run each; each run names the timing model it simulated with",
     }
     result["runs"][f"{args.engines} engines"] = run
     OUT.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

@@ -18,6 +18,7 @@ from services.sim.timing_model import TimingModel
 from services.sim.trace import draw
 
 DECODE_CONTEXTS = (32, 480)
+CHUNK = 64
 
 
 async def _ttft_and_itl(
@@ -41,25 +42,33 @@ async def _ttft_and_itl(
 async def measure(
     url: str, prefill_lens: list[int], batches: list[int], repeats: int
 ) -> tuple[list[list[float]], dict]:
-    """Rows of (1, prefill tokens, decode seqs, context tokens, seconds) and the engine's cache config."""
+    """Rows of (1, prefill tokens, decode seqs, decode context, prefill context, seconds) and the cache config."""
     async with httpx.AsyncClient(base_url=url, timeout=300) as client:
         model = (await client.get("/v1/models")).json()["data"][0]["id"]
         report = parse_load_report((await client.get("/metrics")).text)
+        block_size = report.cache_config.block_size if report.cache_config else 16
         rows: list[list[float]] = []
         n, salt = 0, time.time_ns()  # fresh prompts every run: an engine's prefix cache must not answer
 
         for length in prefill_lens:
             for _ in range(repeats):
                 n += 1
-                ttft, _ = await _ttft_and_itl(client, model, draw(f"calibrate-{salt}-{n}", length, 30000), 1)
-                rows.append([1.0, float(length), 0.0, 0.0, ttft])
+                prompt = draw(f"calibrate-{salt}-{n}", length, 30000)
+                ttft, _ = await _ttft_and_itl(client, model, prompt, 1)
+                rows.append([1.0, float(length), 0.0, 0.0, length * length / 2, ttft])
+                # the same prompt and 64 more tokens: a 64-token chunk over a cached prefix of `length`
+                more = prompt + draw(f"calibrate-{salt}-{n}-more", CHUNK, 30000)
+                ttft, _ = await _ttft_and_itl(client, model, more, 1)
+                cached = length // block_size * block_size
+                new = len(more) - cached
+                rows.append([1.0, float(new), 0.0, 0.0, new * (cached + new / 2), ttft])
         for context in DECODE_CONTEXTS:  # two context lengths: per-sequence and per-token costs apart
             for batch in batches:
                 n += 1
                 prompts = [draw(f"calibrate-{salt}-{n}-{i}", context, 30000) for i in range(batch)]
                 results = await asyncio.gather(*(_ttft_and_itl(client, model, p, 48) for p in prompts))
                 itl = float(np.median([r[1] for r in results]))
-                rows.append([1.0, 0.0, float(batch), float(batch * (context + 24)), itl])
+                rows.append([1.0, 0.0, float(batch), float(batch * (context + 24)), 0.0, itl])
     config = report.cache_config
     return rows, {
         "model": model,
@@ -71,7 +80,7 @@ async def measure(
 def _line(rows: list[list[float]], columns: list[int]) -> list[float]:
     """Least squares of seconds on the given columns, each coefficient at least 0."""
     a = np.array([[r[c] for c in columns] for r in rows])
-    y = np.array([r[4] for r in rows])
+    y = np.array([r[-1] for r in rows])
     return [float(c) for c in np.clip(np.linalg.lstsq(a, y, rcond=None)[0], 0.0, None)]
 
 
@@ -82,7 +91,7 @@ def fit(rows: list[list[float]], base: TimingModel) -> TimingModel:
     decode = [r for r in rows if r[2] > 0]
     prefill = [r for r in rows if r[1] > 0]
     overhead, per_seq, per_context = _line(decode, [0, 2, 3]) if decode else (0.0, 0.0, 0.0)
-    intercept, per_token = _line(prefill, [0, 1]) if prefill else (overhead, 0.0)
+    intercept, per_token, per_attended = _line(prefill, [0, 1, 4]) if prefill else (overhead, 0.0, 0.0)
     return base.model_copy(
         update={
             "step_overhead_s": overhead,
@@ -90,7 +99,8 @@ def fit(rows: list[list[float]], base: TimingModel) -> TimingModel:
             "s_per_prefill_token": per_token,
             "s_per_decode_seq": per_seq,
             "s_per_context_token": per_context,
-            "samples": {"rows (1, prefill, seqs, context, seconds)": rows},
+            "s_per_prefill_context_token": per_attended,
+            "samples": {"rows (1, prefill, seqs, decode context, prefill context, seconds)": rows},
         }
     )
 
@@ -101,7 +111,7 @@ def main(argv: list[str]) -> int:
         "--url", required=True, help="a running engine (kvferry serve), e.g. http://127.0.0.1:8000"
     )
     p.add_argument("--out", type=Path, required=True, help="the timing model file to write")
-    p.add_argument("--prefill-lens", default="64,256,512,1024")
+    p.add_argument("--prefill-lens", default="64,256,512,1024,2048")
     p.add_argument("--batches", default="1,2,4,8")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument(

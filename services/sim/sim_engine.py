@@ -139,6 +139,7 @@ class SimEngine:
 
     def _step_time(self, sched: SchedulerOutput) -> float:
         prefill = seqs = context = 0
+        attended = 0.0  # prefill tokens x the tokens each attends to (its cached prefix, half its chunk)
         for rid, n in sched.num_scheduled_tokens:
             req = self.scheduler.requests[rid]
             if req.num_computed_tokens >= req.num_prompt_tokens:
@@ -146,8 +147,9 @@ class SimEngine:
                 context += req.num_computed_tokens
             else:
                 prefill += n
+                attended += n * (req.num_computed_tokens + n / 2)
         self.stats.computed_prompt_tokens += prefill
-        return self.timing.step_s(prefill, seqs, context)
+        return self.timing.step_s(prefill, seqs, context, attended)
 
     def _finish(self, sched: SchedulerOutput) -> None:
         """The model ran: each request whose scheduled tokens reach its end samples its next token."""

@@ -17,7 +17,9 @@ class TimingModel(BaseModel):
     """One step costs ``step_overhead_s`` plus its prefill tokens, decoding sequences and their context.
 
     ``step_s = overhead [+ prefill_overhead] + prefill_tokens * s_per_prefill_token + decode_seqs *
-    s_per_decode_seq + decode_context_tokens * s_per_context_token``: the engine runs one forward pass per
+    s_per_decode_seq + decode_context_tokens * s_per_context_token + prefill_context *
+    s_per_prefill_context_token`` (``prefill_context``: each prefill token times the tokens it attends
+    to, the quadratic part of a long prefill): the engine runs one forward pass per
     step over the flattened batch, so each term is what one more token, sequence or attended token adds.
     """
 
@@ -35,12 +37,17 @@ class TimingModel(BaseModel):
     s_per_prefill_token: float = Field(ge=0)
     s_per_decode_seq: float = Field(ge=0)
     s_per_context_token: float = Field(0.0, ge=0)
+    s_per_prefill_context_token: float = Field(
+        0.0, ge=0, description="per prefill token per token it attends to (cached prefix plus half its chunk)"
+    )
     transfer_s_per_block: float = Field(0.0, ge=0)
     samples: dict[str, list[list[float]]] = Field(
         default_factory=dict, description="the measurements the fit came from (for the record)"
     )
 
-    def step_s(self, prefill_tokens: int, decode_seqs: int, decode_context_tokens: int) -> float:
+    def step_s(
+        self, prefill_tokens: int, decode_seqs: int, decode_context_tokens: int, prefill_context: float = 0.0
+    ) -> float:
         """Seconds one engine step takes for this batch."""
         return (
             self.step_overhead_s
@@ -48,6 +55,7 @@ class TimingModel(BaseModel):
             + prefill_tokens * self.s_per_prefill_token
             + decode_seqs * self.s_per_decode_seq
             + decode_context_tokens * self.s_per_context_token
+            + prefill_context * self.s_per_prefill_context_token
         )
 
     @classmethod

@@ -21,13 +21,20 @@ def test_the_fit_recovers_the_step_costs_it_was_given() -> None:
         s_per_prefill_token=0.0004,
         s_per_decode_seq=0.003,
         s_per_context_token=0.00001,
+        s_per_prefill_context_token=0.000002,
     )
-    rows = [[1.0, float(n), 0.0, 0.0, truth.step_s(n, 0, 0)] for n in (64, 256, 1024)]
+    rows = [[1.0, float(n), 0.0, 0.0, n * n / 2, truth.step_s(n, 0, 0, n * n / 2)] for n in (64, 256, 1024)]
     rows += [
-        [1.0, 0.0, float(b), float(b * c), truth.step_s(0, b, b * c)] for b in (1, 4, 8) for c in (56, 504)
+        [1.0, 64.0, 0.0, 0.0, 64.0 * (n + 32), truth.step_s(64, 0, 0, 64.0 * (n + 32))] for n in (256, 1024)
+    ]
+    rows += [
+        [1.0, 0.0, float(b), float(b * c), 0.0, truth.step_s(0, b, b * c)]
+        for b in (1, 4, 8)
+        for c in (56, 504)
     ]
     got = fit(rows, truth.model_copy(update={"step_overhead_s": 0.0}))
-    for field in ("step_overhead_s", "prefill_step_overhead_s", "s_per_prefill_token", "s_per_decode_seq"):
+    fields = ("step_overhead_s", "prefill_step_overhead_s", "s_per_prefill_token", "s_per_decode_seq")
+    for field in (*fields, "s_per_prefill_context_token"):
         assert getattr(got, field) == pytest.approx(getattr(truth, field), rel=1e-6), field
     assert got.samples and got.step_s(100, 2, 300) == pytest.approx(truth.step_s(100, 2, 300))
 

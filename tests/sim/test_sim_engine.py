@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from services.common.hashing import HASH_VERSION, BlockHasher
 from services.common.kv_events import KVEvent
 from services.engine.core.config import EngineConfig
@@ -73,3 +75,32 @@ def test_the_simulated_engine_emits_the_real_engines_kv_events(llama_dir: Path) 
     assert got == {rid: (len(tokens), cached) for rid, (tokens, cached) in real.items()}
     assert any(c for _, c in got.values()) and any(type(e).__name__ == "BlockRemoved" for e in real_events)
     assert sim_events == real_events
+
+
+def test_a_prefill_step_costs_its_tokens_and_the_context_they_attend_to() -> None:
+    """One 64-token prompt in one step: 64 x 0.001 s per token, plus 64 tokens x 32 attended on average x
+    1e-6 s; then a prompt that extends it by 16 tokens over its 64 cached ones: 16 x (64 + 8) x 1e-6."""
+    timing = TimingModel(
+        source="test",
+        block_size=16,
+        num_kv_blocks=64,
+        step_overhead_s=0.0,
+        s_per_prefill_token=0.001,
+        s_per_decode_seq=0.0,
+        s_per_prefill_context_token=1e-6,
+    )
+    clock = VirtualClock()
+    sim = SimEngine("e", "both", timing, clock, BlockHasher("m", 16, HASH_VERSION), None)
+    first: dict[str, float] = {}
+
+    def listener(rid: str, new: int, finished: bool, cached: int) -> None:
+        first.setdefault(rid, clock.now)
+
+    prompt = list(range(64))
+    sim.submit("a", prompt, [1], listener)
+    asyncio.run(clock.run())
+    assert first["a"] == pytest.approx(64 * 0.001 + 64 * 32 * 1e-6)
+    start = clock.now
+    sim.submit("b", [*prompt, *range(100, 116)], [1], listener)
+    asyncio.run(clock.run())
+    assert first["b"] - start == pytest.approx(16 * 0.001 + 16 * (64 + 8) * 1e-6)
