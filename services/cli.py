@@ -17,6 +17,7 @@ SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
     ("up", "services.up_cli:add_parser", "start a local stack (Redis, kvstore, engines, router)"),
     ("render", "pool_operator.cli:add_render_parser", "print the manifests of an InferencePool"),
     ("bench", "services.bench.cli:add_parser", "benchmarks and load generation"),
+    ("sim", "services.sim.cli:add_parser", "simulate a pool (real router and autoscaler, simulated engines)"),
 )
 
 
@@ -48,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         from services.router.sessions.calibrate_cli import main as calibrate
 
         return calibrate(argv[2:])
+    if argv[:2] == ["sim", "calibrate"]:  # fits a timing model from a real engine, flags of its own
+        from services.sim.calibrate_cli import main as sim_calibrate
+
+        return sim_calibrate(argv[2:])
     if next((a for a in argv if not a.startswith("-")), None) == "serve":
         from services.engine.cpu_runtime import exec_with_runtime
 

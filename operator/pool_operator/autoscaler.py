@@ -128,8 +128,9 @@ class Autoscaler:
         texts = await self._texts([p for p in pods if _pod_ready(p)])
         return sum(parse_held(text) for text in texts.values())
 
-    def policies(self, pool: InferencePool) -> dict[str, tuple[ScalingPolicy, str]]:
-        """Deployment role -> (policy, metric) of every autoscaled role."""
+    @staticmethod
+    def policies(pool: InferencePool) -> dict[str, tuple[ScalingPolicy, str]]:
+        """Deployment role -> (policy, metric) of every autoscaled role (static: the simulator uses it too)."""
         spec = pool.spec.autoscaling
         out: dict[str, tuple[ScalingPolicy, str]] = {}
         if spec is None:

@@ -59,6 +59,16 @@ BENCHMARKS: dict[str, Benchmark] = {
         "python benchmarks/flow_control.py",
         "two tenants through `kvferry up` on 2 SmolLM2 engines: A (critical) steady at 60% of capacity, B (sheddable) bursting at 3x capacity, through a router without flow control and one with it (`--tenants-file`, `--max-inflight-per-engine 4`, `--sheddable-share 0.5`); A alone first. TTFT, goodput within the SLO (2x A-alone's p99), 429 share, requests lost, the engines' waiting queue.",
     ),
+    "sim_validation": Benchmark(
+        "Fleet simulator vs a real 3-engine stack",
+        "python benchmarks/sim_validation.py",
+        "one agentic trace replayed on a real `kvferry up --engines 3 --no-kvstore` stack (official `openai` client, token-id prompts at their arrival times) and run through `kvferry sim` with the committed SmolLM2 CPU timing model: TTFT p50/p90 and prefix hit rate side by side.",
+    ),
+    "sim_fleet": Benchmark(
+        "Fleet simulator: routing and the Redis index at 1,000 engines",
+        "python benchmarks/sim_fleet.py",
+        "`kvferry sim` on the agentic generator (0.03 sessions per engine per second) at 10, 100 and 1,000 simulated engines, prefix-aware vs round robin, at the router's 20 ms index budget and with a budget lookups can meet; and the Redis prefix index loaded directly by 1,000 engines' KV event batches (events/s) with lookup latency of 100-block prompts.",
+    ),
     "sampler": Benchmark(
         "Sampler: one batch vs a loop of rows",
         "python benchmarks/sampler.py",

@@ -1,0 +1,1 @@
+"""kvferry sim: a fleet simulator running the real router scheduling, prefix index and autoscaling policy."""
