@@ -167,7 +167,7 @@ def build_checkpoint(
     return out
 
 
-FAMILY_KINDS = ("qwen3", "phi3", "qwen2_sw", "mixtral", "qwen2_moe", "qwen3_moe")
+FAMILY_KINDS = ("qwen3", "phi3", "qwen2_sw", "mixtral", "qwen2_moe", "qwen3_moe", "gemma3")
 
 
 def _family_config(kind: str, common: dict) -> tuple[object, type]:
@@ -199,6 +199,17 @@ def _family_config(kind: str, common: dict) -> tuple[object, type]:
             **common,
         )
         return cfg, tf.Qwen2MoeForCausalLM
+    if kind == "gemma3":  # a sliding layer (24 tokens) and a global one, each with its rotary base
+        cfg = tf.Gemma3TextConfig(
+            num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24, sliding_window=24,
+            layer_types=["sliding_attention", "full_attention"], final_logit_softcapping=30.0,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+            },
+            **common,
+        )  # fmt: skip
+        return cfg, tf.Gemma3ForCausalLM
     if kind == "qwen3_moe":
         cfg = tf.Qwen3MoeConfig(
             num_key_value_heads=2, head_dim=16, num_experts=8, norm_topk_prob=True, **moe, **common

@@ -130,3 +130,13 @@ def test_a_draft_model_on_a_window_freeing_target_is_refused(family_dir, llama_d
                 "num_speculative_tokens": 2,
             },
         )
+
+
+def test_gemma3_options_it_cannot_serve_are_named(family_dir, tmp_path: Path) -> None:
+    """Gemma 3 (its parity with HF runs in test_parity): soft-capped attention scores are refused by name."""
+    model = tmp_path / "gemma3"
+    shutil.copytree(family_dir("gemma3"), model)
+    cfg = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**cfg, "attn_logit_softcapping": 50.0}))
+    with pytest.raises(ValueError, match="attn_logit_softcapping=50.0: soft-capped attention scores"):
+        LLM(model=str(model), dtype="float32", num_kv_blocks=64)

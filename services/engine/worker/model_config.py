@@ -62,7 +62,12 @@ class ModelConfig(BaseModel):
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str | None = None
-    qk_norm: bool = False  # Qwen3: RMSNorm over each head's q and k before rotary
+    qk_norm: bool = False  # Qwen3, Gemma 3: RMSNorm over each head's q and k before rotary
+    # Gemma 3: the query scale's base, the sliding layers' rotary base, soft-capping
+    query_pre_attn_scalar: float | None = None
+    rope_local_theta: float | None = None
+    final_logit_softcapping: float | None = None
+    attn_logit_softcapping: float | None = None
     sliding_window: int | None = None  # attention span of a windowed family (Mistral, Phi-3)
     windowed_layers: tuple[int, ...] = ()  # the layers that use it (the others attend to everything)
     # Mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE): 0 experts = a dense model
@@ -91,6 +96,9 @@ class ModelConfig(BaseModel):
             return lm.model_copy(update={"vision": _vision(cfg)})
         heads = cfg["num_attention_heads"]
         rope = dict(cfg.get("rope_parameters") or {})
+        per_type = isinstance(rope.get("full_attention"), dict)  # Gemma 3: one rotary setting per layer type
+        local = rope.get("sliding_attention", {}) if per_type else {}
+        rope = dict(rope["full_attention"]) if per_type else rope
         theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
         scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
         if scaling is not None:
@@ -121,9 +129,13 @@ class ModelConfig(BaseModel):
             torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
             layer_norm_eps=cfg.get("layer_norm_eps", 1e-12),
             type_vocab_size=cfg.get("type_vocab_size", 0),
-            hidden_act=cfg.get("hidden_act", "silu"),
+            hidden_act=cfg.get("hidden_act") or cfg.get("hidden_activation") or "silu",
             position_embedding_type=cfg.get("position_embedding_type") or "absolute",
             qk_norm=arch in _QK_NORM,
+            query_pre_attn_scalar=cfg.get("query_pre_attn_scalar"),
+            rope_local_theta=local.get("rope_theta", cfg.get("rope_local_base_freq")),
+            final_logit_softcapping=cfg.get("final_logit_softcapping"),
+            attn_logit_softcapping=cfg.get("attn_logit_softcapping"),
             sliding_window=_window(cfg),
             windowed_layers=_windowed_layers(cfg),
             **_moe_fields(cfg, arch),
@@ -164,7 +176,7 @@ class ModelConfig(BaseModel):
         return cls.from_hf_dict(cfg)
 
 
-_QK_NORM = frozenset({"Qwen3ForCausalLM", "Qwen3MoeForCausalLM"})
+_QK_NORM = frozenset({"Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"})
 
 
 def _window(cfg: dict[str, Any]) -> int | None:
@@ -233,5 +245,6 @@ _ARCH_BY_TYPE = {
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
     "bert": "BertModel",
 }
