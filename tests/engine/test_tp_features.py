@@ -51,16 +51,18 @@ CHECKPOINTS: dict[str, tuple[str, Callable[[Path, Path], Path]]] = {
 }
 
 
-@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("method", ["int8", pytest.param("int4", marks=pytest.mark.slow)])
 def test_quantized_at_load_tp2_equals_tp1(llama_dir: Path, method: str) -> None:
     """Each rank quantizes the whole layer and keeps its cut of the codes and scales: the same numbers."""
     assert _greedy(llama_dir, 2, quantization=method) == _greedy(llama_dir, 1, quantization=method)
 
 
+@pytest.mark.slow  # (the default run keeps int8 at load under TP=2)
 def test_quantized_pp2_equals_pp1(llama_dir: Path) -> None:
     assert _greedy(llama_dir, 1, pp=2, quantization="int8") == _greedy(llama_dir, 1, quantization="int8")
 
 
+@pytest.mark.slow  # each checkpoint format: make test-all
 @pytest.mark.parametrize("kind", sorted(CHECKPOINTS))
 def test_quantized_checkpoints_tp2_equal_tp1(kind: str, request, tmp_path: Path) -> None:
     base, write = CHECKPOINTS[kind]
@@ -99,6 +101,7 @@ def test_lora_mixed_batch_tp2_equals_tp1(llama_dir: Path, adapters: dict[str, Pa
     assert outs[0][1] != outs[0][0]  # the adapters change the tokens
 
 
+@pytest.mark.slow
 def test_decoder_embeddings_tp2_equal_tp1(llama_dir: Path) -> None:
     def embed(tp: int) -> torch.Tensor:
         llm = LLM(model=str(llama_dir), dtype="float32", task="embed", tensor_parallel_size=tp)
@@ -151,6 +154,7 @@ def test_kvstore_blocks_written_by_tp2_read_back_by_tp2_and_tp1(llama_dir: Path)
         assert tokens == written and min(cached) >= 64
 
 
+@pytest.mark.slow
 def test_mixtral_int8_experts_tp2_equal_tp1(family_dir) -> None:
     """Experts sharded and held as int8: w2's row scales come from the whole rows (a max over the ranks)."""
     mixtral = family_dir("mixtral")

@@ -40,7 +40,7 @@ def test_promtool_checks_the_rendered_rules(tmp_path: Path) -> None:
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rendered_groups()}, sort_keys=False))
     out = run("check", "rules", "rules.yaml", cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 15 rules found" in out.stdout
+    assert "SUCCESS: 16 rules found" in out.stdout
 
 
 def test_promtool_unit_tests_pass_and_can_fail(tmp_path: Path) -> None:

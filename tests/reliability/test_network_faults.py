@@ -73,6 +73,8 @@ def pool(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         str(READ_TIMEOUT_S),
         "--migration-attempts",  # the failure after the first token as clients see it without migration
         "0",  # (test_stream_migration.py: with it)
+        "--circuit-failures",  # one armed fault per test on the same proxy: never enough to open its circuit
+        "1000",  # (test_circuit_breaker.py: the breaker itself)
     )
     try:
         reference, error, done = _stream(router.url)

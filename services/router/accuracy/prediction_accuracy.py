@@ -98,6 +98,7 @@ class PredictionAccuracy:
         share = sum(window) / len(window)
         self.accuracy.labels(endpoint=url).set(share)
         if len(window) < self.settings.min_samples:
+            self.load_only.labels(endpoint=url).set(0)  # trusted until measured (the series exists from the first)
             return
         low = share < self.settings.threshold
         if low and url not in self.distrusted:
