@@ -63,7 +63,7 @@ def test_kill_9_an_engine_mid_stream(llama_dir: Path, tmp_path: Path) -> None:
         results, took = asyncio.run(_kill_during_streams(router.url, victim.url, victim.proc.pid))
         on_victim = [r for r in results if r["endpoint"] == victim.url]
         assert on_victim, results  # round-robin put some streams on the victim
-        for r in results:  # the victim's streams are migrated to the survivor and finish; the others are undisturbed
+        for r in results:  # the victim's streams move to the survivor and finish; the others are undisturbed
             assert r["done"] and r["error"] is None, r
         assert took < 10, took
         metrics = httpx.get(f"{router.url}/metrics", timeout=10).text

@@ -98,7 +98,8 @@ class PredictionAccuracy:
         share = sum(window) / len(window)
         self.accuracy.labels(endpoint=url).set(share)
         if len(window) < self.settings.min_samples:
-            self.load_only.labels(endpoint=url).set(0)  # trusted until measured (the series exists from the first)
+            # trusted until measured (and the series exists from the first request on)
+            self.load_only.labels(endpoint=url).set(0)
             return
         low = share < self.settings.threshold
         if low and url not in self.distrusted:
