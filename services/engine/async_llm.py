@@ -189,6 +189,8 @@ class AsyncLLM:
         request_id = f"{request.request_id}#{next(self._ids)}"
         sink: asyncio.Queue = asyncio.Queue()
         self._commands.put(_Add(request.with_id(request_id), sink, asyncio.get_running_loop()))
+        if self._stop.is_set():  # the loop stopped meanwhile: its last drain may have run before this put
+            raise EngineDeadError("the engine loop is not running")
         finished = False
         try:
             while True:
@@ -239,6 +241,7 @@ class AsyncLLM:
             if self.publisher is not None:
                 self.publisher.publish(engine.core.kv_manager.pool.take_events())
         self._fail_all(EngineDeadError("the engine is shutting down"))
+        self._fail_queued(EngineDeadError("the engine stopped before this request ran"))
         if self.publisher is not None:
             self.publisher.close()
         engine.core.shutdown()
@@ -303,6 +306,18 @@ class AsyncLLM:
         self.engine.abort(ids)
         for rid in ids:
             self._deliver(rid, exc, True)
+
+    def _fail_queued(self, exc: BaseException) -> None:
+        """Commands still queued when the loop ends (sent while it was stopping) get ``exc``, never silence."""
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(cmd, _Add):
+                _put(cmd.sink, cmd.loop, exc)
+            elif isinstance(cmd, _LoRAUpdate):
+                cmd.loop.call_soon_threadsafe(_settle, cmd.done, exc)
 
 
 def _put(sink: asyncio.Queue, loop: asyncio.AbstractEventLoop, item: BaseException) -> None:

@@ -48,3 +48,27 @@ def test_the_scheduler_keeps_the_request_value(llama_dir: Path) -> None:
         engine.make_request([], SamplingParams())
     while engine.has_unfinished():
         engine.step()
+
+
+def test_a_request_sent_while_the_loop_stops_gets_an_error_not_silence(llama_dir: Path) -> None:
+    """A request queued after the engine loop's last drain (it was stopping: a rank died) is failed when
+    the loop ends, and one submitted once it stopped raises at once: neither waits forever."""
+    import asyncio
+
+    from services.engine.async_llm import AsyncLLM, EngineDeadError, _Add
+    from services.engine.core.config import EngineConfig
+
+    llm = AsyncLLM(EngineConfig(model=str(llama_dir), dtype="float32", num_kv_blocks=64))
+    request = llm.engine.make_request([5, 6, 7], SamplingParams(max_tokens=2), "late")
+
+    async def scenario() -> None:
+        sink: asyncio.Queue = asyncio.Queue()
+        llm.shutdown()  # the loop ends ...
+        llm._commands.put(_Add(request.with_id("late#1"), sink, asyncio.get_running_loop()))  # ... then this
+        llm._fail_queued(EngineDeadError("stopped"))
+        assert isinstance(await asyncio.wait_for(sink.get(), 5), EngineDeadError)
+        with pytest.raises(EngineDeadError):
+            async for _ in llm.submit(request):
+                pass
+
+    asyncio.run(scenario())
