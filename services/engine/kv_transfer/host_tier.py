@@ -51,7 +51,9 @@ class HostKVTier:
         self._demotions: list[tuple[bytes, int]] = []  # slots evicted to disk, written before their reuse
         self._evicted: list[bytes] = []  # hashes evicted since take_evicted (the KV events' removals)
         pin = kv_cache.device.type == "cuda"
-        self.slots = torch.empty((num_slots, *kv_cache.shape[1:]), dtype=kv_cache.dtype, pin_memory=pin)
+        self.slots = torch.empty(
+            (num_slots, *kv_cache.shape[1:]), dtype=kv_cache.dtype, device="cpu", pin_memory=pin
+        )  # host memory on purpose: the tier's whole point
         self.index: OrderedDict[bytes, int] = OrderedDict()  # hash -> slot, least recently used first
         self.free = list(range(num_slots - 1, -1, -1))
         self.busy: dict[int, int] = {}  # slot -> jobs reading or writing it (never reused meanwhile)
@@ -220,11 +222,13 @@ class HostKVTier:
         if job.store:
             if job.ready is not None:
                 job.ready.synchronize()
-            self.slots[torch.tensor(job.slots, dtype=torch.long)] = self.kv_cache.index_select(0, blocks).to(
-                "cpu"
-            )
+            self.slots[torch.tensor(job.slots, dtype=torch.long, device="cpu")] = self.kv_cache.index_select(
+                0, blocks
+            ).to("cpu")
             return
-        parts = [self.slots.index_select(0, torch.tensor(job.slots, dtype=torch.long))] if n else []
+        parts = (
+            [self.slots.index_select(0, torch.tensor(job.slots, dtype=torch.long, device="cpu"))] if n else []
+        )
         parts += [self._from_disk(h) for h in job.disk_hashes]
         data = torch.cat(parts).to(self.kv_cache.device, non_blocking=True)
         self.kv_cache.index_copy_(0, blocks, data)

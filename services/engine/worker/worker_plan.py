@@ -91,7 +91,7 @@ class WorkerPlan:
                 "largest image or video (the encoder must be able to run one in a step)"
             )
         budget = configured or max(batched, largest)
-        per_token = self.model_config.hidden_size * torch.empty((), dtype=self.dtype).element_size()
+        per_token = self.model_config.hidden_size * self.dtype.itemsize
         return budget, EncoderCacheManager(max(ENCODER_CACHE_BYTES // per_token, budget))
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +35,7 @@ class Gemma3DecoderLayer(nn.Module):
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup | None, cache_idx: int) -> None:
         super().__init__()
-        self.tp, self.local = tp, layer_idx in cfg.windowed_layers
+        self.tp = tp
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = LlamaAttention(cfg, layer_idx, cache_idx)
         self.self_attn.scale = (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
@@ -86,7 +86,8 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         owned = stage_layers(shard.num_hidden_layers, pp)
         for i in owned:
             self.layers[i] = Gemma3DecoderLayer(shard, i, tp, i - owned.start)
-        self.embed_scale = math.sqrt(cfg.hidden_size)
+        # sqrt(hidden) rounded to the model's dtype, as HF multiplies by it (a plain float: no tensor per step)
+        self.embed_scale = float(torch.tensor(math.sqrt(cfg.hidden_size), dtype=dtype, device="cpu"))
         self._local_rope: torch.Tensor | None = None
 
     def _local_cache(self) -> torch.Tensor:
@@ -99,36 +100,13 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         return self._local_rope
 
     def embed_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        x = super().embed_ids(input_ids)
-        return x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        return super().embed_ids(input_ids) * self.embed_scale
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        backend: Backend,
-        inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        pp, residual = self.pp, None
-        if pp is not None and not pp.is_first:
-            like = cast(Gemma3DecoderLayer, self.layers[pp.start]).input_layernorm.weight
-            x, residual = pp.recv_hidden(input_ids.shape[0], self.cfg.hidden_size, like.dtype, like.device)
-        else:
-            x = self.embed_ids(input_ids) if inputs_embeds is None else inputs_embeds
-        ropes = (
-            backend.rope_inputs(positions, self.cos_sin_cache),
-            backend.rope_inputs(positions, self._local_cache()),
-        )
-        for i in stage_layers(len(self.layers), pp):
-            layer = cast(Gemma3DecoderLayer, self.layers[i])
-            x, residual = layer(x, residual, ropes[layer.local], kv_cache, meta, backend)
-        if pp is not None and not pp.is_last:
-            assert residual is not None
-            pp.send_hidden(x, residual)
-            return x
-        return self.norm(x, backend, residual)[0]
+    def rope_tables(self) -> tuple[torch.Tensor, ...]:
+        return (self.cos_sin_cache, self._local_cache())
+
+    def rope_of(self, layer: int) -> int:
+        return 1 if layer in self.cfg.windowed_layers else 0
 
     def compute_logits(self, hidden: torch.Tensor, fp32: bool = True) -> torch.Tensor:
         logits = super().compute_logits(hidden, fp32=True)

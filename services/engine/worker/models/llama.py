@@ -198,6 +198,14 @@ class LlamaForCausalLM(nn.Module):
     def build_rope_cache(self, dtype: torch.dtype) -> torch.Tensor:
         return rope_cache(self.cfg, self.max_positions, dtype)
 
+    def rope_tables(self) -> tuple[torch.Tensor, ...]:
+        """The rotary tables the layers use (one here; a family with per-layer bases has more)."""
+        return (self.cos_sin_cache,)
+
+    def rope_of(self, layer: int) -> int:
+        """Which of ``rope_tables`` decoder layer ``layer`` rotates with."""
+        return 0
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -215,8 +223,9 @@ class LlamaForCausalLM(nn.Module):
             x, residual = pp.recv_hidden(input_ids.shape[0], self.cfg.hidden_size, like.dtype, like.device)
         else:
             x = self.embed_ids(input_ids) if inputs_embeds is None else inputs_embeds
-        rope = backend.rope_inputs(positions, self.cos_sin_cache)
+        ropes = [backend.rope_inputs(positions, table) for table in self.rope_tables()]
         for i in stage_layers(len(self.layers), pp):
+            rope = ropes[self.rope_of(i)]
             x, residual = self.layers[i](x, residual, rope, kv_cache, meta, backend)
         if pp is not None and not pp.is_last:
             assert residual is not None  # every stage holds a layer
