@@ -11,7 +11,7 @@ ARG BASE_IMAGE=docker.io/library/debian:bookworm-slim
 # copies the local one), else from this index.
 ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
 ARG TORCH_VERSION=2.13.0
-# The C++ CPU kernels built into engine-cpu (kernels/cpu/variants.py; the engine picks the best one its
+# The C++ CPU kernels built into engine-cpu (kvkernels/cpu/variants.py; the engine picks the best one its
 # CPU runs at start-up).
 ARG CPU_KERNEL_VARIANTS="x86-64-v2 x86-64-v3 x86-64-v4 x86-64-v4-bf16 x86-64-v4-amx"
 
@@ -36,7 +36,7 @@ RUN --mount=type=secret,id=pip-ca --mount=type=cache,target=/var/cache/kvferry-p
     && if [ -s /run/secrets/pip-ca ]; then cat /run/secrets/pip-ca >> /etc/ssl/certs/ca-certificates.crt; fi \
     && python3 -m venv /opt/kvferry && pip install -q --upgrade pip setuptools wheel
 RUN --mount=type=bind,target=/src --mount=type=cache,target=/var/cache/kvferry-pip,id=kvferry-pip \
-    mkdir /tmp/src && cp -r /src/pyproject.toml /src/README.md /src/services /src/kernels /src/operator /tmp/src \
+    mkdir /tmp/src && cp -r /src/pyproject.toml /src/README.md /src/services /src/kvkernels /src/operator /tmp/src \
     && pip wheel -q --no-deps --wheel-dir /wheels /tmp/src && rm -rf /tmp/src
 
 # One pip command per image: every package there and nothing else; pip and wheel are not shipped.
@@ -62,7 +62,7 @@ RUN --mount=type=bind,target=/src --mount=type=cache,target=/var/cache/kvferry-p
     --mount=type=cache,target=/var/cache/kvferry-kernels,id=kvferry-kernels \
     pip install -q --find-links /src/wheels ${TORCH_CPU_INDEX:+--extra-index-url "$TORCH_CPU_INDEX"} \
         "torch==${TORCH_VERSION}+cpu" "$(ls /wheels/kvferry-*.whl)[engine]" \
-    && python -m kernels.cpu.build --prebuild /opt/kvferry/cpu-kernels --work /var/cache/kvferry-kernels \
+    && python -m kvkernels.cpu.build --prebuild /opt/kvferry/cpu-kernels --work /var/cache/kvferry-kernels \
         ${CPU_KERNEL_VARIANTS} \
     && pip uninstall -q -y wheel pip
 

@@ -42,7 +42,7 @@ chromium:
 # hit takes ~2 s); when they cannot build (no g++), the engine runs the plain torch backend and says so.
 cpu-kernels: $(STAMP)
 	@command -v g++ >/dev/null || { apt-get update -qq && apt-get install -y -qq build-essential; } || true
-	$(PY) -m kernels.cpu.build
+	$(PY) -m kvkernels.cpu.build
 
 model: $(STAMP)
 	$(PY) -m services.engine.worker.loader.default_model

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from benchmarks.timing import median_ms  # noqa: E402
-from kernels import cpu  # noqa: E402
+from kvkernels import cpu  # noqa: E402
 from services.engine.worker.linear import PackedLinear, bf16_gemv_kernels  # noqa: E402
 
 SHAPES = {  # name: (out features, in features)

@@ -1,4 +1,4 @@
-"""CPU benchmark: the C++ kernels (kernels.cpu) vs the engine's plain-torch path, 2 threads, medians."""
+"""CPU benchmark: the C++ kernels (kvkernels.cpu) vs the engine's plain-torch path, 2 threads, medians."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ from pathlib import Path
 from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
-# Run as `python benchmarks/cpu_kernels.py`: this file's folder must not shadow the `kernels` package.
+# Run as `python benchmarks/cpu_kernels.py`: this file's folder must not shadow the `kernels` package (Hugging Face's, which transformers imports).
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "benchmarks"]
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import kernels.cpu as kc  # noqa: E402
+import kvkernels.cpu as kc  # noqa: E402
 from benchmarks.cpu_pointwise import pointwise_rows  # noqa: E402
 from benchmarks.timing import median_ms  # noqa: E402
-from kernels.cpu import build  # noqa: E402
+from kvkernels.cpu import build  # noqa: E402
 
 BLOCK = 16
 MODELS = {"h768-llama": (12, 12, 64), "smollm2": (9, 3, 64)}  # (Hq, Hkv, D)
@@ -317,7 +317,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     if kc.load() is None:
-        print(f"kernels.cpu unavailable: {kc.unavailable_reason()}")
+        print(f"kvkernels.cpu unavailable: {kc.unavailable_reason()}")
         return 1
     baseline = build._import_binary(args.baseline.stem, args.baseline) if args.baseline else None
     rows: list[dict] = []

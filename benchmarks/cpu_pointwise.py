@@ -7,9 +7,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-import kernels.cpu as kc
+import kvkernels.cpu as kc
 from benchmarks.timing import median_ms
-from kernels.reference import build_cos_sin_cache
+from kvkernels.reference import build_cos_sin_cache
 
 
 def pointwise_rows(dtype: torch.dtype, tokens: int, block: int = 16) -> list[dict]:

@@ -84,11 +84,11 @@ def _timed_row(
 
 def pointwise_rows(shapes: Shapes, tokens: int, copy_bw: float) -> list[dict]:
     """Fused RMSNorm+residual, rotary, SiLU-and-mul and the cache write on `tokens` rows."""
-    from kernels import reference as ref
-    from kernels.activation import silu_and_mul
-    from kernels.reshape_and_cache import reshape_and_cache
-    from kernels.rms_norm import rms_norm
-    from kernels.rotary import rotary_embedding
+    from kvkernels import reference as ref
+    from kvkernels.activation import silu_and_mul
+    from kvkernels.reshape_and_cache import reshape_and_cache
+    from kvkernels.rms_norm import rms_norm
+    from kvkernels.rotary import rotary_embedding
 
     dev, dt, es = shapes.device, shapes.dtype, shapes.dtype.itemsize
     h, inter, hq, hkv, d = shapes.hidden, shapes.intermediate, shapes.hq, shapes.hkv, shapes.head_dim

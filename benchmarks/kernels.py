@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# Run as `python benchmarks/kernels.py`: this file's folder must not shadow the `kernels` package.
+# Run as `python benchmarks/kernels.py`: this file's folder must not shadow the `kernels` package (Hugging Face's, which transformers imports).
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "benchmarks"]
 
 import torch  # noqa: E402
@@ -104,7 +104,7 @@ def paged_cache(sh: Shapes, num_tokens_per_seq: list[int]) -> tuple[torch.Tensor
 
 def decode_row(sh: Shapes, batch: int, context: int, copy_bw: float) -> dict:
     """Bytes it must move: K and V of every context token once, plus q/out; FLOPs: 4 * ctx * Hq * D."""
-    from kernels.paged_decode_attention import paged_decode_attention
+    from kvkernels.paged_decode_attention import paged_decode_attention
 
     kv_bytes = 2 * batch * context * sh.hkv * sh.head_dim * sh.dtype.itemsize
     if sh.device == "cuda" and kv_bytes > 0.6 * torch.cuda.mem_get_info()[0]:
@@ -143,7 +143,7 @@ def causal_flops(sh: Shapes, batch: int, prefix: int, q_len: int) -> int:
 
 def prefill_row(sh: Shapes, batch: int, prefix: int, q_len: int) -> dict:
     """Paged prefill vs torch SDPA on the same dense problem (K/V expanded to Hq heads for SDPA)."""
-    from kernels.paged_prefill_attention import paged_prefill_attention
+    from kvkernels.paged_prefill_attention import paged_prefill_attention
 
     seq_len, dev, scale = prefix + q_len, sh.device, sh.head_dim**-0.5
     cache, key_cache, tables = paged_cache(sh, [seq_len] * batch)
@@ -210,7 +210,7 @@ def print_attention(sh: Shapes, copy_bw: float, rows: list[dict]) -> None:
 
 def print_pointwise_and_steps(rows: list[dict]) -> None:
     """Tables of the pointwise kernels (vs their torch references) and the end-to-end decode steps."""
-    print("\npointwise kernels vs their torch reference (kernels/reference.py)")
+    print("\npointwise kernels vs their torch reference (kvkernels/reference.py)")
     print(
         f"{'kernel':>18} {'tokens':>7} {'ms':>9} {'MB moved':>9} {'GB/s':>7} {'% copy':>7} {'torch ms':>9} {'x':>6}"
     )

@@ -23,7 +23,7 @@ from pool_operator.images import COMPONENTS, REGISTRY, ImageSet
 REPO = Path(__file__).resolve().parents[2]
 HASH_LABEL = "io.kvferry.source-hash"
 # What the Dockerfile reads from the build context (its .dockerignore leaves out the rest).
-SOURCES = ("Dockerfile", "pyproject.toml", "README.md", "services", "kernels", "operator")
+SOURCES = ("Dockerfile", "pyproject.toml", "README.md", "services", "kvkernels", "operator")
 # Run in each image as its user: the Python distributions and Debian packages it ships.
 PACKAGES_SCRIPT = """import importlib.metadata as m, subprocess
 py = sorted({f"{d.metadata['Name']}=={d.version}" for d in m.distributions()}, key=str.lower)

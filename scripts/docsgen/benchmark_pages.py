@@ -42,7 +42,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "cpu_kernels": Benchmark(
         "CPU attention and pointwise kernels",
         "python benchmarks/cpu_kernels.py",
-        "the C++ kernels of `kernels/cpu` against their torch references (and a baseline build), per shape.",
+        "the C++ kernels of `kvkernels/cpu` against their torch references (and a baseline build), per shape.",
     ),
     "agentic_affinity": Benchmark(
         "Agent sessions: sticky until saturated",

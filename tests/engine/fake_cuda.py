@@ -95,7 +95,9 @@ def _wrap(t: Any) -> Any:
 
 def _where() -> str:
     """The innermost project frame of the current stack (where the mixed op was written)."""
-    frames = [f for f in traceback.extract_stack() if "/services/" in f.filename or "/kernels/" in f.filename]
+    frames = [
+        f for f in traceback.extract_stack() if "/services/" in f.filename or "/kvkernels/" in f.filename
+    ]
     if not frames:
         return "?"
     f = frames[-1]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-import kernels.cpu as cpu_kernels
+import kvkernels.cpu as cpu_kernels
 from services.common.protocol_structured import StructuredSpec
 from services.engine import LLM, SamplingParams
 from tests.checkpoints import build_llava, build_tokenizer

@@ -92,9 +92,9 @@ def test_batched_greedy_matches_hf(tiny_model: Path, hf_reference, backend: str)
 
 
 def _cpu_kernels() -> bool:
-    import kernels.cpu
+    import kvkernels.cpu
 
-    return kernels.cpu.available()
+    return kvkernels.cpu.available()
 
 
 def test_chunked_prefill_matches_hf(tiny_model: Path, hf_reference) -> None:

@@ -67,14 +67,14 @@ def compile_instead_of_run(compiled: list[str]) -> Callable:
 
 def launch_all(quick: bool) -> None:
     """Call every public wrapper per kernel configuration the engine uses (CPU tensors); quick: bf16, D=128."""
-    from kernels.activation import silu_and_mul
-    from kernels.dequant_matmul import dequant_matmul
-    from kernels.fused_moe import CONFIGS, choose_config, fused_moe
-    from kernels.paged_decode_attention import paged_decode_attention
-    from kernels.paged_prefill_attention import paged_prefill_attention
-    from kernels.reshape_and_cache import reshape_and_cache
-    from kernels.rms_norm import rms_norm
-    from kernels.rotary import rotary_embedding
+    from kvkernels.activation import silu_and_mul
+    from kvkernels.dequant_matmul import dequant_matmul
+    from kvkernels.fused_moe import CONFIGS, choose_config, fused_moe
+    from kvkernels.paged_decode_attention import paged_decode_attention
+    from kvkernels.paged_prefill_attention import paged_prefill_attention
+    from kvkernels.reshape_and_cache import reshape_and_cache
+    from kvkernels.rms_norm import rms_norm
+    from kvkernels.rotary import rotary_embedding
 
     for dtype in (torch.bfloat16,) if quick else (torch.float16, torch.bfloat16, torch.float32):
         for head_dim in (128,) if quick else (64, 80, 128, 256):

@@ -1,4 +1,4 @@
-"""The C++ multi-LoRA shrink / expand (kernels/cpu/csrc/lora.cpp) vs their twins in kernels/reference.py."""
+"""The C++ multi-LoRA shrink / expand (kvkernels/cpu/csrc/lora.cpp) vs their twins in kvkernels/reference.py."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 from kernel_testlib import assert_close
 
-import kernels.cpu as kc
-from kernels.reference import ref_lora_expand, ref_lora_shrink
+import kvkernels.cpu as kc
+from kvkernels.reference import ref_lora_expand, ref_lora_shrink
 from services.engine.worker.lora.plan import segment_plan
 
 
@@ -18,7 +18,7 @@ def ops() -> ModuleType:
     """The compiled extension; every test here is skipped (with the reason) when it cannot be built."""
     module = kc.load()
     if module is None:
-        pytest.skip(f"kernels.cpu unavailable: {kc.unavailable_reason()}")
+        pytest.skip(f"kvkernels.cpu unavailable: {kc.unavailable_reason()}")
     return module
 
 

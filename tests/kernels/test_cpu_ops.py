@@ -1,4 +1,4 @@
-"""kernels.cpu (the C++ CPU extension) vs kernels/reference.py: paged attention (mixed batches, decode kernels,
+"""kvkernels.cpu (the C++ CPU extension) vs kvkernels/reference.py: paged attention (mixed batches, decode kernels,
 splits, shared prefixes, sliding windows, bad metadata)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 import torch
 from kernel_testlib import TOLERANCE, assert_close, empty_cache, make_paged_kv
 
-import kernels.cpu as kc
-from kernels.cpu import build
-from kernels.reference import ref_paged_prefill_attention
+import kvkernels.cpu as kc
+from kvkernels.cpu import build
+from kvkernels.reference import ref_paged_prefill_attention
 
 # Relative Frobenius error allowed vs the fp32 reference (the bf16 reference rounds its output too).
 ATTN_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-3}
@@ -24,7 +24,7 @@ def ops() -> ModuleType:
     """The compiled extension; every test here is skipped (with the reason) when it cannot be built."""
     module = kc.load()
     if module is None:
-        pytest.skip(f"kernels.cpu unavailable: {kc.unavailable_reason()}")
+        pytest.skip(f"kvkernels.cpu unavailable: {kc.unavailable_reason()}")
     return module
 
 

@@ -1,4 +1,4 @@
-"""kernels.cpu (the C++ CPU extension) vs kernels/reference.py and torch: KV cache writes, RMSNorm, rotary,
+"""kvkernels.cpu (the C++ CPU extension) vs kvkernels/reference.py and torch: KV cache writes, RMSNorm, rotary,
 SiLU-and-mul, weight-only int4/int8 linears, and the build's identity and cache."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import torch
 from kernel_testlib import assert_close, empty_cache
 
-import kernels.cpu as kc
-from kernels.cpu import build
-from kernels.reference import (
+import kvkernels.cpu as kc
+from kvkernels.cpu import build
+from kvkernels.reference import (
     build_cos_sin_cache,
     ref_reshape_and_cache,
     ref_rms_norm,
@@ -26,7 +26,7 @@ def ops() -> ModuleType:
     """The compiled extension; every test here is skipped (with the reason) when it cannot be built."""
     module = kc.load()
     if module is None:
-        pytest.skip(f"kernels.cpu unavailable: {kc.unavailable_reason()}")
+        pytest.skip(f"kvkernels.cpu unavailable: {kc.unavailable_reason()}")
     return module
 
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from kernels.cpu import variants
-from kernels.cpu.build import load_extension, main
-from kernels.cpu.prebuilt import load_prebuilt, variant_spec
+from kvkernels.cpu import variants
+from kvkernels.cpu.build import load_extension, main
+from kvkernels.cpu.prebuilt import load_prebuilt, variant_spec
 
 V3 = {
     "cx16",
@@ -64,11 +64,11 @@ def test_an_image_without_a_fitting_build_falls_back_without_compiling(
     (tmp_path / "x86-64-v3").mkdir()
     (tmp_path / "x86-64-v2").mkdir()
     (tmp_path / "x86-64-v2" / "kvferry_cpu_000000000000.so").write_bytes(b"other sources")
-    monkeypatch.setattr("kernels.cpu.prebuilt.cpu_flags", lambda: V3)
+    monkeypatch.setattr("kvkernels.cpu.prebuilt.cpu_flags", lambda: V3)
     result = load_prebuilt(tmp_path)
     assert result.module is None and "missing" in result.reason
     assert result.spec is not None and result.spec.directory == tmp_path / "x86-64-v3"
-    monkeypatch.setattr("kernels.cpu.prebuilt.cpu_flags", lambda: {"sse2"})
+    monkeypatch.setattr("kvkernels.cpu.prebuilt.cpu_flags", lambda: {"sse2"})
     assert "no prebuilt variant for this CPU" in load_prebuilt(tmp_path).reason
     monkeypatch.setenv("KVFERRY_CPU_KERNELS", str(tmp_path))
     load_extension.cache_clear()

@@ -4,8 +4,8 @@ import pytest
 import torch
 from kernel_testlib import LAYER, device, empty_cache
 
-from kernels.reference import ref_reshape_and_cache
-from kernels.reshape_and_cache import reshape_and_cache
+from kvkernels.reference import ref_reshape_and_cache
+from kvkernels.reshape_and_cache import reshape_and_cache
 
 
 def check_cache_write(

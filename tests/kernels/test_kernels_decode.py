@@ -4,8 +4,8 @@ import pytest
 import torch
 from kernel_testlib import assert_close, device, make_paged_kv
 
-from kernels.paged_decode_attention import choose_num_splits, paged_decode_attention
-from kernels.reference import ref_paged_decode_attention
+from kvkernels.paged_decode_attention import choose_num_splits, paged_decode_attention
+from kvkernels.reference import ref_paged_decode_attention
 
 
 def check_decode(

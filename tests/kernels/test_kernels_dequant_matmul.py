@@ -4,8 +4,8 @@ import pytest
 import torch
 from kernel_testlib import assert_close, device
 
-from kernels.dequant_matmul import dequant_matmul, pack_int4
-from kernels.reference import ref_dequant_matmul
+from kvkernels.dequant_matmul import dequant_matmul, pack_int4
+from kvkernels.reference import ref_dequant_matmul
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 from kernel_testlib import assert_close, device
 
-from kernels.fused_moe import CONFIGS, choose_config, fused_moe, moe_align_block_size
-from kernels.reference import ref_fused_moe
+from kvkernels.fused_moe import CONFIGS, choose_config, fused_moe, moe_align_block_size
+from kvkernels.reference import ref_fused_moe
 
 # Elementwise tolerance per dtype: fp32 accumulation order only for fp32; for 16-bit outputs (one
 # rounding at the end, the silu * up activation rounded like the reference's) one ulp of the output

@@ -1,4 +1,4 @@
-"""The Triton multi-LoRA shrink / expand kernels vs their twins in kernels/reference.py."""
+"""The Triton multi-LoRA shrink / expand kernels vs their twins in kvkernels/reference.py."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 from kernel_testlib import assert_close, device
 
-from kernels.lora import lora_expand, lora_shrink
-from kernels.reference import ref_lora_expand, ref_lora_shrink
+from kvkernels.lora import lora_expand, lora_shrink
+from kvkernels.reference import ref_lora_expand, ref_lora_shrink
 
 
 def plan(token_slots: list[int], dev: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:

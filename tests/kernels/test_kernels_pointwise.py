@@ -4,10 +4,10 @@ import pytest
 import torch
 from kernel_testlib import assert_close, device
 
-from kernels.activation import silu_and_mul
-from kernels.reference import build_cos_sin_cache, ref_rms_norm, ref_rotary_embedding, ref_silu_and_mul
-from kernels.rms_norm import rms_norm
-from kernels.rotary import rotary_embedding
+from kvkernels.activation import silu_and_mul
+from kvkernels.reference import build_cos_sin_cache, ref_rms_norm, ref_rotary_embedding, ref_silu_and_mul
+from kvkernels.rms_norm import rms_norm
+from kvkernels.rotary import rotary_embedding
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 

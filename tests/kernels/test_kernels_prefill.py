@@ -4,8 +4,8 @@ import pytest
 import torch
 from kernel_testlib import assert_close, device, make_paged_kv
 
-from kernels.paged_prefill_attention import paged_prefill_attention
-from kernels.reference import ref_paged_prefill_attention
+from kvkernels.paged_prefill_attention import paged_prefill_attention
+from kvkernels.reference import ref_paged_prefill_attention
 
 # (seq_len, q_len): a 1-token prompt, a whole prompt, a chunk after a cached prefix, a decode row, ...
 MIXED = [(1, 1), (23, 23), (40, 11), (9, 1), (50, 37)]

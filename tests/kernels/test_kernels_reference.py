@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from kernel_testlib import empty_cache, make_paged_kv
 
-from kernels.reference import (
+from kvkernels.reference import (
     build_cos_sin_cache,
     ref_paged_decode_attention,
     ref_paged_prefill_attention,

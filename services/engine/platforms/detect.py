@@ -71,6 +71,6 @@ def _gpu_bound(requested: str, cuda: int, xpu: int) -> bool:
 
 
 def _kernels() -> bool:
-    import kernels.cpu
+    import kvkernels.cpu
 
-    return kernels.cpu.available()
+    return kvkernels.cpu.available()

@@ -3,7 +3,7 @@
 Measured here (2 cores, Xeon with AMX): bf16 packed beats ``F.linear`` at every batch size (1.1-2.4x);
 fp32 packed loses below 8 rows (0.5-0.9x at 1 row) and wins from 8 (1.0-2.4x), so fp32 keeps the plain
 weight for small batches. bf16 on AVX512-BF16 CPUs also keeps kvferry's pair tiles for the GEMV of a few
-rows (kernels.cpu.bf16_gemv; ``python benchmarks/bf16_gemv.py`` gives the crossover), which reads the
+rows (kvkernels.cpu.bf16_gemv; ``python benchmarks/bf16_gemv.py`` gives the crossover), which reads the
 weights faster than oneDNN's kernel when a step is bound by memory bandwidth.
 """
 
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.cpu import pack_bf16_gemv
+from kvkernels.cpu import pack_bf16_gemv
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def bf16_gemv_kernels(env: Mapping[str, str] = os.environ) -> ModuleType | None:
 
     ``KVFERRY_BF16_GEMV=off`` opts out: the GEMV keeps a second copy of each bf16 weight (its pair tiles
     beside oneDNN's packed one), which doubles the weights' resident bytes."""
-    from kernels import cpu
+    from kvkernels import cpu
 
     choice = env.get(GEMV_CHOICE, "auto")
     if choice not in ("auto", "off"):

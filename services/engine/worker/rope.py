@@ -1,6 +1,6 @@
 """Rotary position embedding for the torch path: per-step cos/sin rows and the rotate-half rotation.
 
-The cos/sin table itself is `kernels.reference.build_cos_sin_cache` (HF semantics, incl. linear and
+The cos/sin table itself is `kvkernels.reference.build_cos_sin_cache` (HF semantics, incl. linear and
 llama3 scaling): one definition shared by the torch path and the Triton kernel.
 """
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-import kernels.cpu as cpu_kernels
+import kvkernels.cpu as cpu_kernels
 from services.engine.core.outputs import Logprobs
 from services.engine.core.sampling_params import SamplingParams
 from services.engine.worker.device_copy import to_device

@@ -10,10 +10,10 @@ from services.engine.worker.structured.bitmask import apply_token_bitmask, apply
 
 @pytest.mark.parametrize("vocab", [32, 100, 49152, 49155])
 def test_kernel_equals_torch_and_the_bits(vocab: int) -> None:
-    import kernels.cpu
+    import kvkernels.cpu
 
-    if not kernels.cpu.available():
-        pytest.skip(f"the C++ CPU kernels cannot be built here: {kernels.cpu.unavailable_reason()}")
+    if not kvkernels.cpu.available():
+        pytest.skip(f"the C++ CPU kernels cannot be built here: {kvkernels.cpu.unavailable_reason()}")
     gen = torch.Generator().manual_seed(vocab)
     words = -(-vocab // 32)
     bitmask = torch.randint(-(2**31), 2**31 - 1, (6, words), dtype=torch.int32, generator=gen)

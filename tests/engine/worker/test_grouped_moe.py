@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.reference import ref_fused_moe
+from kvkernels.reference import ref_fused_moe
 from services.engine.worker.grouped_moe import grouped_moe
 
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu
-from kernels.cpu import build
+from kvkernels import cpu
+from kvkernels.cpu import build
 from services.engine.worker.linear import (
     BF16_GEMV_ROWS,
     PackedLinear,

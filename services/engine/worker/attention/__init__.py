@@ -37,7 +37,7 @@ def select_backend(device: torch.device, override: str | None = None) -> Compute
 
 def _cpu_backend(required: bool) -> ComputeBackend:
     """The C++ kernels when they build here, else the torch backend (with a line saying why)."""
-    import kernels.cpu as cpu_ops
+    import kvkernels.cpu as cpu_ops
 
     if cpu_ops.available():
         from services.engine.worker.attention.cpu_backend import CpuBackend

@@ -1,4 +1,4 @@
-"""CpuBackend: the engine's compute ops as C++ CPU kernels (kernels/cpu): paged attention read in place.
+"""CpuBackend: the engine's compute ops as C++ CPU kernels (kvkernels/cpu): paged attention read in place.
 
 One ``paged_attention`` call per layer serves the whole mixed batch (decodes and prefill chunks):
 K/V blocks are read where they lie in the block-major cache (no gather copy), the query heads of a
@@ -18,7 +18,7 @@ from services.engine.worker.grouped_moe import grouped_moe
 
 
 class CpuBackend:
-    """Ops through ``kernels.cpu`` (build it with ``python -m kernels.cpu.build``; ``make setup`` does)."""
+    """Ops through ``kvkernels.cpu`` (build it with ``python -m kvkernels.cpu.build``; ``make setup`` does)."""
 
     name = "cpu"
     description = "C++ CPU kernels: in-place paged attention (GQA-grouped, split-KV), fused norm/rotary/SiLU"
@@ -26,7 +26,7 @@ class CpuBackend:
     build_metadata = staticmethod(build_metadata)  # the kernel reads the generic metadata directly
 
     def __init__(self, ops: ModuleType) -> None:
-        self._ops = ops  # kernels.cpu (its wrappers), already checked to be available
+        self._ops = ops  # kvkernels.cpu (its wrappers), already checked to be available
         # per cache tensor (a draft model has its own): its layers' (key, value) views (microseconds each)
         self._views: dict[int, tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]] = {}
 

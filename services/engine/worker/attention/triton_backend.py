@@ -1,4 +1,4 @@
-"""TritonBackend: the engine's compute ops as Triton kernels (kernels/), the path on CUDA GPUs."""
+"""TritonBackend: the engine's compute ops as Triton kernels (kvkernels/), the path on CUDA GPUs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from services.engine.worker.attention.metadata import AttentionMetadata, build_m
 
 
 class TritonBackend:
-    """RMSNorm(+residual), rotary, SiLU-and-mul, cache write and paged attention via kernels/."""
+    """RMSNorm(+residual), rotary, SiLU-and-mul, cache write and paged attention via kvkernels/."""
 
     name = "triton"
     description = "Triton kernels: paged decode (split-K) and prefill attention, fused RMSNorm, rotary"
@@ -18,12 +18,12 @@ class TritonBackend:
     build_metadata = staticmethod(build_metadata)  # the kernels read the generic metadata directly
 
     def __init__(self) -> None:
-        from kernels.activation import silu_and_mul
-        from kernels.paged_decode_attention import paged_decode_attention
-        from kernels.paged_prefill_attention import paged_prefill_attention
-        from kernels.reshape_and_cache import reshape_and_cache
-        from kernels.rms_norm import rms_norm
-        from kernels.rotary import rotary_embedding
+        from kvkernels.activation import silu_and_mul
+        from kvkernels.paged_decode_attention import paged_decode_attention
+        from kvkernels.paged_prefill_attention import paged_prefill_attention
+        from kvkernels.reshape_and_cache import reshape_and_cache
+        from kvkernels.rms_norm import rms_norm
+        from kvkernels.rotary import rotary_embedding
 
         self._silu_and_mul, self._rms_norm, self._rotary = silu_and_mul, rms_norm, rotary_embedding
         self._cache, self._decode, self._prefill = (
@@ -64,7 +64,7 @@ class TritonBackend:
         w13_scale: torch.Tensor | None = None,
         w2_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        from kernels.fused_moe import fused_moe
+        from kvkernels.fused_moe import fused_moe
 
         return fused_moe(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale)
 

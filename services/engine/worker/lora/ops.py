@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.reference import ref_lora_expand, ref_lora_shrink
+from kvkernels.reference import ref_lora_expand, ref_lora_shrink
 from services.engine.worker.lora.plan import LoRAPlan
 
 Shrink = Callable[..., torch.Tensor]
@@ -38,7 +38,7 @@ def _torch_expand(
 
 
 def _cpu_ops() -> LoRAOps | None:
-    from kernels import cpu
+    from kvkernels import cpu
 
     ext = cpu.load()
     if ext is None or not hasattr(ext, "lora_shrink"):
@@ -54,11 +54,11 @@ def _cpu_ops() -> LoRAOps | None:
     ) -> None:
         ext.lora_expand(y, s, b, plan.rows, plan.seg_start, plan.seg_slot, shard_cols)
 
-    return LoRAOps("C++ segment kernels (kernels/cpu/csrc/lora.cpp)", shrink, expand)
+    return LoRAOps("C++ segment kernels (kvkernels/cpu/csrc/lora.cpp)", shrink, expand)
 
 
 def _triton_ops() -> LoRAOps:
-    from kernels.lora import lora_expand, lora_shrink
+    from kvkernels.lora import lora_expand, lora_shrink
 
     def shrink(x: torch.Tensor, a: torch.Tensor, plan: LoRAPlan, scale: torch.Tensor) -> torch.Tensor:
         return lora_shrink(x, a, plan.rows, plan.seg_start, plan.seg_slot, scale, plan.max_segment)
@@ -68,11 +68,11 @@ def _triton_ops() -> LoRAOps:
     ) -> None:
         lora_expand(y, s, b, plan.rows, plan.seg_start, plan.seg_slot, shard_cols, plan.max_segment)
 
-    return LoRAOps("Triton segment kernels (kernels/lora.py)", shrink, expand)
+    return LoRAOps("Triton segment kernels (kvkernels/lora.py)", shrink, expand)
 
 
 TORCH_OPS = LoRAOps(
-    "torch, one pair of matmuls per adapter (kernels/reference.py)", _torch_shrink, _torch_expand
+    "torch, one pair of matmuls per adapter (kvkernels/reference.py)", _torch_shrink, _torch_expand
 )
 
 

@@ -10,7 +10,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from kernels.reference import build_cos_sin_cache
+from kvkernels.reference import build_cos_sin_cache
 from services.engine.worker.attention import AttentionMetadata
 from services.engine.worker.attention import ComputeBackend as Backend
 from services.engine.worker.model_config import ModelConfig

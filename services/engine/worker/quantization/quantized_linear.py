@@ -194,19 +194,19 @@ def int8_matmul(
 
 
 def cpu_ops() -> ModuleType | None:
-    """kvferry's C++ CPU kernels (``kernels.cpu``) where they built, looked up once per layer at load."""
-    from kernels import cpu
+    """kvferry's C++ CPU kernels (``kvkernels.cpu``) where they built, looked up once per layer at load."""
+    from kvkernels import cpu
 
     return cpu if cpu.available() else None
 
 
 def has_int4_gemv(ops: ModuleType | None) -> bool:
-    """Whether kvferry's int4 GEMV is there (``ops``: ``kernels.cpu`` or None; needs AVX512_BF16)."""
+    """Whether kvferry's int4 GEMV is there (``ops``: ``kvkernels.cpu`` or None; needs AVX512_BF16)."""
     return ops is not None and bool(ops.has_bf16_int4_gemv())
 
 
 def _extension() -> ModuleType | None:
-    from kernels import cpu
+    from kvkernels import cpu
 
     return cpu.load()
 

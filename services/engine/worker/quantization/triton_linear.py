@@ -1,4 +1,4 @@
-"""TritonQuantLinear: a quantized layer run by kernels.dequant_matmul (GPUs; Triton's interpreter on CPU)."""
+"""TritonQuantLinear: a quantized layer run by kvkernels.dequant_matmul (GPUs; Triton's interpreter on CPU)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ class TritonQuantLinear(nn.Module):
 
     def __init__(self, gw: GroupQuantWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
         super().__init__()
-        from kernels.dequant_matmul import pack_int4
+        from kvkernels.dequant_matmul import pack_int4
 
         if gw.group % 16:
             raise ValueError(f"quantized layer: group size {gw.group} is not a multiple of 16")
@@ -37,7 +37,7 @@ class TritonQuantLinear(nn.Module):
         return super()._apply(fn, recurse)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from kernels.dequant_matmul import dequant_matmul
+        from kvkernels.dequant_matmul import dequant_matmul
 
         rows = x.reshape(-1, self.in_features)
         if self.perm is not None:

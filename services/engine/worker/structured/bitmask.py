@@ -21,7 +21,7 @@ def apply_token_bitmask(
         and logits.is_contiguous()
         and _cpu_kernels()
     ):
-        import kernels.cpu as cpu_ops
+        import kvkernels.cpu as cpu_ops
 
         cpu_ops.apply_token_bitmask(logits, bitmask, rows, mask_rows)
         return
@@ -29,7 +29,7 @@ def apply_token_bitmask(
 
 
 def _cpu_kernels() -> bool:
-    import kernels.cpu as cpu_ops
+    import kvkernels.cpu as cpu_ops
 
     return cpu_ops.available()
 

@@ -71,8 +71,8 @@ def test_int4_linear_in_bfloat16_is_close() -> None:
 
 def test_int4_gemv_is_built_exactly_on_cpus_with_avx512_bf16() -> None:
     """bf16 Int4Linear takes kvferry's GEMV exactly where a native AVX-512 build has avx512_bf16."""
-    from kernels import cpu
-    from kernels.cpu import build
+    from kvkernels import cpu
+    from kvkernels.cpu import build
 
     if not cpu.available():
         pytest.skip("no C++ kernels here")
@@ -87,7 +87,7 @@ def test_int4_gemv_is_built_exactly_on_cpus_with_avx512_bf16() -> None:
 @pytest.mark.parametrize(("n", "k", "group"), [(64, 64, 32), (200, 128, 64), (96, 512, 256), (130, 256, 128)])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 15])  # 4 x rows per pass, then 3 / 2 / 1 left over
 def test_int4_gemv_in_bfloat16_equals_dequantized_matmul(n: int, k: int, group: int, rows: int) -> None:
-    from kernels import cpu
+    from kvkernels import cpu
 
     if not cpu.has_bf16_int4_gemv():
         pytest.skip("kvferry's int4 GEMV needs a CPU with AVX512_BF16")

@@ -1,4 +1,4 @@
-"""Build (or find) the C++ CPU kernel extension for this machine's ISA: `python -m kernels.cpu.build`."""
+"""Build (or find) the C++ CPU kernel extension for this machine's ISA: `python -m kvkernels.cpu.build`."""
 
 from __future__ import annotations
 
@@ -211,7 +211,7 @@ def load_extension() -> LoadResult:
     """Compile on first use (a cache hit when this ISA/source/torch build exists); never raises."""
     prebuilt = os.environ.get("KVFERRY_CPU_KERNELS")
     if prebuilt:  # an image's kernels, one per ISA: no compiler runs, whatever the outcome
-        from kernels.cpu.prebuilt import load_prebuilt
+        from kvkernels.cpu.prebuilt import load_prebuilt
 
         return load_prebuilt(Path(prebuilt))
     try:
@@ -259,7 +259,7 @@ def load_extension() -> LoadResult:
 def main(argv: list[str] | None = None) -> int:
     """Build or find the extension and print one line; exit 0 even when it cannot be built.
 
-    ``--prebuild DIR VARIANT...``: compile portable ISA variants (kernels/cpu/variants.py) into DIR for an
+    ``--prebuild DIR VARIANT...``: compile portable ISA variants (kvkernels/cpu/variants.py) into DIR for an
     image instead; a failed build exits non-zero there."""
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["--prebuild"]:
@@ -267,10 +267,10 @@ def main(argv: list[str] | None = None) -> int:
         names = args[4:] if work is not None else args[2:]
         if not names:
             print(
-                "usage: python -m kernels.cpu.build --prebuild DIR [--work DIR] VARIANT...", file=sys.stderr
+                "usage: python -m kvkernels.cpu.build --prebuild DIR [--work DIR] VARIANT...", file=sys.stderr
             )
             return 2
-        from kernels.cpu.prebuilt import prebuild
+        from kvkernels.cpu.prebuilt import prebuild
 
         try:
             lines = prebuild(Path(args[1]), names, work)

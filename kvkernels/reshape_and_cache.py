@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import padded_dim
+from kvkernels._common import padded_dim
 
 
 @triton.jit

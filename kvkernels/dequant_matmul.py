@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import dot_precision, upcast_loads
+from kvkernels._common import dot_precision, upcast_loads
 
 
 @triton.jit

@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import (
+from kvkernels._common import (
     dot_precision,
     interpreting,
     load_kv_tile,

@@ -5,7 +5,7 @@ Segment g is ``rows[seg_start[g]:seg_start[g + 1]]``, all under adapter slot ``s
   expand: y[rows[p], c] += s[p, j * r:(j + 1) * r] @ b[slot, :, c] for the columns c of shard j.
 Grid: (segment, row block, output tile). The host passes the longest segment (known when the plan is
 built), so nothing waits on the device; row blocks past their segment's end exit at once. Both kernels
-accumulate in fp32; expand adds into y's values and rounds once (twins: kernels.reference.ref_lora_*).
+accumulate in fp32; expand adds into y's values and rounds once (twins: kvkernels.reference.ref_lora_*).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import dot_precision, padded_dim, upcast_loads
+from kvkernels._common import dot_precision, padded_dim, upcast_loads
 
 
 @triton.jit

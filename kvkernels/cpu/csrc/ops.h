@@ -62,7 +62,7 @@ void woq_int4_gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& packe
                    int64_t group);
 
 // The bf16 product for few rows: out [M, N] = x [M, K] @ W^T (+ bias), W as pair tiles
-// [ceil(N / 64), K / 2, 64, 2] (kernels.cpu.pack_bf16_gemv), read once per 4 rows of x (AVX512_BF16
+// [ceil(N / 64), K / 2, 64, 2] (kvkernels.cpu.pack_bf16_gemv), read once per 4 rows of x (AVX512_BF16
 // only: has_bf16_gemv() says whether this build has it).
 bool has_bf16_gemv();
 void bf16_gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& tiles, const std::optional<at::Tensor>& bias);

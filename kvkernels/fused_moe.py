@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import dot_precision, interpreting, upcast_loads
+from kvkernels._common import dot_precision, interpreting, upcast_loads
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Prebuilt kernels: compile every ISA variant at image build time; at start-up load the best this CPU runs.
 
-`python -m kernels.cpu.build --prebuild DIR VARIANT...` writes DIR/<variant>/<module>.so; an engine with
+`python -m kvkernels.cpu.build --prebuild DIR VARIANT...` writes DIR/<variant>/<module>.so; an engine with
 KVFERRY_CPU_KERNELS=DIR imports the fastest variant its CPU supports and never runs a compiler. The
 module name hashes the sources, the variant's flags and torch's version, so a binary built from other
 sources is never loaded.
@@ -13,8 +13,8 @@ import re
 import shutil
 from pathlib import Path
 
-from kernels.cpu import variants
-from kernels.cpu.build import (
+from kvkernels.cpu import variants
+from kvkernels.cpu.build import (
     BASE_CFLAGS,
     CSRC,
     SOURCES,
@@ -24,7 +24,7 @@ from kernels.cpu.build import (
     _source_digest,
     cpu_flags,
 )
-from kernels.cpu.variants import CpuVariant
+from kvkernels.cpu.variants import CpuVariant
 
 ENV = "KVFERRY_CPU_KERNELS"
 
@@ -75,7 +75,7 @@ def prebuild(root: Path, names: list[str], work: Path | None = None) -> list[str
     ``work``: where ninja builds (kept between image builds, so only changed sources recompile); the
     binary is copied to ``root``. Variants this CPU runs are imported and checked; the others are only
     compiled (importing an AVX-512 binary on an AVX2 build machine could fault in its initializers)."""
-    from kernels.cpu.build import ensure_ninja_on_path
+    from kvkernels.cpu.build import ensure_ninja_on_path
 
     ensure_ninja_on_path()
     lines = []

@@ -32,14 +32,14 @@ __all__ = [
 
 def load() -> ModuleType | None:
     """The compiled extension (built on first call, then cached per process), or None; never raises."""
-    from kernels.cpu.build import load_extension  # here, so `python -m kernels.cpu.build` imports it once
+    from kvkernels.cpu.build import load_extension  # here, so `python -m kvkernels.cpu.build` imports it once
 
     return load_extension().module
 
 
 def unavailable_reason() -> str | None:
     """Why load() returns None (no compiler, build error, ...), or None when the kernels are there."""
-    from kernels.cpu.build import load_extension
+    from kvkernels.cpu.build import load_extension
 
     return load_extension().reason
 

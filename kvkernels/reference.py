@@ -197,7 +197,7 @@ def ref_dequant_matmul(
     bias: torch.Tensor | None = None,
     fp8: bool = False,
 ) -> torch.Tensor:
-    """Twin of kernels.dequant_matmul: unpack the codes, w = code * scale + offset per group, fp32 matmul."""
+    """Twin of kvkernels.dequant_matmul: unpack the codes, w = code * scale + offset per group, fp32 matmul."""
     if bits == 4:
         codes = torch.stack([qweight & 0x0F, qweight >> 4], dim=-1).reshape(qweight.shape[0], -1).float()
     elif fp8:
@@ -220,7 +220,7 @@ def ref_fused_moe(
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Twin of kernels.fused_moe, one expert at a time: gather its (token, slot) rows, fp32 math.
+    """Twin of kvkernels.fused_moe, one expert at a time: gather its (token, slot) rows, fp32 math.
     With scales, w13 / w2 are int8 codes: weight = code * scale of its (expert, output row).
 
     out[t] = sum_k topk_weights[t, k] * w2[e] @ (silu(w13[e, :I] @ x[t]) * (w13[e, I:] @ x[t])) with
@@ -258,7 +258,7 @@ def ref_lora_shrink(
     seg_slot: torch.Tensor | Sequence[int],
     scale: torch.Tensor,
 ) -> torch.Tensor:
-    """Twin of kernels.lora.lora_shrink (punica's shrink), one segment at a time in fp32.
+    """Twin of kvkernels.lora.lora_shrink (punica's shrink), one segment at a time in fp32.
 
     s [P, R] fp32: s[p] = (x[rows[p]] @ a[slot]^T) * scale[slot] for p in segment g (rows
     ``seg_start[g]:seg_start[g + 1]``, slot ``seg_slot[g]``); x [T, K], a [S, R, K], scale [S].
@@ -281,7 +281,7 @@ def ref_lora_expand(
     seg_slot: torch.Tensor | Sequence[int],
     shard_cols: Sequence[int],
 ) -> torch.Tensor:
-    """Twin of kernels.lora.lora_expand (punica's expand): y plus, in fp32 and rounded once, per grouped row
+    """Twin of kvkernels.lora.lora_expand (punica's expand): y plus, in fp32 and rounded once, per grouped row
     p of slot ``slot``: y[rows[p], c] += s[p, j * r:(j + 1) * r] @ b[slot, :, c] for the columns c of
     shard j (``shard_cols[j]:shard_cols[j + 1]``). y [T, N], s [P, shards * r] fp32, b [S, r, N]; returns
     a new tensor in y's dtype."""
