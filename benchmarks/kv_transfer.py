@@ -27,9 +27,9 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from services.common.hashing import HASH_VERSION, BlockHasher  # noqa: E402
-from services.common.kv_transfer import KVCompat, KVHandshake, block_major_layout  # noqa: E402
-from services.common.kvstore_client import KVStoreClient  # noqa: E402
+from services.common.kv.hashing import HASH_VERSION, BlockHasher  # noqa: E402
+from services.common.kv.kv_transfer import KVCompat, KVHandshake, block_major_layout  # noqa: E402
+from services.common.kv.kvstore_client import KVStoreClient  # noqa: E402
 from services.engine.kv_transfer.nixl_transfer import (  # noqa: E402
     NixlConfig,
     NixlTransfer,

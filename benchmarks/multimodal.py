@@ -30,7 +30,7 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from benchmarks.timing import median_ms  # noqa: E402
-from services.common.tokenizer import Tokenizer  # noqa: E402
+from services.common.openai.tokenizer import Tokenizer  # noqa: E402
 from services.engine import LLM, SamplingParams  # noqa: E402
 from services.engine.worker.loader.default_model import kvferry_home  # noqa: E402
 from tests.checkpoints_idefics3 import build_idefics3  # noqa: E402

@@ -27,8 +27,8 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from services.common.kv_events import BlockStored  # noqa: E402
-from services.common.prefix_index import EngineRef, PrefixIndex  # noqa: E402
+from services.common.kv.kv_events import BlockStored  # noqa: E402
+from services.common.kv.prefix_index import EngineRef, PrefixIndex  # noqa: E402
 from services.router.scheduling import SchedulingConfig  # noqa: E402
 from services.sim.redis_process import RedisProcess  # noqa: E402
 from services.sim.sim_report import percentiles  # noqa: E402

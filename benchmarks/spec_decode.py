@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from services.common.tokenizer import Tokenizer  # noqa: E402
+from services.common.openai.tokenizer import Tokenizer  # noqa: E402
 from services.engine import LLM, SamplingParams  # noqa: E402
 from services.engine.worker.loader.default_model import (  # noqa: E402
     default_gguf_path,

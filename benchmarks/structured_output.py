@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from services.common.protocol_structured import StructuredSpec  # noqa: E402
+from services.common.openai.protocol_structured import StructuredSpec  # noqa: E402
 from services.engine import LLM, SamplingParams  # noqa: E402
 from services.engine.worker.loader.default_model import ensure_default_model  # noqa: E402
 

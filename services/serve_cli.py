@@ -15,7 +15,7 @@ from services.engine.entrypoints.role import AggregatedRole, EngineRole
 
 
 def _prefill(args: argparse.Namespace) -> EngineRole:
-    from services.common.kv_transfer import DEFAULT_LEASE_S
+    from services.common.kv.kv_transfer import DEFAULT_LEASE_S
     from services.prefill.role import PrefillRole, PrefillSettings
 
     _generative(args)

@@ -14,9 +14,9 @@ from types import FrameType
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.common.errors import config_problem
-from services.common.pool_secret import write_pool_secret
-from services.common.roles import RoleName
+from services.common.openai.errors import config_problem
+from services.common.pool.pool_secret import write_pool_secret
+from services.common.pool.roles import RoleName
 from services.local_stack import HOST, LocalStack, free_port
 
 
@@ -113,7 +113,7 @@ def start_redis(stack: LocalStack) -> str:
 
 def start_kvstore(stack: LocalStack, redis_url: str, capacity_gb: float) -> str:
     """The shared KV tier; returns its grpc:// URL once it answers."""
-    from services.common.kvstore_client import KVStoreClient, KVStoreUnavailable
+    from services.common.kv.kvstore_client import KVStoreClient, KVStoreUnavailable
 
     port, metrics_port = free_port(), free_port()
     stack.spawn(

@@ -16,7 +16,7 @@ import httpx
 import uvicorn
 
 from services.cli import build_parser
-from services.common.http_protocol import HeaderDeadlineH11
+from services.common.openai.http_protocol import HeaderDeadlineH11
 from services.engine.entrypoints.cli import build
 from services.serve_cli import ROLE_FACTORIES
 from tests.engine.entrypoints.helpers import MODEL, EngineEndpoint, with_test_dtype

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.common.hashing import BlockHasher
+from services.common.kv.hashing import BlockHasher
 from services.engine.core.request import Request
 from services.engine.core.sampling_params import SamplingParams
 from services.engine.kv_transfer.nixl_transfer import NixlTransfer

@@ -18,7 +18,7 @@ from pool_operator.kubeclient import KubeClient
 from pool_operator.models import InferencePool
 from pool_operator.naming import HTTP_PORT, PoolNames
 from pool_operator.policy import Decision, Recommendation, ScalingPolicy, apply_ratio_band
-from services.common.pod_labels import (
+from services.common.pool.pod_labels import (
     DELETION_COST_ANNOTATION,
     DRAINING_ANNOTATION,
     DRAINING_VALUE,

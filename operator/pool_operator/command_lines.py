@@ -9,8 +9,8 @@ from pool_operator.models import InferencePool
 from pool_operator.naming import HTTP_PORT, KVSTORE_PORT, REDIS_PORT, PoolNames
 from pool_operator.quantity import parse_quantity
 from pool_operator.tenants_spec import TENANTS_FILE, TENANTS_MOUNT
-from services.common.pod_labels import POOL_LABEL, selector_string
-from services.common.roles import EnginePodRole, serve_role
+from services.common.pool.pod_labels import POOL_LABEL, selector_string
+from services.common.pool.roles import EnginePodRole, serve_role
 
 MODEL_MOUNT = "/models"
 API_KEY_MOUNT = "/etc/kvferry/api-key"

@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.common.load_report import LoadReport, parse_load_report
+from services.common.pool.load_report import LoadReport, parse_load_report
 
 
 @dataclass(frozen=True)

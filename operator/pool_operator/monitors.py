@@ -7,7 +7,7 @@ from typing import Any
 from pool_operator.monitoring_spec import MonitoringSpec
 from pool_operator.naming import PoolNames
 from pool_operator.pool_rules import PoolRules
-from services.common.pod_labels import POOL_LABEL, ROLE_LABEL
+from services.common.pool.pod_labels import POOL_LABEL, ROLE_LABEL
 
 MONITORING_API = "monitoring.coreos.com/v1"
 MONITORING_KINDS = ("PodMonitor", "ServiceMonitor", "PrometheusRule")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.pod_labels import pool_labels, pool_selector, role_selector, selector_string
+from services.common.pool.pod_labels import pool_labels, pool_selector, role_selector, selector_string
 
-# Labels, annotations and roles live in services.common.pod_labels and services.common.roles.
+# Labels, annotations and roles live in services.common.pool.pod_labels and services.common.pool.roles.
 HTTP_PORT = 8000
 KVSTORE_PORT = 50051
 KVSTORE_METRICS_PORT = 50052  # the kvstore's GET /metrics and /health

@@ -6,8 +6,8 @@ from typing import Any
 
 from pool_operator.monitoring_spec import ScraperSpec
 from pool_operator.naming import HTTP_PORT, KVSTORE_METRICS_PORT, REDIS_PORT, PoolNames
-from services.common.pod_labels import APP_NAME_LABEL, OPERATOR_APP_NAME, POOL_LABEL, ROLE_LABEL
-from services.common.roles import ENGINE_POD_ROLES
+from services.common.pool.pod_labels import APP_NAME_LABEL, OPERATOR_APP_NAME, POOL_LABEL, ROLE_LABEL
+from services.common.pool.roles import ENGINE_POD_ROLES
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by Kubernetes on every namespace
 OPERATOR_NAMESPACE = "kvferry-system"  # the chart's namespace unless the operator says otherwise

@@ -2,7 +2,7 @@
 
 Every series is selected by the pool's ``namespace`` and ``pool`` labels (the scrape monitor's
 relabelings put ``pool`` and ``role`` on every target), so the rules of two pools never collide.
-Metric names are the engines' (``services.common.load_report``), the router's and the kvstore's.
+Metric names are the engines' (``services.common.pool.load_report``), the router's and the kvstore's.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from services.common import load_report as lr
+from services.common.pool import load_report as lr
 
 ENGINE_ROLES_RE = "prefill|decode|engine"  # the kvferry.dev/role values of engine pods
 KV_USAGE_ALERT = 0.9

@@ -12,7 +12,7 @@ from pool_operator.kubeclient import CHILD_KINDS, OPTIONAL_KINDS, KubeApiError, 
 from pool_operator.models import InferencePool
 from pool_operator.naming import PoolNames
 from pool_operator.render import PoolRenderer, manifest_key
-from services.common.pod_labels import APPLIED_HASH_ANNOTATION
+from services.common.pool.pod_labels import APPLIED_HASH_ANNOTATION
 
 
 class SpecConflictError(Exception):

@@ -15,9 +15,9 @@ from pool_operator.naming import HTTP_PORT, KVSTORE_METRICS_PORT, KVSTORE_PORT, 
 from pool_operator.netpol import OPERATOR_NAMESPACE, NetworkPolicyBuilder
 from pool_operator.tenants_spec import TENANTS_CONFIG_SUFFIX, TENANTS_FILE, tenants_file
 from pool_operator.workloads import Manifest, WorkloadBuilder
-from services.common.hashing import HASH_VERSION
-from services.common.pod_labels import APPLIED_HASH_ANNOTATION
-from services.common.roles import EnginePodRole
+from services.common.kv.hashing import HASH_VERSION
+from services.common.pool.pod_labels import APPLIED_HASH_ANNOTATION
+from services.common.pool.roles import EnginePodRole
 
 # Apply order: identities and config first, then what uses them.
 KIND_ORDER = (

@@ -9,7 +9,7 @@ from typing import Any
 from pool_operator.models import Condition, InferencePool, PoolStatus, RoleStatus
 from pool_operator.naming import PoolNames
 from pool_operator.render import PoolRenderer, content_hash
-from services.common.pod_labels import CONFIG_HASH_ANNOTATION
+from services.common.pool.pod_labels import CONFIG_HASH_ANNOTATION
 
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "ConfigConsistent")
 

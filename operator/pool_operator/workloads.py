@@ -25,8 +25,8 @@ from pool_operator.tenants_spec import (
     key_env_vars,
     tenants_file,
 )
-from services.common.pod_labels import CONFIG_HASH_ANNOTATION
-from services.common.roles import EnginePodRole
+from services.common.pool.pod_labels import CONFIG_HASH_ANNOTATION
+from services.common.pool.roles import EnginePodRole
 
 RUN_AS = 10001
 REDIS_UID = 999  # the redis user of the official image

@@ -61,7 +61,7 @@ def _router(full: bool) -> CollectorRegistry:
 
 
 def _kvstore(full: bool) -> CollectorRegistry:
-    from services.common.kvstore_client import KVStoreStats
+    from services.common.kv.kvstore_client import KVStoreStats
     from services.kvstore.metrics import KvstoreMetrics
 
     return KvstoreMetrics(lambda: KVStoreStats(num_blocks=0, used_bytes=0, capacity_bytes=0)).registry

@@ -15,7 +15,7 @@ import httpx
 from tqdm import tqdm
 
 from services.bench.datasets import BenchRequest
-from services.common.sse import aiter_sse
+from services.common.openai.sse import aiter_sse
 
 Endpoint = Literal["completions", "chat"]
 _PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}

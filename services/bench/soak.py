@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from services.bench.client import LoadRun, RequestResult, Target, error_message, send_request
 from services.bench.datasets import BenchRequest
-from services.common.sse import aiter_sse
+from services.common.openai.sse import aiter_sse
 
 # Requests a server must refuse with a 4xx (MODEL is replaced by the target's model).
 BAD_BODIES = (

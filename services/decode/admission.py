@@ -8,9 +8,14 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
-from services.common.errors import OpenAIError
-from services.common.kv_transfer import HANDSHAKE_PATH, KVIncompatibleError, KVTransferError, KVTransferParams
-from services.common.pool_secret import auth_headers
+from services.common.kv.kv_transfer import (
+    HANDSHAKE_PATH,
+    KVIncompatibleError,
+    KVTransferError,
+    KVTransferParams,
+)
+from services.common.openai.errors import OpenAIError
+from services.common.pool.pool_secret import auth_headers
 from services.decode.pull_connector import PullConnector
 from services.engine.entrypoints.role import kv_incompatible, parse_kv_transfer_params
 from services.engine.kv_transfer.nixl_transfer import BlockTransfer

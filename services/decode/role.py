@@ -7,8 +7,8 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from services.common.kv_transfer import KVTransferParams
-from services.common.roles import RoleName
+from services.common.kv.kv_transfer import KVTransferParams
+from services.common.pool.roles import RoleName
 from services.decode.admission import DecodeAdmission
 from services.decode.pull_connector import PullConnector
 from services.engine.core.kv_connector import KVConnector

@@ -13,7 +13,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from services.common.kv_transfer import KVTransferParams
+from services.common.kv.kv_transfer import KVTransferParams
 from services.engine.core.config import EngineConfig
 from services.engine.core.engine_request import EngineRequest
 from services.engine.core.mm_input import MMInput
@@ -26,7 +26,7 @@ from services.engine.kv_transfer.context import ConnectorFactory, aggregated_con
 from services.engine.llm_engine import LLMEngine, RequestOutput
 
 if TYPE_CHECKING:
-    from services.common.kv_event_publisher import KVEventPublisher
+    from services.common.kv.kv_event_publisher import KVEventPublisher
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.common.tokenizer import Tokenizer
+from services.common.openai.tokenizer import Tokenizer
 
 _CONTEXT = 5  # prompt tokens decoded as context so the first output token renders with its leading space
 

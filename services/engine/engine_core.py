@@ -6,8 +6,8 @@ import logging
 
 import torch
 
-from services.common.hashing import HASH_VERSION, BlockHasher
-from services.common.kv_transfer import KVCompat, block_major_layout
+from services.common.kv.hashing import HASH_VERSION, BlockHasher
+from services.common.kv.kv_transfer import KVCompat, block_major_layout
 from services.engine.core.config import EngineConfig
 from services.engine.core.kv_cache_manager import KVCacheManager
 from services.engine.core.kv_connector import KVConnector, compose

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
-from services.common.video_inputs import VideoClip
+from services.common.media.video_inputs import VideoClip
 from services.engine.core.config import EngineConfig
 from services.engine.core.pooling_params import PoolingParams
 from services.engine.core.sampling_params import SamplingParams
@@ -118,7 +118,7 @@ class LLM:
 
 def _split_prompt(prompt: Prompt) -> tuple[str | list[int], list[Any]]:
     """(text or token ids, images and videos) of a prompt; a dict prompt carries vLLM's ``multi_modal_data``
-    (``image``: PIL images; ``video``: VideoClips, services.common.video_inputs)."""
+    (``image``: PIL images; ``video``: VideoClips, services.common.media.video_inputs)."""
     if not isinstance(prompt, dict):
         return prompt, []
     unknown = set(prompt) - {"prompt", "prompt_token_ids", "multi_modal_data"}
@@ -132,7 +132,9 @@ def _split_prompt(prompt: Prompt) -> tuple[str | list[int], list[Any]]:
         raise ValueError(f"multi_modal_data: only 'image' and 'video' are supported, got {sorted(data)}")
     images, videos = (_items(data.get("image", [])), _items(data.get("video", [])))
     if any(not isinstance(v, VideoClip) for v in videos):
-        raise ValueError("multi_modal_data: each video must be a VideoClip (services.common.video_inputs)")
+        raise ValueError(
+            "multi_modal_data: each video must be a VideoClip (services.common.media.video_inputs)"
+        )
     return text, images + videos
 
 

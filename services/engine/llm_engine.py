@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from services.common.hashing import BlockHashExtras
-from services.common.kv_transfer import KVTransferParams
-from services.common.protocol_common import FinishReason
-from services.common.tokenizer import Tokenizer
+from services.common.kv.hashing import BlockHashExtras
+from services.common.kv.kv_transfer import KVTransferParams
+from services.common.openai.protocol_common import FinishReason
+from services.common.openai.tokenizer import Tokenizer
 from services.engine.core.config import EngineConfig
 from services.engine.core.engine_request import EngineRequest
 from services.engine.core.mm_input import MMInput
@@ -29,7 +29,7 @@ from services.engine.worker.structured.manager import StructuredOutputManager
 if TYPE_CHECKING:
     from PIL import Image
 
-    from services.common.video_inputs import VideoClip
+    from services.common.media.video_inputs import VideoClip
 
 
 @dataclass

@@ -8,7 +8,7 @@ from typing import Any, NoReturn
 import grpc
 from pydantic import SecretStr
 
-from services.common.pool_secret import POOL_SECRET_METADATA, secret_matches
+from services.common.pool.pool_secret import POOL_SECRET_METADATA, secret_matches
 
 _REFUSAL = f"missing or wrong pool secret ({POOL_SECRET_METADATA} metadata)"
 

@@ -9,7 +9,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from services.common.kvstore_client import KVStoreStats
+from services.common.kv.kvstore_client import KVStoreStats
 from services.kvstore.slab import SlabArena
 
 EvictCallback = Callable[[list[bytes]], None]

@@ -9,8 +9,8 @@ import sys
 import threading
 from types import FrameType
 
-from services.common.errors import config_problem
-from services.common.pool_secret import read_pool_secret
+from services.common.openai.errors import config_problem
+from services.common.pool.pool_secret import read_pool_secret
 from services.kvstore.server import KVStoreServer, KVStoreSettings
 
 log = logging.getLogger("kvferry.kvstore")

@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from services.common.kvstore_client import KVStoreStats
-from services.common.proto import kvstore_pb2
+from services.common.kv.kvstore_client import KVStoreStats
+from services.common.kv.proto import kvstore_pb2
 
 RPC_METHODS = tuple(m.name for m in kvstore_pb2.DESCRIPTOR.services_by_name["KVStore"].methods)
 _RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

@@ -6,8 +6,8 @@ import threading
 import uuid
 from typing import Any
 
-from services.common.kv_transfer import KVCompat, KVHandshake, KVIncompatibleError
-from services.common.nixl_agent import NixlAgentConfig, make_agent, nixl_bindings
+from services.common.kv.kv_transfer import KVCompat, KVHandshake, KVIncompatibleError
+from services.common.kv.nixl_agent import NixlAgentConfig, make_agent, nixl_bindings
 from services.kvstore.slab import SlabArena
 
 

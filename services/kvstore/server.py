@@ -13,12 +13,12 @@ from typing import NoReturn, Self
 import grpc
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from services.common.kv_event_publisher import KVEventPublisher
-from services.common.kv_events import BlockRemoved, BlockStored
-from services.common.kv_transfer import KVCompat, KVTransferError
-from services.common.kvstore_client import DEFAULT_BATCH_BYTES, GRPC_OPTIONS, batched_by_bytes
-from services.common.pool_secret import describe
-from services.common.proto import kvstore_pb2, kvstore_pb2_grpc
+from services.common.kv.kv_event_publisher import KVEventPublisher
+from services.common.kv.kv_events import BlockRemoved, BlockStored
+from services.common.kv.kv_transfer import KVCompat, KVTransferError
+from services.common.kv.kvstore_client import DEFAULT_BATCH_BYTES, GRPC_OPTIONS, batched_by_bytes
+from services.common.kv.proto import kvstore_pb2, kvstore_pb2_grpc
+from services.common.pool.pool_secret import describe
 from services.kvstore.auth import PoolSecretInterceptor
 from services.kvstore.block_store import BlockStore
 from services.kvstore.metrics import KvstoreMetrics

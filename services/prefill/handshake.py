@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
-from services.common.errors import OpenAIError
-from services.common.kv_transfer import HANDSHAKE_PATH
+from services.common.kv.kv_transfer import HANDSHAKE_PATH
+from services.common.openai.errors import OpenAIError
 from services.engine.kv_transfer.nixl_transfer import BlockTransfer
 
 

@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import Sequence
 
-from services.common.kv_transfer import DEFAULT_LEASE_S, KVTransferParams
+from services.common.kv.kv_transfer import DEFAULT_LEASE_S, KVTransferParams
 from services.engine.core.kv_connector import FinishedTransfers, Match, TransferStats
 from services.engine.core.request import Request
 from services.engine.kv_transfer.nixl_transfer import BlockTransfer

@@ -8,8 +8,8 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.common.kv_transfer import DEFAULT_LEASE_S, KVTransferParams
-from services.common.roles import RoleName
+from services.common.kv.kv_transfer import DEFAULT_LEASE_S, KVTransferParams
+from services.common.pool.roles import RoleName
 from services.engine.core.kv_connector import KVConnector
 from services.engine.entrypoints.role import parse_kv_transfer_params
 from services.engine.kv_transfer.context import KVTransferContext

@@ -11,11 +11,15 @@ from contextlib import aclosing, asynccontextmanager
 from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from services.common.chat_prompt import detokenize_response, tokenize_response
-from services.common.errors import OpenAIError, model_not_found, not_ready
-from services.common.http_middleware import RequestContextMiddleware, install_error_handlers, presented_key
-from services.common.openapi_doc import document_answers
-from services.common.protocol import (
+from services.common.openai.chat_prompt import detokenize_response, tokenize_response
+from services.common.openai.errors import OpenAIError, model_not_found, not_ready
+from services.common.openai.http_middleware import (
+    RequestContextMiddleware,
+    install_error_handlers,
+    presented_key,
+)
+from services.common.openai.openapi_doc import document_answers
+from services.common.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -25,9 +29,9 @@ from services.common.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from services.common.protocol_embeddings import EmbeddingRequest
-from services.common.roles import DECODE_ROLES
-from services.common.sse import SSE_CONTENT_TYPE, SSE_DONE, SSEEvent, sse_event
+from services.common.openai.protocol_embeddings import EmbeddingRequest
+from services.common.openai.sse import SSE_CONTENT_TYPE, SSE_DONE, SSEEvent, sse_event
+from services.common.pool.roles import DECODE_ROLES
 from services.router.anthropic.messages_routes import messages_routes
 from services.router.chat_adapter import ChatAdapter
 from services.router.context_limit import check_prompt_fits

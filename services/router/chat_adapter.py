@@ -11,17 +11,17 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from services.common.chat_tools import ChatDeltas, ChatPlan, FinalMessage, finish_reason
-from services.common.logprob_shapes import chat_logprobs_from_completion
-from services.common.protocol import (
+from services.common.openai.chat_tools import ChatDeltas, ChatPlan, FinalMessage, finish_reason
+from services.common.openai.logprob_shapes import chat_logprobs_from_completion
+from services.common.openai.protocol import (
     AssistantMessage,
     ChatChoice,
     ChatCompletionResponse,
     StreamContext,
     Usage,
 )
-from services.common.protocol_tools import ToolCall
-from services.common.sse import SSEEvent, sse_event
+from services.common.openai.protocol_tools import ToolCall
+from services.common.openai.sse import SSEEvent, sse_event
 
 
 class ChatAdapter:

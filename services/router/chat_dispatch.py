@@ -7,9 +7,9 @@ from typing import Any
 
 from fastapi import Request
 
-from services.common.errors import model_not_found, parse_body
-from services.common.http_middleware import presented_key
-from services.common.protocol import ChatCompletionRequest
+from services.common.openai.errors import model_not_found, parse_body
+from services.common.openai.http_middleware import presented_key
+from services.common.openai.protocol import ChatCompletionRequest
 from services.router.chat_adapter import ChatAdapter
 from services.router.context_limit import check_prompt_fits
 from services.router.pd_flow import Dispatched

@@ -8,11 +8,11 @@ import os
 import sys
 from pathlib import Path
 
-from services.common.chat_tools import read_chat_template
-from services.common.errors import config_problem
-from services.common.hashing import check_pool_hash_version
-from services.common.media_settings import add_media_flags, media_limits, remote_media_from_args
-from services.common.tool_templates import add_tool_template_flag, apply_tool_template
+from services.common.kv.hashing import check_pool_hash_version
+from services.common.media.media_settings import add_media_flags, media_limits, remote_media_from_args
+from services.common.openai.chat_tools import read_chat_template
+from services.common.openai.errors import config_problem
+from services.common.openai.tool_templates import add_tool_template_flag, apply_tool_template
 from services.router.accuracy.prediction_accuracy import accuracy_settings, add_accuracy_flags
 from services.router.admission.admission_settings import add_admission_flags, admission_settings
 from services.router.admission.tenants import load_tenants
@@ -308,7 +308,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # e.g. no tokenizer.json in --tokenizer
         print(f"kvferry router: error: {exc}", file=sys.stderr)
         return 2
-    from services.common.http_protocol import HeaderDeadlineH11
+    from services.common.openai.http_protocol import HeaderDeadlineH11
 
     uvicorn.run(
         app,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from services.common.errors import bad_request
+from services.common.openai.errors import bad_request
 from services.router.prompt import PreparedRequest
 from services.router.scheduling import Endpoint
 

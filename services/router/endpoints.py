@@ -11,7 +11,7 @@ from dataclasses import replace
 import httpx
 from pydantic import BaseModel, Field
 
-from services.common.load_report import LoadReport, parse_load_report
+from services.common.pool.load_report import LoadReport, parse_load_report
 from services.router.scheduling.endpoint import CacheConfig, Endpoint, EndpointLoad, Role, normalize_url
 
 log = logging.getLogger(__name__)

@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 
-from services.common.errors import OpenAIError
-from services.common.sse import SSEEvent, aiter_sse
+from services.common.openai.errors import OpenAIError
+from services.common.openai.sse import SSEEvent, aiter_sse
 
 
 class EngineUnavailable(Exception):

@@ -7,7 +7,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from services.common.load_report import LoadReport
+from services.common.pool.load_report import LoadReport
 
 HISTORY_POINTS = 120  # per engine: 4 minutes at the default 2 s poll interval
 

@@ -13,8 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from services.common.pod_labels import ROLE_LABEL, is_draining
-from services.common.roles import role_of_pod_label
+from services.common.pool.pod_labels import ROLE_LABEL, is_draining
+from services.common.pool.roles import role_of_pod_label
 from services.router.endpoints import EndpointSpec
 
 

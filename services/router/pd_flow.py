@@ -25,9 +25,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from services.common.errors import OpenAIError
-from services.common.kv_transfer import KVTransferParams
-from services.common.protocol_structured import CONSTRAINT_FIELDS
+from services.common.kv.kv_transfer import KVTransferParams
+from services.common.openai.errors import OpenAIError
+from services.common.openai.protocol_structured import CONSTRAINT_FIELDS
 from services.router.circuit_breaker import CircuitBreaker
 from services.router.engine_client import EngineClient, EngineStream, EngineUnavailable
 from services.router.metrics import RouterMetrics

@@ -3,8 +3,8 @@ keys, only the keys of --priority-api-key-file; a keyless router (one tenant) pa
 
 from __future__ import annotations
 
-from services.common.errors import OpenAIError
-from services.common.http_middleware import key_allowed
+from services.common.openai.errors import OpenAIError
+from services.common.openai.http_middleware import key_allowed
 from services.router.settings import RouterSettings
 
 

@@ -15,18 +15,18 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
-from services.common.chat_prompt import chat_prompt_ids, chat_top_logprobs, image_urls, video_urls
-from services.common.chat_tools import ChatPlan, ToolSettings, plan_chat
-from services.common.errors import bad_request
-from services.common.hashing import BlockHasher, BlockHashExtras, MMSpan
-from services.common.image_inputs import load_image
-from services.common.media_fetch import inline_remote
-from services.common.media_settings import MediaLimits, RemoteMedia
-from services.common.mm_placeholders import MediaPlaceholders
-from services.common.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
-from services.common.protocol_structured import CONSTRAINT_FIELDS, spec_request_fields
-from services.common.tokenizer import Tokenizer
-from services.common.video_inputs import load_video
+from services.common.kv.hashing import BlockHasher, BlockHashExtras, MMSpan
+from services.common.media.image_inputs import load_image
+from services.common.media.media_fetch import inline_remote
+from services.common.media.media_settings import MediaLimits, RemoteMedia
+from services.common.media.mm_placeholders import MediaPlaceholders
+from services.common.media.video_inputs import load_video
+from services.common.openai.chat_prompt import chat_prompt_ids, chat_top_logprobs, image_urls, video_urls
+from services.common.openai.chat_tools import ChatPlan, ToolSettings, plan_chat
+from services.common.openai.errors import bad_request
+from services.common.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from services.common.openai.protocol_structured import CONSTRAINT_FIELDS, spec_request_fields
+from services.common.openai.tokenizer import Tokenizer
 
 Kind = Literal["completion", "chat"]
 _NONE: Mapping[str, str] = MappingProxyType({})  # no fetched media

@@ -10,11 +10,11 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from services.common.chat_tools import ToolSettings, check_tool_settings
-from services.common.hashing import HASH_VERSION, BlockHasher
-from services.common.mm_placeholders import media_placeholders
-from services.common.prefix_index import AsyncPrefixIndex, PrefixMatch
-from services.common.tokenizer import Tokenizer
+from services.common.kv.hashing import HASH_VERSION, BlockHasher
+from services.common.kv.prefix_index import AsyncPrefixIndex, PrefixMatch
+from services.common.media.mm_placeholders import media_placeholders
+from services.common.openai.chat_tools import ToolSettings, check_tool_settings
+from services.common.openai.tokenizer import Tokenizer
 from services.router.accuracy.prediction_accuracy import PredictionAccuracy
 from services.router.admission.admission import Admission
 from services.router.circuit_breaker import CircuitBreaker

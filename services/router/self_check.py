@@ -8,8 +8,8 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from services.common.hashing import HASH_VERSION, BlockHasher
-from services.common.prefix_index import AsyncPrefixIndex
+from services.common.kv.hashing import HASH_VERSION, BlockHasher
+from services.common.kv.prefix_index import AsyncPrefixIndex
 from services.router.context_limit import disagreement
 from services.router.endpoints import EndpointPoller
 from services.router.engine_client import EngineClient

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.common.media_settings import MediaLimits, RemoteMedia
+from services.common.media.media_settings import MediaLimits, RemoteMedia
 from services.router.accuracy.prediction_accuracy import AccuracySettings
 from services.router.admission.admission_settings import AdmissionSettings
 from services.router.circuit_breaker import BreakerSettings

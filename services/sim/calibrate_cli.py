@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from services.common.load_report import parse_load_report
+from services.common.pool.load_report import parse_load_report
 from services.sim.timing_model import TimingModel
 from services.sim.trace import draw
 

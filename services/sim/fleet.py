@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from services.common.roles import RoleName
+from services.common.pool.roles import RoleName
 from services.router.scheduling import Endpoint
 from services.sim.sim_engine import SimEngine
 from services.sim.virtual_clock import VirtualClock

@@ -6,7 +6,7 @@ from pool_operator.autoscaler import Autoscaler, AutoscaleState
 from pool_operator.engine_metrics import EngineSample, role_signal
 from pool_operator.models import InferencePool
 from pool_operator.policy import Decision, apply_ratio_band
-from services.common.roles import RoleName
+from services.common.pool.roles import RoleName
 from services.sim.fleet import Fleet
 from services.sim.sim_engine import ITL_BOUNDS, SimEngine
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from services.common.kv_transfer import KVTransferParams
+from services.common.kv.kv_transfer import KVTransferParams
 from services.engine.core.kv_connector import FinishedTransfers, Match, TransferStats
 from services.engine.core.request import Request
 from services.sim.virtual_clock import VirtualClock

@@ -6,11 +6,11 @@ import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from services.common.hashing import HASH_VERSION, BlockHasher
-from services.common.kv_events import KVEvent
-from services.common.kv_transfer import KVTransferParams
-from services.common.prefix_index import EngineRef, PrefixIndex
-from services.common.roles import RoleName
+from services.common.kv.hashing import HASH_VERSION, BlockHasher
+from services.common.kv.kv_events import KVEvent
+from services.common.kv.kv_transfer import KVTransferParams
+from services.common.kv.prefix_index import EngineRef, PrefixIndex
+from services.common.pool.roles import RoleName
 from services.engine.core.kv_cache_manager import KVCacheManager
 from services.engine.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 from services.engine.core.request import Request

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from services.common.prefix_index import AsyncPrefixIndex, PrefixMatch
+from services.common.kv.prefix_index import AsyncPrefixIndex, PrefixMatch
 from services.router.scheduling import Endpoint, RequestContext, RouteDecision, Scheduler, SchedulingConfig
 
 

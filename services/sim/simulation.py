@@ -10,9 +10,9 @@ from typing import Literal
 import redis
 from pydantic import BaseModel, Field
 
-from services.common.kv_transfer import KVTransferParams
-from services.common.prefix_index import AsyncPrefixIndex, IndexSettings, PrefixIndex
-from services.common.roles import RoleName
+from services.common.kv.kv_transfer import KVTransferParams
+from services.common.kv.prefix_index import AsyncPrefixIndex, IndexSettings, PrefixIndex
+from services.common.pool.roles import RoleName
 from services.router.scheduling import SchedulingConfig
 from services.sim.fleet import Fleet
 from services.sim.sim_autoscaler import SimAutoscaler

@@ -14,8 +14,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from services.common.errors import OpenAIError, parse_body, unauthorized
-from services.common.protocol import (
+from services.common.openai.errors import OpenAIError, parse_body, unauthorized
+from services.common.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     ModelCard,
@@ -23,7 +23,7 @@ from services.common.protocol import (
     StreamContext,
     Usage,
 )
-from services.common.sse import SSE_CONTENT_TYPE, SSE_DONE, sse_event
+from services.common.openai.sse import SSE_CONTENT_TYPE, SSE_DONE, sse_event
 
 MODEL = "fake-model"
 

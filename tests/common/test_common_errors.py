@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.errors import (
+from services.common.openai.errors import (
     OpenAIError,
     bad_request,
     model_not_found,
@@ -15,7 +15,7 @@ from services.common.errors import (
     unauthorized,
     validation_error_response,
 )
-from services.common.protocol import ChatCompletionRequest, CompletionRequest
+from services.common.openai.protocol import ChatCompletionRequest, CompletionRequest
 
 
 @pytest.mark.parametrize(

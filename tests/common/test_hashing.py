@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common.hashing import HASH_VERSION, BlockHasher, BlockHashExtras
+from services.common.kv.hashing import HASH_VERSION, BlockHasher, BlockHashExtras
 
 TOKENS = list(range(100, 150))
 
@@ -41,7 +41,7 @@ def test_partial_block_is_rejected() -> None:
 
 def test_two_processes_compute_identical_hashes() -> None:
     code = (
-        "from services.common.hashing import BlockHasher, BlockHashExtras;"
+        "from services.common.kv.hashing import BlockHasher, BlockHashExtras;"
         f"print(','.join(h.hex() for h in BlockHasher('m', 16).hash_tokens({TOKENS!r}, BlockHashExtras(cache_salt='s'))))"
     )
     root = str(Path(__file__).resolve().parents[2])

@@ -12,10 +12,10 @@ import time
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.common.hashing import BlockHasher
-from services.common.kv_event_publisher import KVEventPublisher
-from services.common.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from services.common.prefix_index import PrefixIndex
+from services.common.kv.hashing import BlockHasher
+from services.common.kv.kv_event_publisher import KVEventPublisher
+from services.common.kv.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from services.common.kv.prefix_index import PrefixIndex
 from tests.common.test_kv_event_publisher import FAST
 from tests.redis_server import RedisServer
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from services.common.hashing import BlockHasher
-from services.common.kv_event_publisher import KVEventPublisher, PublisherSettings
-from services.common.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-from services.common.prefix_index import IndexSettings, PrefixIndex
+from services.common.kv.hashing import BlockHasher
+from services.common.kv.kv_event_publisher import KVEventPublisher, PublisherSettings
+from services.common.kv.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from services.common.kv.prefix_index import IndexSettings, PrefixIndex
 from tests.redis_server import RedisServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,9 +101,9 @@ def test_index_flushed_behind_the_publishers_back_is_repaired(
 
 CRASHING_ENGINE = """
 import sys, time
-from services.common.hashing import BlockHasher
-from services.common.kv_event_publisher import KVEventPublisher
-from services.common.kv_events import BlockStored
+from services.common.kv.hashing import BlockHasher
+from services.common.kv.kv_event_publisher import KVEventPublisher
+from services.common.kv.kv_events import BlockStored
 prompt = BlockHasher("tiny", 4).hash_tokens(list(range(64)))
 pub = KVEventPublisher(sys.argv[1], "e1", "http://e1")
 pub.publish([BlockStored(tuple(prompt), None, (), 4)])

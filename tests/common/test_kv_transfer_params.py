@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from services.common.kv_transfer import (
+from services.common.kv.kv_transfer import (
     KVAgent,
     KVCompat,
     KVHandshake,

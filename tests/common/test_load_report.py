@@ -1,12 +1,12 @@
-"""parse_load_report reads what an engine's exporter writes under the names of services.common.load_report."""
+"""parse_load_report reads what an engine's exporter writes under the names of services.common.pool.load_report."""
 
 from __future__ import annotations
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
-from services.common import load_report as lr
-from services.common.load_report import CacheConfig, LoadReport, parse_load_report
+from services.common.pool import load_report as lr
+from services.common.pool.load_report import CacheConfig, LoadReport, parse_load_report
 
 
 def _engine_page() -> str:

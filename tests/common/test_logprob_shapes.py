@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from services.common.logprob_shapes import chat_logprob_entry, chat_logprobs_from_completion, top_logprob
+from services.common.openai.logprob_shapes import (
+    chat_logprob_entry,
+    chat_logprobs_from_completion,
+    top_logprob,
+)
 
 
 def test_entry_carries_utf8_bytes_and_alternatives_in_order() -> None:

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import pytest
 from PIL import Image
 
-from services.common.image_inputs import MAX_IMAGE_PIXELS, load_image
-from services.common.media_fetch import inline_remote
-from services.common.media_settings import RemoteMedia
+from services.common.media.image_inputs import MAX_IMAGE_PIXELS, load_image
+from services.common.media.media_fetch import inline_remote
+from services.common.media.media_settings import RemoteMedia
 from tests.media_server import MediaServer
 
 

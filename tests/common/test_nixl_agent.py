@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from services.common.kv_transfer import KVTransferError
-from services.common.nixl_agent import NixlAgentConfig, make_agent, nixl_available
+from services.common.kv.kv_transfer import KVTransferError
+from services.common.kv.nixl_agent import NixlAgentConfig, make_agent, nixl_available
 
 pytestmark = pytest.mark.skipif(not nixl_available(), reason="nixl is not installed")
 

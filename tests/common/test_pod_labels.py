@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.common.pod_labels import (
+from services.common.pool.pod_labels import (
     DRAINING_ANNOTATION,
     POOL_LABEL,
     ROLE_LABEL,

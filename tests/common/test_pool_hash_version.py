@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common.hashing import HASH_VERSION, check_pool_hash_version
+from services.common.kv.hashing import HASH_VERSION, check_pool_hash_version
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,9 +10,15 @@ import time
 import pytest
 import redis
 
-from services.common.hashing import BlockHasher, BlockHashExtras
-from services.common.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-from services.common.prefix_index import AsyncPrefixIndex, EngineRef, IndexSettings, PrefixIndex, PrefixMatch
+from services.common.kv.hashing import BlockHasher, BlockHashExtras
+from services.common.kv.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from services.common.kv.prefix_index import (
+    AsyncPrefixIndex,
+    EngineRef,
+    IndexSettings,
+    PrefixIndex,
+    PrefixMatch,
+)
 from tests.redis_server import RedisServer
 
 HASHER = BlockHasher("tiny", 4)

@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.common.prom_text import scan_samples
+from services.common.pool.prom_text import scan_samples
 
 
 def _page() -> str:

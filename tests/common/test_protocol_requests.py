@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from services.common.errors import validation_error_response
-from services.common.protocol import (
+from services.common.openai.errors import validation_error_response
+from services.common.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,

@@ -7,7 +7,7 @@ import json
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from services.common.protocol import (
+from services.common.openai.protocol import (
     AssistantMessage,
     ChatChoice,
     ChatCompletionResponse,

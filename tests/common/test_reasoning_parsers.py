@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.common.reasoning_parsers import (
+from services.common.openai.reasoning_parsers import (
     REASONING_PARSERS,
     ContentDelta,
     DeepSeekR1ReasoningParser,
@@ -16,7 +16,7 @@ from services.common.reasoning_parsers import (
     ReasoningDelta,
     get_reasoning_parser,
 )
-from services.common.tool_parsers import HermesToolParser
+from services.common.openai.tool_parsers import HermesToolParser
 
 R1 = [
     # (id, text, reasoning, content): the template put "<think>\n" into the prompt

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.roles import (
+from services.common.pool.roles import (
     DECODE_ROLES,
     ENGINE_POD_ROLES,
     PREFILL_ROLES,

@@ -9,8 +9,16 @@ from collections.abc import AsyncIterator
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.common.protocol import StreamContext
-from services.common.sse import SSE_DONE, SSEEvent, SSEParser, aiter_sse, iter_sse, parse_sse, sse_event
+from services.common.openai.protocol import StreamContext
+from services.common.openai.sse import (
+    SSE_DONE,
+    SSEEvent,
+    SSEParser,
+    aiter_sse,
+    iter_sse,
+    parse_sse,
+    sse_event,
+)
 
 
 def test_sse_event_framing() -> None:

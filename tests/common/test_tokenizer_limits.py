@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from services.common.errors import OpenAIError
-from services.common.tokenizer import Tokenizer
+from services.common.openai.errors import OpenAIError
+from services.common.openai.tokenizer import Tokenizer
 
 
 def test_the_character_bound_never_refuses_a_text_that_fits(llama_dir: Path) -> None:

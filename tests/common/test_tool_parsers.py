@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.common.tool_parsers import (
+from services.common.openai.tool_parsers import (
     TOOL_PARSERS,
     ContentDelta,
     HermesToolParser,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from services.common.tokenizer import Tokenizer
-from services.common.tool_parsers import get_tool_parser
-from services.common.tool_templates import NAMES, apply_tool_template, template_path
+from services.common.openai.tokenizer import Tokenizer
+from services.common.openai.tool_parsers import get_tool_parser
+from services.common.openai.tool_templates import NAMES, apply_tool_template, template_path
 
 TOOL = {
     "type": "function",

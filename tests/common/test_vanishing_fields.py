@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from services.common.chat_prompt import chat_prompt_ids
-from services.common.errors import OpenAIError, parse_body
-from services.common.protocol import ChatCompletionRequest, CompletionRequest
-from services.common.tokenizer import Tokenizer
+from services.common.openai.chat_prompt import chat_prompt_ids
+from services.common.openai.errors import OpenAIError, parse_body
+from services.common.openai.protocol import ChatCompletionRequest, CompletionRequest
+from services.common.openai.tokenizer import Tokenizer
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]

@@ -17,8 +17,8 @@ from fastapi import FastAPI
 pytest.importorskip("nixl")
 
 from services.cli import main  # noqa: E402
-from services.common.errors import OpenAIError  # noqa: E402
-from services.common.kv_transfer import KVTransferParams  # noqa: E402
+from services.common.kv.kv_transfer import KVTransferParams  # noqa: E402
+from services.common.openai.errors import OpenAIError  # noqa: E402
 from services.decode.admission import DecodeAdmission  # noqa: E402
 from services.decode.pull_connector import PullConnector  # noqa: E402
 from services.engine.kv_transfer.nixl_transfer import NixlTransfer  # noqa: E402

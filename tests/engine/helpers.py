@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from services.common.hashing import BlockHasher
+from services.common.kv.hashing import BlockHasher
 from services.engine.core.outputs import ModelRunnerOutput, SchedulerOutput
 from services.engine.core.request import Request
 from services.engine.core.sampling_params import SamplingParams

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import kvkernels.cpu as cpu_kernels
-from services.common.protocol_structured import StructuredSpec
+from services.common.openai.protocol_structured import StructuredSpec
 from services.engine import LLM, SamplingParams
 from tests.checkpoints import build_llava, build_tokenizer
 from tests.engine.fake_cuda import fake_cuda

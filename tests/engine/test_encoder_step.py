@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.common.mm_placeholders import media_placeholders
+from services.common.media.mm_placeholders import media_placeholders
 from services.engine import LLM
 from services.engine.llm_engine import LLMEngine
 from tests.checkpoints_idefics3 import build_idefics3

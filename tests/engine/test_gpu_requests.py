@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.common.protocol_structured import StructuredSpec
+from services.common.openai.protocol_structured import StructuredSpec
 from services.engine import LLM, SamplingParams
 from services.engine.worker.cuda_graphs import DecodeGraphs
 

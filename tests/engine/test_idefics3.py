@@ -11,9 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from services.common.idefics3_processor import Idefics3ImageProcessor
-from services.common.mm_placeholders import media_placeholders
-from services.common.tokenizer import Tokenizer
+from services.common.media.idefics3_processor import Idefics3ImageProcessor
+from services.common.media.mm_placeholders import media_placeholders
+from services.common.openai.tokenizer import Tokenizer
 from services.engine import LLM, SamplingParams
 from tests.checkpoints_idefics3 import build_idefics3
 

@@ -14,8 +14,8 @@ import openai
 import pytest
 from PIL import Image
 
-from services.common.tokenizer import Tokenizer
-from services.common.video_inputs import decode_video
+from services.common.media.video_inputs import decode_video
+from services.common.openai.tokenizer import Tokenizer
 from services.engine import LLM, SamplingParams
 from tests.checkpoints_idefics3 import build_idefics3
 from tests.engine.entrypoints.helpers import MODEL

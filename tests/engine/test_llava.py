@@ -11,8 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-from services.common.image_processor import ImageProcessor
-from services.common.video_inputs import VideoClip
+from services.common.media.image_processor import ImageProcessor
+from services.common.media.video_inputs import VideoClip
 from services.engine import LLM, SamplingParams
 from tests.checkpoints import build_llava
 

@@ -13,7 +13,7 @@ import openai
 import pytest
 from PIL import Image
 
-from services.common.tokenizer import Tokenizer
+from services.common.openai.tokenizer import Tokenizer
 from services.engine import LLM, SamplingParams
 from tests.checkpoints import build_llava
 from tests.engine.entrypoints.helpers import MODEL

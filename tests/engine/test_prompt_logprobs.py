@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.common.kv_transfer import KVTransferParams
+from services.common.kv.kv_transfer import KVTransferParams
 from services.engine import LLM, SamplingParams
 
 PROMPTS = [[42], [5, 17, 33, 101, 7, 250], list(range(3, 73)), [(7 * i) % 240 + 1 for i in range(150)]]

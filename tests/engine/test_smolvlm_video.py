@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from services.common.idefics3_processor import Idefics3ImageProcessor
-from services.common.mm_placeholders import media_placeholders
-from services.common.tokenizer import Tokenizer
-from services.common.video_inputs import VideoClip, VideoSampling, decode_video
+from services.common.media.idefics3_processor import Idefics3ImageProcessor
+from services.common.media.mm_placeholders import media_placeholders
+from services.common.media.video_inputs import VideoClip, VideoSampling, decode_video
+from services.common.openai.tokenizer import Tokenizer
 from services.engine import LLM, SamplingParams
 from tests.checkpoints_idefics3 import VIDEO_SAMPLING, build_idefics3
 from tests.videos import clip_bytes

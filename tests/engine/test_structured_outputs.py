@@ -13,7 +13,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from services.common.protocol_structured import StructuredSpec
+from services.common.openai.protocol_structured import StructuredSpec
 from services.engine import LLM, SamplingParams
 from tests.checkpoints import token_bytes
 

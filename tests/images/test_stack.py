@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from services.common.prom_text import scan_samples
+from services.common.pool.prom_text import scan_samples
 from tests.engine.entrypoints.helpers import MODEL, free_port
 from tests.images.containers import Container, Mount, pod_run, wait_until
 

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("grpc")  # the kvstore extra
 
-from services.common.hashing import BlockHasher  # noqa: E402
+from services.common.kv.hashing import BlockHasher  # noqa: E402
 from services.kvstore.block_store import BlockStore  # noqa: E402
 from services.kvstore.slab import SlabArena  # noqa: E402
 

@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("grpc")  # the kvstore extra
 
-from services.common.hashing import BlockHasher  # noqa: E402
-from services.common.kvstore_client import KVStoreClient, KVStoreUnavailable  # noqa: E402
+from services.common.kv.hashing import BlockHasher  # noqa: E402
+from services.common.kv.kvstore_client import KVStoreClient, KVStoreUnavailable  # noqa: E402
 from tests.kvstore_server import running_kvstore  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,7 +49,7 @@ def test_roundtrip_in_batches(kvstore: str) -> None:
 
 
 def test_get_streams_about_batch_bytes_per_message(kvstore: str) -> None:
-    from services.common.proto import kvstore_pb2, kvstore_pb2_grpc
+    from services.common.kv.proto import kvstore_pb2, kvstore_pb2_grpc
 
     hashes, toks = _prompt(20, offset=10_000)
     with KVStoreClient(kvstore) as client:

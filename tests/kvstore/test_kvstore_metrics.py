@@ -12,7 +12,7 @@ httpx = pytest.importorskip("httpx")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from services.common.kvstore_client import KVStoreClient, KVStoreUnavailable  # noqa: E402
+from services.common.kv.kvstore_client import KVStoreClient, KVStoreUnavailable  # noqa: E402
 from tests.kvstore_server import KVStoreProcess, kvstore_process  # noqa: E402
 
 BLOCK_SIZE = 16

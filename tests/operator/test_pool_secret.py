@@ -14,7 +14,7 @@ from pool_operator.pool_secret import MOUNT_DIR, SECRET_FILE
 from pool_operator.poolfile import parse_pool
 from pool_operator.render import PoolRenderer
 from services.cli import build_parser
-from services.common.pod_labels import APPLIED_HASH_ANNOTATION
+from services.common.pool.pod_labels import APPLIED_HASH_ANNOTATION
 from tests.operator.cluster import Cluster, wait_for
 from tests.operator.conftest import OperatorProcess, load_example
 from tests.operator.test_crd import MINORS

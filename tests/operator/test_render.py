@@ -12,8 +12,8 @@ from pool_operator.images import ImageSet
 from pool_operator.poolfile import parse_pool
 from pool_operator.render import PoolRenderer, manifest_key
 from services.cli import main as kvferry
-from services.common.hashing import HASH_VERSION
-from services.common.pod_labels import APPLIED_HASH_ANNOTATION, DRAINING_ANNOTATION
+from services.common.kv.hashing import HASH_VERSION
+from services.common.pool.pod_labels import APPLIED_HASH_ANNOTATION, DRAINING_ANNOTATION
 from tests.operator.conftest import EXAMPLES, REPO, load_example
 from tests.operator.test_crd import MINORS
 

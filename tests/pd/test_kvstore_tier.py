@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.common.hashing import BlockHasher
-from services.common.kvstore_client import KVStoreClient
-from services.common.prom_text import scan_samples
+from services.common.kv.hashing import BlockHasher
+from services.common.kv.kvstore_client import KVStoreClient
+from services.common.pool.prom_text import scan_samples
 from tests.engine.entrypoints.helpers import MODEL, free_port
 from tests.engine_harness import start_in_process
 from tests.kvstore_server import KVStoreProcess, kvstore_process, running_kvstore
@@ -115,7 +115,7 @@ def test_engine_keeps_serving_when_the_store_is_down(llama_dir: Path) -> None:
 
 
 def test_kvstore_reports_its_blocks_to_the_prefix_index(llama_dir: Path, redis_server) -> None:  # noqa: F811
-    from services.common.prefix_index import PrefixIndex
+    from services.common.kv.prefix_index import PrefixIndex
     from services.router.scheduling.context import RequestContext
     from services.router.scheduling.endpoint import Endpoint
 
@@ -149,7 +149,7 @@ def test_failed_nixl_read_from_the_store_is_counted_and_recomputed(
 ) -> None:
     """A READ that cannot start, or ends in error, leaves only the local hit: the request computes the
     rest itself (tokens unchanged), the failure is counted once, and the next fetch goes over gRPC."""
-    from services.common.kv_transfer import KVTransferError
+    from services.common.kv.kv_transfer import KVTransferError
     from services.engine import LLM, SamplingParams
     from services.engine.kv_transfer.nixl_transfer import TransferState
 

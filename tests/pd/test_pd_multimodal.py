@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from services.common.tokenizer import Tokenizer
+from services.common.openai.tokenizer import Tokenizer
 from tests.checkpoints_idefics3 import build_idefics3
 from tests.engine.entrypoints.helpers import MODEL, EngineEndpoint
 from tests.engine.test_idefics3_http import _image_url

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from services.common.sse import aiter_sse
+from services.common.openai.sse import aiter_sse
 
 BAD_BODIES = [
     b'{"model": "MODEL", "prompt": "hi", "temperature": -1}',

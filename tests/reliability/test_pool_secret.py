@@ -12,9 +12,9 @@ import pytest
 
 from services.cli import build_parser
 from services.cli import main as kvferry
-from services.common.kv_transfer import HANDSHAKE_PATH
-from services.common.kvstore_client import KVStoreClient, KVStoreUnavailable
-from services.common.pool_secret import POOL_SECRET_HEADER, read_pool_secret
+from services.common.kv.kv_transfer import HANDSHAKE_PATH
+from services.common.kv.kvstore_client import KVStoreClient, KVStoreUnavailable
+from services.common.pool.pool_secret import POOL_SECRET_HEADER, read_pool_secret
 from services.engine.entrypoints.cli import ServeError, build
 from services.serve_cli import ROLE_FACTORIES
 from tests.engine.entrypoints.helpers import MODEL

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.common.sse import aiter_sse
+from services.common.openai.sse import aiter_sse
 from tests.engine.entrypoints.helpers import MODEL
 from tests.engine_harness import InProcessEngine, start_in_process
 from tests.router.stack import RouterProcess, start_router

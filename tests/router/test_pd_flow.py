@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
-from services.common.errors import OpenAIError
+from services.common.openai.errors import OpenAIError
 from services.router.engine_client import EngineClient
 from services.router.metrics import RouterMetrics
 from services.router.pd_flow import Dispatched, PDFlow

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from services.common.load_report import LoadReport
-from services.common.prefix_index import PrefixMatch
-from services.common.protocol import CompletionRequest
+from services.common.kv.prefix_index import PrefixMatch
+from services.common.openai.protocol import CompletionRequest
+from services.common.pool.load_report import LoadReport
 from services.router.app import build_app
 from services.router.decision_log import DecisionLog
 from services.router.endpoints import EndpointSpec

@@ -9,7 +9,7 @@ import logging
 import pytest
 from prometheus_client import CollectorRegistry
 
-from services.common.prefix_index import PrefixMatch
+from services.common.kv.prefix_index import PrefixMatch
 from services.router.accuracy.prediction_accuracy import AccuracySettings, PredictionAccuracy
 from services.router.scheduling import RequestContext, Scheduler, SchedulingConfig
 from services.router.scheduling.endpoint import Endpoint, EndpointLoad

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from services.common.sse import iter_sse
+from services.common.openai.sse import iter_sse
 from tests.engine.entrypoints.helpers import MODEL
 from tests.engine_harness import start_in_process
 from tests.router.stack import start_router

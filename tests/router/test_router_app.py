@@ -14,8 +14,8 @@ import httpx
 import openai
 import pytest
 
-from services.common.hashing import BlockHasher
-from services.common.prefix_index import PrefixIndex
+from services.common.kv.hashing import BlockHasher
+from services.common.kv.prefix_index import PrefixIndex
 from tests.engine.entrypoints.helpers import MODEL, ServerProcess
 from tests.redis_server import RedisServer
 from tests.router.stack import BLOCK, RouterProcess, start_router

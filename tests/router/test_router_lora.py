@@ -9,9 +9,9 @@ import httpx
 import openai
 import pytest
 
-from services.common.hashing import BlockHasher
-from services.common.protocol import CompletionRequest
-from services.common.tokenizer import Tokenizer
+from services.common.kv.hashing import BlockHasher
+from services.common.openai.protocol import CompletionRequest
+from services.common.openai.tokenizer import Tokenizer
 from services.router.prompt import PromptPreparer
 from tests.engine.entrypoints.helpers import MODEL
 from tests.engine.worker.lora.test_lora import ADAPTERS, _write_adapter

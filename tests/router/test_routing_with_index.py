@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import random
 
-from services.common.hashing import BlockHasher
-from services.common.kv_event_publisher import KVEventPublisher, PublisherSettings
-from services.common.kv_events import BlockStored
-from services.common.prefix_index import AsyncPrefixIndex
+from services.common.kv.hashing import BlockHasher
+from services.common.kv.kv_event_publisher import KVEventPublisher, PublisherSettings
+from services.common.kv.kv_events import BlockStored
+from services.common.kv.prefix_index import AsyncPrefixIndex
 from services.router.scheduling import Endpoint, EndpointLoad, RequestContext, Scheduler
 from tests.redis_server import RedisServer
 

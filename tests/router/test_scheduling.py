@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from services.common.prefix_index import PrefixMatch
+from services.common.kv.prefix_index import PrefixMatch
 from services.router.scheduling import (
     Endpoint,
     EndpointLoad,

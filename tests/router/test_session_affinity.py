@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.common.load_report import CacheConfig
-from services.common.prefix_index import PrefixMatch
+from services.common.kv.prefix_index import PrefixMatch
+from services.common.pool.load_report import CacheConfig
 from services.router.responses.response_store import MemoryKeyValue
 from services.router.scheduling import RequestContext, Scheduler
 from services.router.scheduling.endpoint import Endpoint, EndpointLoad

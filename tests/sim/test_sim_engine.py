@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from services.common.hashing import HASH_VERSION, BlockHasher
-from services.common.kv_events import KVEvent
+from services.common.kv.hashing import HASH_VERSION, BlockHasher
+from services.common.kv.kv_events import KVEvent
 from services.engine.core.config import EngineConfig
 from services.engine.core.sampling_params import SamplingParams
 from services.engine.llm_engine import LLMEngine

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from services.common.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from services.common.kv.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 
 class KVCacheBlock:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from services.common.kv_transfer import KVTransferParams
+from services.common.kv.kv_transfer import KVTransferParams
 from services.engine.core.mm_input import MMInput
 from services.engine.core.pooling_params import PoolingParams
 from services.engine.core.sampling_params import SamplingParams

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from services.common.kv_transfer import KVTransferParams
+from services.common.kv.kv_transfer import KVTransferParams
 from services.engine.core.request import Request
 
 Match = tuple[int, bool]  # (num_external_tokens, load_async)

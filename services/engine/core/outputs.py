@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from services.common.protocol_common import FinishReason
+from services.common.openai.protocol_common import FinishReason
 from services.engine.core.mm_input import MMInput
 from services.engine.core.pooling_params import PoolingParams
 from services.engine.core.sampling_params import SamplingParams

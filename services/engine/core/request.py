@@ -8,8 +8,8 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Protocol
 
-from services.common.kv_transfer import KVTransferParams
-from services.common.protocol_common import FinishReason
+from services.common.kv.kv_transfer import KVTransferParams
+from services.common.openai.protocol_common import FinishReason
 from services.engine.core.engine_request import EngineRequest
 from services.engine.core.mm_input import MMInput
 from services.engine.core.outputs import Logprobs

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from services.common.protocol_structured import StructuredOutputs, StructuredSpec
+from services.common.openai.protocol_structured import StructuredOutputs, StructuredSpec
 
 
 class SamplingParams(BaseModel):

@@ -11,12 +11,15 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from services.common.chat_tools import ToolSettings, check_tool_settings
-from services.common.errors import not_ready
-from services.common.http_middleware import RequestContextMiddleware, install_error_handlers
-from services.common.openapi_doc import document_answers
-from services.common.pool_secret import SideChannelAuth
-from services.common.protocol import (
+from services.common.openai.chat_tools import ToolSettings, check_tool_settings
+from services.common.openai.errors import not_ready
+from services.common.openai.http_middleware import (
+    RequestContextMiddleware,
+    SideChannelAuth,
+    install_error_handlers,
+)
+from services.common.openai.openapi_doc import document_answers
+from services.common.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -25,7 +28,7 @@ from services.common.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from services.common.protocol_embeddings import EmbeddingRequest, EmbeddingResponse
+from services.common.openai.protocol_embeddings import EmbeddingRequest, EmbeddingResponse
 from services.engine.async_llm import AsyncLLM
 from services.engine.entrypoints.lifecycle import ServerState, warm_up
 from services.engine.entrypoints.metrics import CONTENT_TYPE, ServerMetrics

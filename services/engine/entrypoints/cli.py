@@ -20,18 +20,18 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
-from services.common.chat_tools import ToolSettings, check_tool_settings, read_chat_template
-from services.common.errors import config_problem
-from services.common.hashing import check_pool_hash_version
-from services.common.http_protocol import HeaderDeadlineH11
-from services.common.pool_secret import describe, read_pool_secret
-from services.common.tool_templates import apply_tool_template
+from services.common.kv.hashing import check_pool_hash_version
+from services.common.openai.chat_tools import ToolSettings, check_tool_settings, read_chat_template
+from services.common.openai.errors import config_problem
+from services.common.openai.http_protocol import HeaderDeadlineH11
+from services.common.openai.tool_templates import apply_tool_template
+from services.common.pool.pool_secret import describe, read_pool_secret
 from services.engine.entrypoints.serve_flags import add_lora_flags, add_pool_flags, add_serving_flags
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from services.common.kv_event_publisher import KVEventPublisher
+    from services.common.kv.kv_event_publisher import KVEventPublisher
     from services.engine.core.config import EngineConfig
     from services.engine.core.spec_config import SpeculativeConfig
     from services.engine.entrypoints.role import EngineRole
@@ -136,7 +136,7 @@ def _api_key(args: argparse.Namespace) -> str | None:
 
 
 def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
-    from services.common.media_settings import media_limits, remote_media_from_args
+    from services.common.media.media_settings import media_limits, remote_media_from_args
     from services.engine.core.config import EngineConfig
     from services.engine.entrypoints.serving import ServerSettings
 
@@ -234,7 +234,7 @@ def advertised_url(host: str, port: int, explicit: str | None = None) -> str:
 def _publisher(args: argparse.Namespace) -> KVEventPublisher | None:
     if not args.redis_url:
         return None
-    from services.common.kv_event_publisher import KVEventPublisher
+    from services.common.kv.kv_event_publisher import KVEventPublisher
 
     url = advertised_url(args.host, args.port, args.advertise_url)
     engine_id = args.engine_id or os.environ.get("POD_NAME") or url.removeprefix("http://")

@@ -7,9 +7,9 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from services.common.errors import OpenAIError, bad_request
-from services.common.kv_transfer import KVTransferParams
-from services.common.protocol_common import Usage
+from services.common.kv.kv_transfer import KVTransferParams
+from services.common.openai.errors import OpenAIError, bad_request
+from services.common.openai.protocol_common import Usage
 from services.engine.async_llm import EngineDeadError
 from services.engine.core.engine_request import EngineRequest
 from services.engine.core.mm_input import MMInput

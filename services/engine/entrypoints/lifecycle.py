@@ -12,8 +12,8 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from services.common.errors import OpenAIError, not_ready
-from services.common.sse import SSE_CONTENT_TYPE
+from services.common.openai.errors import OpenAIError, not_ready
+from services.common.openai.sse import SSE_CONTENT_TYPE
 from services.engine.async_llm import AsyncLLM
 from services.engine.core.pooling_params import PoolingParams
 from services.engine.core.sampling_params import SamplingParams

@@ -9,8 +9,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, Info, gener
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from services.common import load_report as lr
-from services.common.hashing import HASH_VERSION
+from services.common.kv.hashing import HASH_VERSION
+from services.common.pool import load_report as lr
 from services.engine.async_llm import EngineStats, LoRAStats
 from services.engine.core.spec_stats import SpecDecodingStats
 

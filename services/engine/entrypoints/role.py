@@ -12,9 +12,9 @@ from typing import Any, Protocol
 from fastapi import APIRouter
 from pydantic import ValidationError
 
-from services.common.errors import OpenAIError, bad_request
-from services.common.kv_transfer import KVIncompatibleError, KVTransferParams
-from services.common.roles import RoleName
+from services.common.kv.kv_transfer import KVIncompatibleError, KVTransferParams
+from services.common.openai.errors import OpenAIError, bad_request
+from services.common.pool.roles import RoleName
 from services.engine.core.kv_connector import KVConnector
 from services.engine.kv_transfer.context import KVTransferContext, aggregated_connectors
 

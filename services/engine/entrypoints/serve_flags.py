@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from services.common.roles import RoleName, parse_role_name
-from services.common.tool_templates import add_tool_template_flag
+from services.common.openai.tool_templates import add_tool_template_flag
+from services.common.pool.roles import RoleName, parse_role_name
 
 
 def _role(value: str) -> RoleName:
@@ -102,7 +102,7 @@ def add_lora_flags(add: Callable[..., object]) -> None:
         default=None,
         help="vision models: a folder whose files image_url parts may name as file:// URLs (default: none)",
     )
-    from services.common.media_settings import add_media_flags
+    from services.common.media.media_settings import add_media_flags
 
     add_media_flags(add)
 

@@ -9,11 +9,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from services.common.chat_tools import ToolSettings
-from services.common.errors import OpenAIError, bad_request, model_not_found, not_ready
-from services.common.media_settings import MediaLimits, RemoteMedia
-from services.common.protocol_common import SamplingRequest
-from services.common.protocol_structured import StructuredSpec
+from services.common.media.media_settings import MediaLimits, RemoteMedia
+from services.common.openai.chat_tools import ToolSettings
+from services.common.openai.errors import OpenAIError, bad_request, model_not_found, not_ready
+from services.common.openai.protocol_common import SamplingRequest
+from services.common.openai.protocol_structured import StructuredSpec
 from services.engine.async_llm import AsyncLLM
 from services.engine.core.sampling_params import SamplingParams
 from services.engine.entrypoints.lifecycle import ServerState

@@ -9,20 +9,20 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from services.common.chat_prompt import chat_prompt_ids, chat_top_logprobs, image_urls, video_urls
-from services.common.chat_tools import ChatDeltas, ChatPlan, finish_reason, plan_chat
-from services.common.errors import OpenAIError
-from services.common.protocol_chat import (
+from services.common.openai.chat_prompt import chat_prompt_ids, chat_top_logprobs, image_urls, video_urls
+from services.common.openai.chat_tools import ChatDeltas, ChatPlan, finish_reason, plan_chat
+from services.common.openai.errors import OpenAIError
+from services.common.openai.protocol_chat import (
     AssistantMessage,
     ChatChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatLogprobs,
 )
-from services.common.protocol_common import PromptLogprobs
-from services.common.protocol_stream import StreamContext
-from services.common.protocol_tools import ToolCall
-from services.common.sse import SSE_DONE, sse_event
+from services.common.openai.protocol_common import PromptLogprobs
+from services.common.openai.protocol_stream import StreamContext
+from services.common.openai.protocol_tools import ToolCall
+from services.common.openai.sse import SSE_DONE, sse_event
 from services.engine.entrypoints.generation import Generation, RequestOptions
 from services.engine.entrypoints.lifecycle import SSEResponse, cancel_on_disconnect
 from services.engine.entrypoints.serving import OutputShape, ServingContext, checked_constraint, fan_out

@@ -9,15 +9,15 @@ from dataclasses import dataclass
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from services.common.errors import OpenAIError, bad_request
-from services.common.protocol_completions import (
+from services.common.openai.errors import OpenAIError, bad_request
+from services.common.openai.protocol_completions import (
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
     CompletionStreamResponse,
 )
-from services.common.protocol_stream import StreamContext
-from services.common.sse import SSE_DONE, sse_event
+from services.common.openai.protocol_stream import StreamContext
+from services.common.openai.sse import SSE_DONE, sse_event
 from services.engine.core.outputs import Logprobs
 from services.engine.entrypoints.generation import Generation, RequestOptions
 from services.engine.entrypoints.lifecycle import SSEResponse, cancel_on_disconnect

@@ -7,8 +7,8 @@ import base64
 import struct
 from collections.abc import Sequence
 
-from services.common.errors import bad_request
-from services.common.protocol_embeddings import (
+from services.common.openai.errors import bad_request
+from services.common.openai.protocol_embeddings import (
     EmbeddingData,
     EmbeddingRequest,
     EmbeddingResponse,

@@ -8,11 +8,11 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from services.common.errors import bad_request
-from services.common.image_inputs import load_image
-from services.common.media_fetch import inline_remote
-from services.common.media_settings import Kind, RemoteMedia
-from services.common.video_inputs import load_video
+from services.common.media.image_inputs import load_image
+from services.common.media.media_fetch import inline_remote
+from services.common.media.media_settings import Kind, RemoteMedia
+from services.common.media.video_inputs import load_video
+from services.common.openai.errors import bad_request
 from services.engine.core.mm_input import MMInput
 from services.engine.entrypoints.serving import ServingContext
 from services.engine.llm_engine import LLMEngine

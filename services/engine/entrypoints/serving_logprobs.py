@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from services.common.logprob_shapes import chat_logprob_entry
-from services.common.protocol_chat import ChatLogprobs
-from services.common.protocol_common import PromptLogprob, PromptLogprobs
-from services.common.protocol_completions import CompletionLogprobs
-from services.common.tokenizer import Tokenizer
+from services.common.openai.logprob_shapes import chat_logprob_entry
+from services.common.openai.protocol_chat import ChatLogprobs
+from services.common.openai.protocol_common import PromptLogprob, PromptLogprobs
+from services.common.openai.protocol_completions import CompletionLogprobs
+from services.common.openai.tokenizer import Tokenizer
 from services.engine.core.outputs import Logprobs
 
 

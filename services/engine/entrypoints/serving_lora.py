@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.common.errors import OpenAIError, bad_request
+from services.common.openai.errors import OpenAIError, bad_request
 from services.engine.entrypoints.serving import ServingContext
 
 

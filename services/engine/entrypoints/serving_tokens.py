@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.common.chat_prompt import detokenize_response, tokenize_response
-from services.common.protocol import (
+from services.common.openai.chat_prompt import detokenize_response, tokenize_response
+from services.common.openai.protocol import (
     DetokenizeRequest,
     DetokenizeResponse,
     ModelCard,

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from services.common.kv_events import KVEvent
-from services.common.kv_transfer import KVCompat
+from services.common.kv.kv_events import KVEvent
+from services.common.kv.kv_transfer import KVCompat
 from services.engine.core.config import EngineConfig
 from services.engine.core.kv_connector import KVConnector, TransferStats
 

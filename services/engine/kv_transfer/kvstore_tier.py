@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from services.common.kv_transfer import KVTransferError
-from services.common.kvstore_client import KVStoreClient, KVStoreUnavailable
+from services.common.kv.kv_transfer import KVTransferError
+from services.common.kv.kvstore_client import KVStoreClient, KVStoreUnavailable
 from services.engine.kv_transfer.block_bytes import BlockBytes, LocalBlocks
 
 if TYPE_CHECKING:

@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from services.common.kv_transfer import KVAgent, KVCompat, KVHandshake, KVTransferError
-from services.common.nixl_agent import NixlAgentConfig, make_agent, nixl_available, nixl_bindings
+from services.common.kv.kv_transfer import KVAgent, KVCompat, KVHandshake, KVTransferError
+from services.common.kv.nixl_agent import NixlAgentConfig, make_agent, nixl_available, nixl_bindings
 
 __all__ = ["BlockTransfer", "NixlConfig", "NixlTransfer", "TransferHandle", "TransferState", "nixl_available"]
 

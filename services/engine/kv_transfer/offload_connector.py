@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from services.common.kv_events import BlockRemoved, BlockStored, KVEvent, Tier
-from services.common.kv_transfer import KVTransferParams
+from services.common.kv.kv_events import BlockRemoved, BlockStored, KVEvent, Tier
+from services.common.kv.kv_transfer import KVTransferParams
 from services.engine.core.kv_connector import FinishedTransfers, Match, TransferStats
 from services.engine.core.request import Request
 from services.engine.kv_transfer.host_tier import HostKVTier

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from services.common.kv_transfer import KVAgent, KVCompat, KVTransferError
+from services.common.kv.kv_transfer import KVAgent, KVCompat, KVTransferError
 
 log = logging.getLogger(__name__)
 

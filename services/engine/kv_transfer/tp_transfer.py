@@ -14,7 +14,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
-from services.common.kv_transfer import KVHandshake, KVTransferError
+from services.common.kv.kv_transfer import KVHandshake, KVTransferError
 from services.engine.kv_transfer.nixl_transfer import NixlTransfer, TransferHandle, TransferState
 from services.engine.kv_transfer.rank_transfer import RankTransferClient
 

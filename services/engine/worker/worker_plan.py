@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.common.mm_placeholders import media_placeholders
+from services.common.media.mm_placeholders import media_placeholders
 from services.engine.core.config import EngineConfig
 from services.engine.core.encoder_cache_manager import EncoderCacheManager
 from services.engine.worker.attention import select_backend

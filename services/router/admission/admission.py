@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 from fastapi import Request
 from prometheus_client import CollectorRegistry
 
-from services.common.errors import OpenAIError, bad_request
+from services.common.openai.errors import OpenAIError, bad_request
 from services.router.admission.admission_metrics import AdmissionMetrics
 from services.router.admission.admission_settings import AdmissionSettings
 from services.router.admission.fair_queue import QueueItem

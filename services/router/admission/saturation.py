@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.common.roles import DECODE_ROLES
+from services.common.pool.roles import DECODE_ROLES
 from services.router.admission.tenants import Band
 from services.router.scheduling.endpoint import Endpoint
 from services.router.scheduling.filters import eligible

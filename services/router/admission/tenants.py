@@ -20,8 +20,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from services.common.errors import config_problem
-from services.common.http_middleware import tenant_of
+from services.common.openai.errors import config_problem
+from services.common.openai.http_middleware import tenant_of
 
 
 class Band(enum.IntEnum):

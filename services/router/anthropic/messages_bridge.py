@@ -6,7 +6,7 @@ import json
 import secrets
 from typing import Any
 
-from services.common.errors import bad_request
+from services.common.openai.errors import bad_request
 from services.router.anthropic.messages_protocol import (
     ImageBlock,
     MessagesRequest,

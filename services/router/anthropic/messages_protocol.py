@@ -6,8 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag
 
-from services.common.protocol_common import RequestModel
-from services.common.protocol_tools import ToolName
+from services.common.openai.protocol_common import RequestModel
+from services.common.openai.protocol_tools import ToolName
 
 
 class TextBlock(RequestModel):

@@ -7,7 +7,7 @@ from collections.abc import AsyncGenerator
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from services.common.sse import SSE_CONTENT_TYPE
+from services.common.openai.sse import SSE_CONTENT_TYPE
 from services.router.anthropic import messages_bridge as mb
 from services.router.anthropic.messages_protocol import MessagesRequest
 from services.router.anthropic.messages_stream import MessagesStream, sse

@@ -13,9 +13,9 @@ import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from services.common.errors import bad_request, model_not_found, parse_body, unauthorized
-from services.common.http_middleware import tenant_of
-from services.common.protocol import ChatCompletionRequest, CompletionRequest
+from services.common.openai.errors import bad_request, model_not_found, parse_body, unauthorized
+from services.common.openai.http_middleware import tenant_of
+from services.common.openai.protocol import ChatCompletionRequest, CompletionRequest
 from services.router.admission.admission import BAND_HEADER, Lease
 from services.router.context_limit import check_prompt_fits
 from services.router.epp.addresses import endpoint_address

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 
-from services.common.errors import OpenAIError, server_error
+from services.common.openai.errors import OpenAIError, server_error
 from services.router.admission.admission import Lease
 from services.router.epp.endpoint_picker import EndpointPicker
 from services.router.epp.gie_protocol import (

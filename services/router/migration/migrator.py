@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter
 
-from services.common.protocol_structured import CONSTRAINT_FIELDS
+from services.common.openai.protocol_structured import CONSTRAINT_FIELDS
 from services.router.migration.migration_settings import MigrationSettings
 from services.router.migration.splice import Splice
 from services.router.prompt import PreparedRequest

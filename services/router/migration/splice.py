@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.common.sse import SSEEvent
-from services.common.tokenizer import Tokenizer
+from services.common.openai.sse import SSEEvent
+from services.common.openai.tokenizer import Tokenizer
 from services.router.migration.stop_carry import StopCarry
 
 _CONTEXT = 5  # prompt tokens the engines decode as context of the first output token (as the engines do)

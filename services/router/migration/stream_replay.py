@@ -16,8 +16,8 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from services.common.hashing import BlockHashExtras
-from services.common.sse import SSEEvent
+from services.common.kv.hashing import BlockHashExtras
+from services.common.openai.sse import SSEEvent
 from services.router.engine_client import EngineStream, EngineUnavailable
 from services.router.migration.splice import Splice
 from services.router.prompt import PreparedRequest

@@ -7,7 +7,7 @@ import secrets
 import time
 from typing import Any
 
-from services.common.errors import OpenAIError, bad_request
+from services.common.openai.errors import OpenAIError, bad_request
 from services.router.responses.response_protocol import InputItem, MessageItem, ResponsesRequest
 
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}

@@ -10,8 +10,8 @@ import redis.asyncio as aioredis
 from fastapi import APIRouter, Query, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from services.common.errors import OpenAIError, bad_request
-from services.common.sse import SSE_CONTENT_TYPE
+from services.common.openai.errors import OpenAIError, bad_request
+from services.common.openai.sse import SSE_CONTENT_TYPE
 from services.router.chat_adapter import ChatAdapter
 from services.router.chat_dispatch import dispatch_chat
 from services.router.engine_client import EngineUnavailable

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from services.common.pool_secret import read_pool_secret
+from services.common.pool.pool_secret import read_pool_secret
 
 
 class ResponsesSettings(BaseModel):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from services.common.prefix_index import PrefixMatch
+from services.common.kv.prefix_index import PrefixMatch
 from services.router.scheduling.endpoint import Endpoint, normalize_url
 
 

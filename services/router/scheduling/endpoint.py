@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
-from services.common.load_report import CacheConfig
-from services.common.roles import RoleName
+from services.common.pool.load_report import CacheConfig
+from services.common.pool.roles import RoleName
 
 __all__ = ["CacheConfig", "Endpoint", "EndpointLoad", "Role", "normalize_url"]
 
-Role: TypeAlias = RoleName  # one spelling of the engine roles: services.common.roles
+Role: TypeAlias = RoleName  # one spelling of the engine roles: services.common.pool.roles
 
 
 def normalize_url(url: str) -> str:

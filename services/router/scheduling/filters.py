@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Sequence
 
-from services.common.roles import DECODE_ROLES, PREFILL_ROLES
+from services.common.pool.roles import DECODE_ROLES, PREFILL_ROLES
 from services.router.scheduling.endpoint import Endpoint, Role, normalize_url
 
 __all__ = [

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 import httpx
 import redis.asyncio as aioredis
 
-from services.common.load_report import parse_load_report
+from services.common.pool.load_report import parse_load_report
 from services.router.sessions.session_affinity import LIMIT_KEY
 
 _WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet")

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
-from services.common.http_middleware import key_allowed, presented_key
+from services.common.openai.http_middleware import key_allowed, presented_key
 from services.router.decision_log import DECISIONS_KEPT
 from services.router.router_state import RouterState
 from services.router.ui.pool_view import DECISIONS_SHOWN, PoolView, pool_view

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from services.common.kv_transfer import KVTransferParams
+from services.common.kv.kv_transfer import KVTransferParams
 from services.engine.core.kv_connector import FinishedTransfers, Match, TransferStats
 from services.engine.core.request import Request
 

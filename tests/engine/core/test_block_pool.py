@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from services.common.kv.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from services.engine.core.block_pool import BlockPool
 from services.engine.core.kv_cache_manager import KVCacheManager
 from services.engine.core.request import InvalidTransition, RequestStatus
@@ -48,7 +48,7 @@ def test_prefix_hit_reuses_blocks_and_never_covers_last_token() -> None:
 
 
 def _salt(s: str):
-    from services.common.hashing import BlockHashExtras
+    from services.common.kv.hashing import BlockHashExtras
 
     return BlockHashExtras(cache_salt=s)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.common.kv_transfer import KVTransferParams
+from services.common.kv.kv_transfer import KVTransferParams
 from services.engine.core.kv_cache_manager import KVCacheManager
 from services.engine.core.kv_connector import MultiConnector, NullConnector, compose
 from services.engine.core.request import RequestStatus

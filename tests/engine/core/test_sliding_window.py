@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.common.kv_transfer import KVTransferParams
+from services.common.kv.kv_transfer import KVTransferParams
 from services.engine.core.kv_cache_manager import KVCacheManager
 from services.engine.core.request import RequestStatus
 from services.engine.core.scheduler import Scheduler, SchedulerConfig

@@ -7,7 +7,7 @@ import asyncio
 import httpx
 import pytest
 
-from services.common.sse import aiter_sse
+from services.common.openai.sse import aiter_sse
 from tests.engine.entrypoints.helpers import ServerProcess
 
 RUNNING, WAITING, USAGE = (

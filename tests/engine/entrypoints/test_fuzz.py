@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from services.common.protocol import ChatCompletionResponse, CompletionResponse
-from services.common.sse import parse_sse
+from services.common.openai.protocol import ChatCompletionResponse, CompletionResponse
+from services.common.openai.sse import parse_sse
 from tests.engine.entrypoints.helpers import MODEL, start_server
 
 JUNK = [None, True, False, -1, 0, 1, 2, 1.5, -0.5, 1e308, 10**20, 2**63, "", "x", "5", [], {}, [1], {"a": 1}]

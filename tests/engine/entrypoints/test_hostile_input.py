@@ -57,7 +57,7 @@ def test_a_client_too_slow_with_its_headers_is_dropped(server, http: httpx.Clien
     import socket
     import time
 
-    from services.common.http_protocol import HEADER_TIMEOUT_S
+    from services.common.openai.http_protocol import HEADER_TIMEOUT_S
 
     host, port = server.url.removeprefix("http://").split(":")
     slow = [socket.create_connection((host, int(port))) for _ in range(20)]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from services.common.hashing import BlockHasher
-from services.common.prefix_index import PrefixIndex
+from services.common.kv.hashing import BlockHasher
+from services.common.kv.prefix_index import PrefixIndex
 from tests.engine.entrypoints.helpers import MODEL, start_server
 from tests.redis_server import redis_server  # noqa: F401 - fixture
 

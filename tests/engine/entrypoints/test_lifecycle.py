@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.common.sse import iter_sse
+from services.common.openai.sse import iter_sse
 from tests.engine.entrypoints.helpers import REPO, ServerProcess, start_server
 
 ERRORED = 'kvferry_request_success_total{finish_reason="error"}'

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.common import load_report as lr
+from services.common.pool import load_report as lr
 from services.engine.async_llm import EngineStats
 from services.engine.entrypoints.metrics import ServerMetrics
 

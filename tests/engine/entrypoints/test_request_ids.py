@@ -8,7 +8,7 @@ import json
 
 import httpx
 
-from services.common.sse import aiter_sse
+from services.common.openai.sse import aiter_sse
 from tests.engine.entrypoints.helpers import ServerProcess
 
 RUNNING, WAITING = "kvferry_num_requests_running", "kvferry_num_requests_waiting"

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import uvicorn
 
-from services.common.sse import iter_sse
+from services.common.openai.sse import iter_sse
 from services.engine.async_llm import AsyncLLM
 from services.engine.core.config import EngineConfig
 from services.engine.entrypoints.api_server import build_app

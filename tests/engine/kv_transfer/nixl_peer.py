@@ -9,8 +9,8 @@ import time
 
 import torch
 
-from services.common.hashing import HASH_VERSION
-from services.common.kv_transfer import KVCompat, block_major_layout
+from services.common.kv.hashing import HASH_VERSION
+from services.common.kv.kv_transfer import KVCompat, block_major_layout
 from services.engine.kv_transfer.nixl_transfer import NixlConfig, NixlTransfer
 
 LAYERS, BLOCK_SIZE, HEADS, HEAD_DIM = 2, 16, 2, 16

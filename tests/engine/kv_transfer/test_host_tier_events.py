@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 
-from services.common.hashing import BlockHasher
-from services.common.prefix_index import PrefixIndex
+from services.common.kv.hashing import BlockHasher
+from services.common.kv.prefix_index import PrefixIndex
 from tests.engine.entrypoints.helpers import MODEL
 from tests.engine_harness import start_in_process
 from tests.redis_server import redis_server  # noqa: F401 - fixture

@@ -11,8 +11,8 @@ import torch
 pytest.importorskip("nixl")
 pytest.importorskip("grpc")
 
-from services.common.hashing import BlockHasher  # noqa: E402
-from services.common.kvstore_client import KVStoreClient, KVStoreUnavailable  # noqa: E402
+from services.common.kv.hashing import BlockHasher  # noqa: E402
+from services.common.kv.kvstore_client import KVStoreClient, KVStoreUnavailable  # noqa: E402
 from services.engine.kv_transfer.nixl_transfer import NixlTransfer, TransferState  # noqa: E402
 from tests.engine.kv_transfer.nixl_peer import BLOCK_SIZE, compat, make_cache  # noqa: E402
 from tests.kvstore_server import running_kvstore  # noqa: E402

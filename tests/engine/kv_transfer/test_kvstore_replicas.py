@@ -16,8 +16,8 @@ import torch
 pytest.importorskip("nixl")
 pytest.importorskip("grpc")
 
-from services.common.hashing import BlockHasher  # noqa: E402
-from services.common.kvstore_client import KVStoreClient  # noqa: E402
+from services.common.kv.hashing import BlockHasher  # noqa: E402
+from services.common.kv.kvstore_client import KVStoreClient  # noqa: E402
 from services.engine.kv_transfer.kvstore_tier import Fetch, KVStoreTier  # noqa: E402
 from services.engine.kv_transfer.nixl_transfer import NixlTransfer  # noqa: E402
 from tests.engine.kv_transfer.nixl_peer import BLOCK_SIZE, compat, make_cache  # noqa: E402

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.common.kv_transfer import KVIncompatibleError, KVTransferError
+from services.common.kv.kv_transfer import KVIncompatibleError, KVTransferError
 
 pytest.importorskip("nixl")
 

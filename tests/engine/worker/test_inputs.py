@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from services.common.tokenizer import Tokenizer
+from services.common.openai.tokenizer import Tokenizer
 from services.engine import LLM, SamplingParams
 from services.engine.detokenizer import IncrementalDetokenizer
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.common.tokenizer import Tokenizer
+from services.common.openai.tokenizer import Tokenizer
 from services.engine import LLM, SamplingParams
 from tests.checkpoints import hf_greedy
 from tests.gguf_writer import quantize_roundtrip, write_gguf

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from services.common.errors import OpenAIError
+from services.common.openai.errors import OpenAIError
 from services.router.admission.admission import Admission, Lease
 from services.router.admission.admission_settings import AdmissionSettings
 from services.router.admission.saturation import SaturationLimits

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from services.cli import build_parser
-from services.common.http_middleware import tenant_of
+from services.common.openai.http_middleware import tenant_of
 from services.router.admission.tenants import Band, load_tenants
 from services.router.cli import run, settings_from_args
 

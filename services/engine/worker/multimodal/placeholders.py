@@ -1,5 +1,5 @@
 """ImageInputs: a request's images as the engine runs them (MMInputs), from the shared placeholder
-expansion in services.common.image_inputs (the router hashes the same ids)."""
+expansion in services.common.media.image_inputs (the router hashes the same ids)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from services.common.hashing import MMSpan
-from services.common.mm_placeholders import MediaPlaceholders, media_placeholders
+from services.common.kv.hashing import MMSpan
+from services.common.media.mm_placeholders import MediaPlaceholders, media_placeholders
 from services.engine.core.mm_input import MMInput
 
 

@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from services.common.protocol_structured import StructuredSpec
-from services.common.tokenizer import Tokenizer
+from services.common.openai.protocol_structured import StructuredSpec
+from services.common.openai.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from services.common.protocol_structured import StructuredSpec
-from services.common.tokenizer import Tokenizer
+from services.common.openai.protocol_structured import StructuredSpec
+from services.common.openai.tokenizer import Tokenizer
 from services.engine.core.outputs import SchedulerOutput
 from services.engine.core.request import Request
 from services.engine.worker.structured.grammars import GrammarCompiler, GrammarError, GrammarHandle

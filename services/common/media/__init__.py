@@ -1,0 +1,1 @@
+"""Media preprocessing of vision-language models: images, videos, placeholders, fetching and limits."""

@@ -1,1 +1,0 @@
-"""gRPC contracts (.proto) and their generated, committed stubs (regenerate with `python -m services.common.proto.gen`)."""
