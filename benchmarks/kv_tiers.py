@@ -86,7 +86,8 @@ def main() -> None:
     disk = Path(tempfile.mkdtemp(prefix="kvferry-kv-tiers-"))
     common = dict(model=str(model), dtype="float32", num_kv_blocks=args.primary_blocks, max_model_len=2048)
     probe = LLM(**common)
-    per_block = probe.engine.core.runner.kv_cache[0].numel() * 4
+    stats = probe.worker_stats()
+    per_block = stats.kv_cache_bytes // stats.kv_cache_shape[0]
     probe.shutdown()
     configs = {
         "(a) primary only": {},

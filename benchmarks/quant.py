@@ -41,7 +41,6 @@ import torch  # noqa: E402
 from services.engine import LLM, SamplingParams  # noqa: E402
 from services.engine.worker.linear import PackedLinear  # noqa: E402
 from services.engine.worker.loader.default_model import default_gguf_path, ensure_default_model  # noqa: E402
-from services.engine.worker.loader.model_loader import weight_bytes  # noqa: E402
 from services.engine.worker.model_runner import bytes_per_block  # noqa: E402
 from services.engine.worker.quantization.group_quant_weight import GroupQuantWeight  # noqa: E402
 from services.engine.worker.quantization.quantized_linear import Int4Linear, Int8Linear  # noqa: E402
@@ -140,7 +139,7 @@ def bench_model(model: str, repeats: int) -> list[dict]:
                 "model": model,
                 "weights": label,
                 "describe": core.quant.describe(),
-                "weight_mb": weight_bytes(core.runner.model) / 2**20,
+                "weight_mb": llm.worker_stats().weight_bytes / 2**20,
                 "block_mb": bytes_per_block(core.model_config, core.block_size, core.dtype) / 2**20,
                 "perplexity": perplexity(llm) if model == "smollm2" else None,
                 "b1": [],

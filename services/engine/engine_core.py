@@ -24,6 +24,7 @@ from services.engine.worker.kv_cache_sizer import DEFAULT_BATCHED_TOKENS, KVCach
 from services.engine.worker.structured.manager import StructuredOutputManager
 from services.engine.worker.worker import Worker
 from services.engine.worker.worker_plan import WorkerPlan
+from services.engine.worker.worker_stats import WorkerStats
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +179,10 @@ class EngineCore:
         """Blocks moved by (direction, path) and failures by reason, over every connector."""
         stats = self.connector.stats()
         return dict(stats.blocks), dict(stats.failures)
+
+    def worker_stats(self) -> WorkerStats:
+        """Rank 0's resident weights, KV cache, layer kinds and feature counters."""
+        return self.worker.stats()
 
     def moe_expert_tokens(self) -> list[tuple[int, list[int]]]:
         """Tokens routed to each expert of each MoE layer since start (empty for dense models)."""

@@ -10,6 +10,7 @@ from services.engine.core.config import EngineConfig
 from services.engine.core.pooling_params import PoolingParams
 from services.engine.core.sampling_params import SamplingParams
 from services.engine.llm_engine import LLMEngine, RequestOutput
+from services.engine.worker.worker_stats import WorkerStats
 
 Prompt = str | list[int] | dict[str, Any]  # a dict: {"prompt" | "prompt_token_ids", "multi_modal_data"}
 
@@ -21,6 +22,10 @@ class LLM:
         self.config = EngineConfig(model=str(model), **kwargs)
         self.engine = LLMEngine(self.config)
         self.tokenizer = self.engine.tokenizer
+
+    def worker_stats(self) -> WorkerStats:
+        """Rank 0's resident weights, KV cache shape and bytes, layer kinds and feature counters."""
+        return self.engine.core.worker_stats()
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers (a no-op on one device); the LLM cannot generate after it."""

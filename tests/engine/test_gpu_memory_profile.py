@@ -34,7 +34,7 @@ def test_kv_cache_takes_what_the_utilization_leaves_after_weights_and_the_profil
     llm = LLM(**kw, gpu_memory_utilization=util, max_num_batched_tokens=4096, max_num_seqs=4096)
     core = llm.engine.core
     assert core._activation_bytes is not None and core._activation_bytes > 0
-    kv_bytes = core.runner.kv_cache.numel() * core.runner.kv_cache.element_size()
+    kv_bytes = llm.worker_stats().kv_cache_bytes
     used = torch.cuda.mem_get_info()[1] - torch.cuda.mem_get_info()[0]
     assert used <= util * total + 64 * 2**20  # the cache filled the budget, not more
     assert kv_bytes > 2 * 2**30 - core._activation_bytes - 512 * 2**20  # ... and not much less

@@ -123,8 +123,7 @@ def test_prefix_cache_follows_the_image(smolvlm_dir: Path, hf) -> None:
     assert again.num_cached_tokens == (len(again.prompt_token_ids) - 1) // 16 * 16  # all full blocks
     assert other.num_cached_tokens == n_text // 16 * 16  # the blocks before the image's first token
     assert other.outputs[0].token_ids == _hf_greedy(hf, text + "<image> and", [_image(9, 40, 40)])
-    cache = llm.engine.core.runner.encoder_cache
-    assert cache is not None and len(cache.entries) == 2
+    assert llm.worker_stats().encoder_cache_items == 2
 
 
 def test_idefics3_architecture_equals_hf(tmp_path: Path) -> None:

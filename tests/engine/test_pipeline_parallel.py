@@ -14,7 +14,6 @@ import pytest
 
 from services.engine import LLM, SamplingParams
 from services.engine.executor.worker_messages import WorkerDiedError
-from services.engine.worker.loader.model_loader import weight_bytes
 from services.engine.worker.parallel.pp_stage import PPStage, layer_split
 from tests.checkpoints import build_checkpoint
 from tests.engine.test_tensor_parallel import GREEDY, _prompts, _shared, _tokens
@@ -58,14 +57,12 @@ def test_pp2_equals_pp1_chunked_and_prefix_cached(llama_pair) -> None:
 
 def test_each_stage_holds_its_layers(llama_pair) -> None:
     one, staged = llama_pair
-    full, first = weight_bytes(one.engine.core.runner.model), weight_bytes(staged.engine.core.runner.model)
-    model = staged.engine.core.runner.model
+    full, first = one.worker_stats(), staged.worker_stats()
+    assert "OtherStage" in first.layer_kinds and "OtherStage" not in full.layer_kinds  # layer 1, the LM head
     assert (
-        model.lm_head.__class__.__name__ == "OtherStage"
-        and model.layers[1].__class__.__name__ == "OtherStage"
-    )
-    assert first < 0.75 * full  # the embedding and one of two layers; no norm, no LM head
-    assert staged.engine.core.runner.kv_cache.shape[1] == one.engine.core.runner.kv_cache.shape[1] // 2
+        first.weight_bytes < 0.75 * full.weight_bytes
+    )  # the embedding and one of two layers; no norm, no head
+    assert first.kv_cache_shape[1] == full.kv_cache_shape[1] // 2
 
 
 def test_seeded_sampling_agrees_across_stages(llama_pair) -> None:
@@ -104,7 +101,8 @@ def test_three_layers_over_three_stages_and_tensor_by_pipeline(tmp_path: Path) -
             assert _tokens(grid, _prompts(6)) == _tokens(one, _prompts(6))
             core = grid.engine.core
             assert core.tp is not None and core.pp is not None and (core.pp.start, core.pp.end) == (0, 2)
-            assert core.runner.kv_cache.shape[1] == 2 and core.runner.kv_cache.shape[4] == 1
+            shape = grid.worker_stats().kv_cache_shape
+            assert shape[1] == 2 and shape[4] == 1
         finally:
             grid.shutdown()
 

@@ -17,7 +17,6 @@ import pytest
 
 from services.engine import LLM, SamplingParams
 from services.engine.executor.worker_messages import WorkerDiedError
-from services.engine.worker.loader.model_loader import weight_bytes
 from tests.engine.entrypoints.helpers import MODEL, start_server
 from tests.engine_harness import start_in_process
 
@@ -66,9 +65,9 @@ def test_tp2_equals_tp1_chunked_and_prefix_cached(llama_pair) -> None:
 
 def test_each_rank_holds_its_shard(llama_pair) -> None:
     one, two = llama_pair
-    full, shard = weight_bytes(one.engine.core.runner.model), weight_bytes(two.engine.core.runner.model)
-    assert shard < 0.6 * full  # norms (and nothing else) are replicated
-    assert two.engine.core.runner.kv_cache.shape[4] == one.engine.core.runner.kv_cache.shape[4] // 2
+    full, shard = one.worker_stats(), two.worker_stats()
+    assert shard.weight_bytes < 0.6 * full.weight_bytes  # norms (and nothing else) are replicated
+    assert shard.kv_cache_shape[4] == full.kv_cache_shape[4] // 2
 
 
 def test_seeded_sampling_agrees_across_ranks(llama_pair) -> None:
@@ -111,7 +110,7 @@ def test_tp2_equals_tp1_with_speculative_decoding(llama_dir: Path, method: str, 
     for one, two in _pair(llama_dir, num_kv_blocks=128, speculative_config=spec):
         assert _tokens(two, prompts) == _tokens(one, prompts)
         assert _tokens(two, prompts, seeded) == _tokens(one, prompts, seeded)
-        assert two.engine.core.runner.spec.proposes
+        assert two.worker_stats().speculative
 
 
 def test_unsupported_settings_are_refused(llama_dir: Path, tmp_path: Path) -> None:

@@ -22,8 +22,7 @@ def _greedy(model: Path, tp: int, pp: int = 1, **kw) -> list[list[int]]:
               pipeline_parallel_size=pp, **kw)  # fmt: skip
     try:
         if "quantization" in kw:  # rank 0 holds quantized layers (the other ranks agree on every token)
-            kinds = {type(m).__name__ for m in llm.engine.core.runner.model.modules()}
-            assert kinds & {"Int8Linear", "Int4Linear"}
+            assert llm.worker_stats().layer_kinds & {"Int8Linear", "Int4Linear"}
         return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
     finally:
         llm.shutdown()

@@ -55,8 +55,8 @@ def _complete(
 def _encoder_work(server: InProcessEngine) -> tuple[int, int]:
     """(vision tower calls, encoder-cache queries) of an in-process engine since it started."""
     core = server.ctx.llm.engine.core
-    assert core.runner.encoder_cache is not None and core.scheduler.encoder is not None
-    return core.runner.encoder_cache.encoder_calls, core.scheduler.encoder.queries
+    assert core.scheduler.encoder is not None
+    return core.worker_stats().encoder_calls, core.scheduler.encoder.queries
 
 
 def test_decode_never_runs_the_encoder_and_equals_aggregated(smolvlm_pd) -> None:

@@ -14,12 +14,28 @@ from services.engine.worker.input_batch import StepInputs
 class NoLoRA:
     """No adapters: every row runs the base model."""
 
-    def prepare(self, lora_names: list[str | None], starts: list[int]) -> None:
+    def prepare(self, lora_names: list[str | None], query_start_loc: torch.Tensor) -> None:
         return None
 
     @contextmanager
-    def logit_rows(self, rows: list[int]) -> Iterator[None]:
+    def logit_rows(self, rows: torch.Tensor) -> Iterator[None]:
         yield
+
+
+class NoVision:
+    """A text model: no images to encode, the model embeds the ids itself."""
+
+    serves = False
+
+    def drop(self, hashes: tuple[str, ...] | list[str]) -> None:
+        return None
+
+    def encode(self, sched: Any, states: Any) -> None:
+        if sched.encoder_inputs:
+            raise ValueError("this model has no vision tower: it cannot encode images")
+
+    def embeddings(self, sched: Any, inputs: Any, states: Any) -> None:
+        return None
 
 
 class NoSpec:

@@ -10,7 +10,7 @@ from typing import cast
 import torch
 
 from services.engine.core.outputs import Logprobs, ModelRunnerOutput, SchedulerOutput
-from services.engine.worker.absent_features import NoGraphs, NoSpec
+from services.engine.worker.absent_features import NoGraphs, NoLoRA, NoSpec, NoVision
 from services.engine.worker.attention import ComputeBackend
 from services.engine.worker.cuda_graphs import DecodeGraphs
 from services.engine.worker.decode_inputs import DecodeInputs
@@ -18,7 +18,8 @@ from services.engine.worker.input_batch import CachedRequestState, PromptLogprob
 from services.engine.worker.lora.lora_manager import LoRAManager
 from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models.interface import CausalLM, EmbeddingModel
-from services.engine.worker.multimodal.encoder_cache import EncoderCache, VisionModel, merged_embeddings
+from services.engine.worker.multimodal.encoder_cache import VisionModel
+from services.engine.worker.multimodal.vision_step import VisionStep
 from services.engine.worker.pooling import PoolingConfig, pool
 from services.engine.worker.sampler import Sampler, SamplingRow, TokenMask, batch_logprobs
 from services.engine.worker.spec_decode.proposal import accepted_prefix
@@ -64,11 +65,13 @@ class ModelRunner:
         self.states: dict[str, CachedRequestState] = {}
         self.inputs = DecodeInputs(backend, block_size, device)
         f = features or RunnerFeatures()
-        self.pooling, self.lora = f.pooling, f.lora
+        self.pooling = f.pooling
+        self.lora: LoRAManager | NoLoRA = f.lora if f.lora is not None else NoLoRA()
         self.spec: SpecDecoder | NoSpec = f.spec if f.spec is not None else NoSpec()
         self.graphs: DecodeGraphs | NoGraphs = NoGraphs()  # the Worker's on CUDA unless --enforce-eager
-        # vision-language models: image features by content hash
-        self.encoder_cache = EncoderCache() if hasattr(model, "encode_images") else None
+        self.vision: VisionStep | NoVision = (  # vision-language models: image features by content hash
+            VisionStep(cast(VisionModel, model), device) if hasattr(model, "encode_images") else NoVision()
+        )
         self._signed: tuple[object, bool] = (None, False)  # (model, its compute_logits takes fp32)
 
     def _lm(self) -> CausalLM:
@@ -81,9 +84,7 @@ class ModelRunner:
         """The logits of the hidden rows ``idx`` (with LoRA: each row under its request's adapter); with
         ``fp32=False`` in the model's dtype (the sampler widens them unless it only takes argmaxes)."""
         lm, args = self._lm(), self._logits_args(fp32)
-        if self.lora is None:
-            return lm.compute_logits(hidden[idx], *args)
-        with self.lora.logit_rows(idx.tolist()):
+        with self.lora.logit_rows(idx):
             return lm.compute_logits(hidden[idx], *args)
 
     def _logits_args(self, fp32: bool) -> tuple[bool, ...]:
@@ -136,19 +137,15 @@ class ModelRunner:
         ``constraints``: the token bitmask rows of the structured-output requests that sample now.
         """
         self._update_states(sched)
-        if self.encoder_cache is not None:
-            self.encoder_cache.drop(sched.freed_encoder_hashes)
+        self.vision.drop(sched.freed_encoder_hashes)
         req_ids = tuple(r for r, _ in sched.num_scheduled_tokens)
         if not req_ids:
             return ModelRunnerOutput((), (), ())
         try:
-            if sched.encoder_inputs:
-                self._run_encoder(sched)
+            self.vision.encode(sched, self.states)
             inputs = self.inputs.build(sched, self.states)
-            if self.lora is not None:
-                names = [self.states[r].lora_name for r in req_ids]
-                self.lora.prepare(names, inputs.meta.query_start_loc.tolist())
-            extra = self._image_embeddings(sched, inputs) if self.encoder_cache is not None else None
+            self.lora.prepare([self.states[r].lora_name for r in req_ids], inputs.meta.query_start_loc)
+            extra = self.vision.embeddings(sched, inputs, self.states)
             kwargs = {"inputs_embeds": extra} if extra is not None else {}
             if extra is None and self.graphs.serves(inputs):
                 hidden = self.graphs.run(inputs)  # a pure decode step: replay its batch size's graph
@@ -194,24 +191,6 @@ class ModelRunner:
             failed_req_ids=frozenset(dead),
             error=_NO_TOKEN if dead else None,
         )
-
-    def _run_encoder(self, sched: SchedulerOutput) -> None:
-        """The step's scheduled images and videos through the vision tower, batched, into the encoder cache."""
-        assert self.encoder_cache is not None
-        items = [self.states[rid].mm_inputs[i] for rid, i in sched.encoder_inputs]
-        self.encoder_cache.encode(cast(VisionModel, self.model), items, self.device)
-
-    def _image_embeddings(self, sched: SchedulerOutput, inputs: StepInputs) -> torch.Tensor | None:
-        """Input embeddings with the images' features where this step computes their placeholders."""
-        assert self.encoder_cache is not None
-        starts = inputs.meta.query_start_loc.tolist()
-        rows = []
-        for i, (req_id, n) in enumerate(sched.num_scheduled_tokens):
-            st = self.states[req_id]
-            if st.mm_inputs:
-                rows.append((starts[i], st.num_computed, st.num_computed + n, st.mm_inputs))
-        model = cast(VisionModel, self.model)
-        return merged_embeddings(model, inputs.input_ids, rows, self.encoder_cache) if rows else None
 
     def _sample(
         self,

@@ -24,6 +24,7 @@ from services.engine.worker.spec_decode.setup import build_spec_decoder
 from services.engine.worker.spec_decode.spec_decoder import SpecDecoder
 from services.engine.worker.structured.manager import StepConstraints
 from services.engine.worker.worker_plan import WorkerPlan
+from services.engine.worker.worker_stats import WorkerStats
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +183,12 @@ class Worker:
         else:
             self.lora.add(name, path)
 
+    def stats(self) -> WorkerStats:
+        """This rank's weights, KV cache, layer kinds and feature counters (after build_runner)."""
+        if self.runner is None:
+            raise RuntimeError("build_runner() first")
+        return WorkerStats.of(cast(torch.nn.Module, self.model), self.runner)
+
     def kv_head_ranges(self) -> list[tuple[int, int]]:
         """Each tensor-parallel rank's (first KV head, count), rank order (one rank: all heads)."""
         heads = self.plan.model_config.num_key_value_heads
@@ -207,7 +214,7 @@ class Worker:
             generates=plan.task == "generate",
             lora=self.lora is not None,
             speculative=plan.config.speculative_config is not None,
-            vision=runner.encoder_cache is not None,
+            vision=runner.vision.serves,
             parallel=self.groups is not None,
             moe=bool(self.moe_layers),
             quantized=plan.quant.quantized,

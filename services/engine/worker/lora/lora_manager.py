@@ -100,8 +100,9 @@ class LoRAManager:
                 if held == name:
                     self._clear(slot)
 
-    def prepare(self, lora_names: list[str | None], starts: list[int]) -> None:
-        """Slots for this step's adapters, and the step's plan (``starts``: query_start_loc)."""
+    def prepare(self, lora_names: list[str | None], query_start_loc: torch.Tensor) -> None:
+        """Slots for this step's adapters, and the step's plan (token rows per request from query_start_loc)."""
+        starts = query_start_loc.tolist()
         needed = {n for n in lora_names if n}
         slot_of = {name: self._slot_for(name, needed) for name in needed}
         token_slots: list[int] = []
@@ -110,9 +111,9 @@ class LoRAManager:
         self.step.set_tokens(token_slots)
 
     @contextmanager
-    def logit_rows(self, rows: list[int]) -> Iterator[None]:
+    def logit_rows(self, rows: torch.Tensor) -> Iterator[None]:
         """Within: ``lm_head`` gets the hidden states of these token rows (then: no adapter on it)."""
-        self.step.select_logit_rows(rows)
+        self.step.select_logit_rows(rows.tolist())
         try:
             yield
         finally:

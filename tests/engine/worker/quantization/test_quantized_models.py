@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from services.engine import LLM, SamplingParams
-from services.engine.worker.loader.model_loader import weight_bytes
 from tests.checkpoints import hf_greedy
 from tests.gguf_writer import quantize_roundtrip, write_gguf
 from tests.quant_writers import LINEARS, hf_twin, write_quantized
@@ -61,7 +60,7 @@ def test_gguf_4bit_blocks_run_as_int4_and_match_hf(llama_dir: Path, tmp_path: Pa
     gguf = write_gguf(llama_dir, tmp_path / "q4.gguf", ALL_4BIT)
     llm = LLM(model=str(gguf), dtype="float32", num_kv_blocks=64)
     assert "Q4_0" in _quant(llm) and "Q4_1" in _quant(llm)
-    kinds = {type(m).__name__ for m in llm.engine.core.runner.model.modules()}
+    kinds = llm.worker_stats().layer_kinds
     assert "Int4Linear" in kinds and "Linear" not in kinds and "PackedLinear" not in kinds
     from transformers import AutoModelForCausalLM
 
@@ -129,7 +128,7 @@ def test_int4_at_load_matches_hf_on_group_quantized_weights(llama_dir: Path) -> 
     _assert_same_greedy(llm, hf)
     bf16 = LLM(model=str(llama_dir), dtype="bfloat16", quantization="none", num_kv_blocks=64)
     q4 = LLM(model=str(llama_dir), dtype="bfloat16", quantization="int4", num_kv_blocks=64)
-    ratio = weight_bytes(q4.engine.core.runner.model) / weight_bytes(bf16.engine.core.runner.model)
+    ratio = q4.worker_stats().weight_bytes / bf16.worker_stats().weight_bytes
     assert ratio < 0.6, ratio  # the tiny model's embedding stays bf16
 
 
@@ -206,7 +205,7 @@ def test_triton_quantized_layers_match_the_twin_interpreted(
     src = mistral_dir if kind == "mistral" else qwen2_dir
     twin = write_quantized(src, tmp_path / method, method, bits=bits, group=32, act_order=method == "gptq")
     llm = LLM(model=str(tmp_path / method), dtype="float32", attention_backend="triton", num_kv_blocks=64)
-    kinds = {type(m).__name__ for m in llm.engine.core.runner.model.modules()}
+    kinds = llm.worker_stats().layer_kinds
     assert "TritonQuantLinear" in kinds and "Int4Linear" not in kinds and "Int8Linear" not in kinds
     _assert_same_greedy(llm, hf_twin(src, twin))
 
@@ -231,7 +230,7 @@ def test_fp8_checkpoint_runs_as_int8_on_cpu(mistral_dir: Path, tmp_path: Path) -
 
     twin = write_fp8(mistral_dir, tmp_path / "fp8", "channel")
     llm = LLM(model=str(tmp_path / "fp8"), dtype="float32", num_kv_blocks=64)
-    kinds = {type(m).__name__ for m in llm.engine.core.runner.model.modules()}
+    kinds = llm.worker_stats().layer_kinds
     assert "Int8Linear" in kinds and kinds & {"Linear", "PackedLinear"}  # lm_head stays float, as in vLLM
     _assert_same_greedy(llm, hf_twin(mistral_dir, twin))  # int8 per row is finer than the FP8 codes
 
@@ -273,7 +272,7 @@ def test_int8_at_load_quantizes_moe_experts_and_matches_hf(family_dir, backend: 
     )
     block = llm.engine.core.runner.model.layers[0].mlp
     assert block.w13.dtype == torch.int8 and block.w2_scale.shape == block.w2.shape[:2]
-    assert weight_bytes(llm.engine.core.runner.model) < 0.4 * weight_bytes(float_llm.engine.core.runner.model)
+    assert llm.worker_stats().weight_bytes < 0.4 * float_llm.worker_stats().weight_bytes
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
