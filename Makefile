@@ -61,7 +61,7 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 test: setup lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 test-all: setup
 	$(PY) -m pytest -q -m "" 

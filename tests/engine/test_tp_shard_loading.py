@@ -40,8 +40,10 @@ def _sizes(folder: Path) -> tuple[int, int]:
     return total, linear
 
 
-def _rank1_peak(model: Path, prompts: list[list[int]], tp: int) -> tuple[list[list[int]], int]:
-    llm = LLM(model=str(model), dtype="float32", num_kv_blocks=32, max_model_len=256, tensor_parallel_size=tp)
+def _rank1_peak(model: Path, prompts: list[list[int]], tp: int, **kw: str) -> tuple[list[list[int]], int]:
+    llm = LLM(
+        model=str(model), dtype="float32", num_kv_blocks=32, max_model_len=256, tensor_parallel_size=tp, **kw
+    )
     try:
         tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
         peak = llm.engine.core._parallel.load_memory[1].peak if tp > 1 else 0
@@ -65,6 +67,24 @@ def test_a_rank_reads_only_its_share_and_tp2_equals_tp1(wide_llama: Path, llama_
     grown, held = peak - baseline, (full + linear) / 2
     assert grown < held + _MARGIN, f"{grown / 2**20:.0f} MiB over the baseline, holding {held / 2**20:.0f}"
     assert grown > 0.8 * held  # the measurement sees the weights
+
+
+@pytest.mark.parametrize("method", ["int8", pytest.param("int4", marks=pytest.mark.slow)])
+def test_a_quantizing_rank_reads_only_its_share(wide_llama: Path, llama_dir: Path, method: str) -> None:
+    """Quantized at load, a rank reads its slices of the float checkpoint and quantizes them (row-parallel
+    int8 rows take the whole rows' scales from the other ranks): TP=2 gives TP=1's tokens, and rank 1 grows
+    by less than its float share (its float embedding, its int8/int4 codes, one float slice in flight). Reading whole tensors (or a memory map of the file) holds the float
+    file's pages and goes over."""
+    full, _ = _sizes(wide_llama)
+    prompts = [[5, 6, 7, 8, 9, 10, 11], list(range(20, 80))]
+    _, baseline = _rank1_peak(llama_dir, prompts, 2, quantization=method)
+    expected, _ = _rank1_peak(wide_llama, prompts, 1, quantization=method)
+    tokens, peak = _rank1_peak(wide_llama, prompts, 2, quantization=method)
+    assert tokens == expected
+    grown = peak - baseline
+    assert grown < full / 2, (
+        f"{grown / 2**20:.0f} MiB over the baseline; the float file is {full / 2**20:.0f}"
+    )
 
 
 def test_slices_of_a_safetensors_file_equal_slices_of_the_whole_tensors(family_dir, qwen2_dir: Path) -> None:

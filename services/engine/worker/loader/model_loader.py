@@ -24,7 +24,7 @@ from services.engine.worker.parallel.pp_stage import PPStage
 from services.engine.worker.parallel.tp_group import TPGroup
 from services.engine.worker.parallel.tp_shard import TPShard
 from services.engine.worker.quantization.quant_config import QuantConfig, detect
-from services.engine.worker.quantization.quant_plan import QuantPlan, dense_stream
+from services.engine.worker.quantization.quant_plan import QuantPlan, SliceReading, dense_stream
 
 log = logging.getLogger(__name__)
 
@@ -172,22 +172,30 @@ def _build_and_load(
     shards = {name: group for name, group in (("tp", tp), ("pp", pp)) if group is not None}
     with torch.device("meta"):
         model = cls(cfg, max_positions, dtype, **shards)
+    p = Path(path)
     shard = TPShard(cfg, tp, _tp_plan(cls)) if tp is not None else None
+    slices = (  # a float checkpoint quantized at load: the rank may read its slices only
+        SliceReading(_tp_plan(cls).row, tp.all_reduce_max)
+        if tp is not None and not dummy and p.suffix != ".gguf" and detect(p).method == "none"
+        else None
+    )
     # before any float weight exists
-    plan = QuantPlan(model, quant, dtype, kernels, shard) if quant.quantized else None
+    plan = QuantPlan(model, quant, dtype, kernels, shard, slices) if quant.quantized else None
     model = model.to_empty(device=device).to(dtype)
     build_rope_cache = getattr(model, "build_rope_cache", None)
     if build_rope_cache is not None:  # rotary models: the table is not a checkpoint tensor
         model.cos_sin_cache = build_rope_cache(dtype).to(device)
-    p = Path(path)
     wanted = pp.reads if pp is not None else None
     total = sum(1 for _ in model.parameters())
     if dummy:
         random_weights(model)
     else:
-        tensors = (
-            plan.filter(checkpoint_tensors(p, wanted)) if plan else dense_checkpoint_tensors(p, wanted, shard)
-        )
+        if plan is None:
+            tensors = dense_checkpoint_tensors(p, wanted, shard)
+        elif plan.reads_slices:
+            tensors = plan.filter(iter_safetensors(p, wanted, shard))
+        else:
+            tensors = plan.filter(checkpoint_tensors(p, wanted))
         bar = tqdm(tensors, desc=f"loading {p.name}", unit="tensor", leave=False, disable=None, total=None)
         cast(EmbeddingModel, model).load_weights(bar)
     quantized = plan.finish(model) if plan else "none"

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+_ROWS_AT_ONCE = 1024  # rows quantized per float temporary
+
 
 @dataclass(frozen=True)
 class Int8Rows:
@@ -20,9 +22,19 @@ class Int8Rows:
         """Symmetric int8 codes of a float [..., N, K] weight, one scale per row (absmax / 127; ``absmax``:
         the rows' own unless given, e.g. the whole rows' of a shard)."""
         w = weight.float()
-        amax = w.abs().amax(dim=-1) if absmax is None else absmax
+        amax = cls.row_absmax(w) if absmax is None else absmax
         scale = (amax / 127).clamp_min(1e-12)
-        return cls((w / scale[..., None]).round_().clamp_(-127, 127).to(torch.int8), scale)
+        codes = torch.empty(w.shape, dtype=torch.int8, device=w.device)
+        flat_w, flat_c, flat_s = w.reshape(-1, w.shape[-1]), codes.view(-1, w.shape[-1]), scale.reshape(-1, 1)
+        for a in range(0, flat_w.shape[0], _ROWS_AT_ONCE):  # a float copy of a few rows at a time, not of w
+            rows = flat_w[a : a + _ROWS_AT_ONCE] / flat_s[a : a + _ROWS_AT_ONCE]
+            flat_c[a : a + _ROWS_AT_ONCE] = rows.round_().clamp_(-127, 127)
+        return cls(codes, scale)
+
+    @staticmethod
+    def row_absmax(w: torch.Tensor) -> torch.Tensor:
+        """Each row's largest absolute value, without an absolute copy of ``w``."""
+        return torch.maximum(w.amax(dim=-1), w.amin(dim=-1).neg()).float()
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,6 +22,16 @@ Cut = Callable[[str, Any], Any]  # (tensor name, whole tensor or codes) -> this 
 
 def _whole(name: str, tensor: Any) -> Any:
     return tensor
+
+
+@dataclass(frozen=True)
+class SliceReading:
+    """A tensor-parallel rank that reads only its slices of a float checkpoint and quantizes them: which
+    layers are row-parallel (input columns cut), and the max over ranks that gives their int8 rows the
+    scales of the whole rows, so the codes equal the whole layer's, cut."""
+
+    row: frozenset[str]
+    all_reduce_max: Callable[[torch.Tensor], torch.Tensor]
 
 
 class _Pending(nn.Module):
@@ -49,11 +60,13 @@ class QuantPlan:
         dtype: torch.dtype,
         kernels: str = "cpu",
         shard: Cut | None = None,
+        slices: SliceReading | None = None,
     ) -> None:
         """``shard``: a tensor-parallel rank's cut of each named tensor (the model holds its shard); a layer
-        is quantized whole, then cut, so each rank holds the unsharded layer's codes and scales."""
+        is quantized whole, then cut, so each rank holds the unsharded layer's codes and scales. With
+        ``slices`` where every layer's codes can be made from the rank's slices alone (``reads_slices``),
+        the stream already holds the rank's slices and nothing is cut here."""
         self.qcfg, self.dtype, self.kernels = qcfg, dtype, kernels  # kernels: "cpu" (torch's) | "triton"
-        self.cut: Cut = shard or _whole
         fused: dict[str, tuple[str, ...]] = getattr(model, "packed_modules_mapping", {})
         self.shard_index = {s: (f, i) for f, shards in fused.items() for i, s in enumerate(shards)}
         self.shard_count = {f: len(shards) for f, shards in fused.items()}
@@ -67,6 +80,25 @@ class QuantPlan:
         self.names: dict[str, dict[int, str]] = {p: {} for p in self.pending}  # each shard's tensor name
         self.biases: dict[str, dict[int, torch.Tensor]] = {p: {} for p in self.pending}
         self.built: dict[str, nn.Module] = {}  # a layer is built as soon as its shards are in
+        self.slices = slices if slices is not None and self._slices_suffice(slices) else None
+        self.cut: Cut = _whole if self.slices is not None else (shard or _whole)
+
+    @property
+    def reads_slices(self) -> bool:
+        """The loader hands this plan the rank's slices of a float checkpoint, not whole tensors."""
+        return self.slices is not None
+
+    def _slices_suffice(self, slices: SliceReading) -> bool:
+        """int8 and int4 quantized at load on the CPU kernels: int8 rows take the whole rows' max from the
+        other ranks, int4 groups are whole when each rank's input columns hold whole groups."""
+        q = self.qcfg
+        if not (q.at_load and q.method in ("int8", "int4") and self.kernels == "cpu"):
+            return False
+        if q.method == "int8":
+            return True
+        return q.group_size > 0 and all(
+            p.in_features % q.group_size == 0 for path, p in self.pending.items() if _leaf(path) in slices.row
+        )
 
     def filter(self, tensors: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, torch.Tensor]]:
         """Pass through what the model loads itself; keep the planned linears' weights and biases."""
@@ -127,7 +159,9 @@ class QuantPlan:
             raise ValueError(f"checkpoint is missing weights of {path} ({len(shards)} of {want} shards)")
         whole = [shards[i] for i in range(want)]
         kind = self._method(path, whole)
-        codes = self._encode(kind, whole)  # per shard: every encoding is row by row, as the fused layer's
+        codes = self._encode(
+            kind, whole, path
+        )  # per shard: every encoding is row by row, as the fused layer's
         parts = [self.cut(self.names[path][i], c) for i, c in enumerate(codes)]
         bias = torch.cat([biases[i].float() for i in range(want)]) if pending.has_bias else None
         rows = sum(p.shape[0] for p in parts)
@@ -148,7 +182,7 @@ class QuantPlan:
                 linear.bias.copy_(bias)
         return linear.requires_grad_(False)
 
-    def _encode(self, kind: str, parts: list[Shard]) -> list[Any]:
+    def _encode(self, kind: str, parts: list[Shard], path: str) -> list[Any]:
         """Each shard of a layer in the form its linear takes: floats, Int8Rows, or GroupQuantWeight."""
         if kind == "float":
             return [_dense(p) for p in parts]
@@ -161,7 +195,13 @@ class QuantPlan:
                 else GroupQuantWeight.quantize(p, 4, self.qcfg.group_size)
                 for p in parts
             ]
-        return [Int8Rows.quantize(_dense(p)) for p in parts]
+        return [Int8Rows.quantize(_dense(p), self._row_absmax(path, p)) for p in parts]
+
+    def _row_absmax(self, path: str, part: Shard) -> torch.Tensor | None:
+        """The whole rows' absolute maxima of a row-parallel layer read as slices (None: the part's own)."""
+        if self.slices is None or _leaf(path) not in self.slices.row:
+            return None
+        return self.slices.all_reduce_max(Int8Rows.row_absmax(_dense(part)))
 
     def _codes(self, kind: str, parts: list[Shard]) -> list[GroupQuantWeight]:
         """The layer's codes for the Triton kernel: stored codes when they fuse, else quantized floats."""
@@ -219,3 +259,7 @@ def _same_layout(parts: list[Shard]) -> bool:
 def _set_module(model: nn.Module, path: str, module: nn.Module) -> None:
     parent, _, leaf = path.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, leaf, module)
+
+
+def _leaf(path: str) -> str:
+    return path.rpartition(".")[2]
