@@ -262,15 +262,12 @@ class InferencePoolSpec(CrdModel):
             lambda s: s.mode != "Disaggregated" or s.prefill is not None,
         ),
         CelRule(
-            "!has(self.engine) || self.engine.pipelineParallelSize == 1 || (self.mode == 'Aggregated' && "
-            "(!has(self.kvstore) || !has(self.kvstore.enabled) || !self.kvstore.enabled) && "
+            "!has(self.engine) || self.engine.pipelineParallelSize == 1 || "
+            "((!has(self.kvstore) || !has(self.kvstore.enabled) || !self.kvstore.enabled) && "
             "(!has(self.loras) || size(self.loras) == 0))",
-            "engine.pipelineParallelSize > 1 needs mode Aggregated, no kvstore and no loras (P/D, the "
-            "kvstore tier and LoRA over pipeline stages are not built yet; tensor parallelism serves them)",
-            lambda s: (
-                s.engine.pipeline_parallel_size == 1
-                or (s.mode == "Aggregated" and not s.kvstore.enabled and not s.loras)
-            ),
+            "engine.pipelineParallelSize > 1 needs no kvstore and no loras (the kvstore tier and LoRA over "
+            "pipeline stages are not built yet; tensor parallelism serves them; P/D over stages is)",
+            lambda s: s.engine.pipeline_parallel_size == 1 or (not s.kvstore.enabled and not s.loras),
         ),
         CelRule(
             "self.mode != 'Aggregated' || !has(self.prefill)",

@@ -17,7 +17,7 @@ from services.engine.core.scheduler import Scheduler, SchedulerConfig
 from services.engine.core.startup_heap import release_startup_heap
 from services.engine.executor.executor import Executor, UniprocExecutor
 from services.engine.executor.multiproc_executor import MultiprocExecutor
-from services.engine.executor.tp_checks import check_tensor_parallel, unsupported
+from services.engine.executor.tp_checks import check_tensor_parallel
 from services.engine.kv_transfer.context import ConnectorFactory, KVTransferContext, aggregated_connectors
 from services.engine.platforms.detect import current_platform
 from services.engine.worker.kv_cache_sizer import DEFAULT_BATCHED_TOKENS, KVCacheSizer
@@ -94,15 +94,10 @@ class EngineCore:
         self.tp, self.pp = (self._groups.tp, self._groups.pp) if self._groups is not None else (None, None)
 
     def _build_connector(self, kv_cache: torch.Tensor, connectors: ConnectorFactory) -> None:
-        """The role's KV connectors over this engine's cache (refused over pipeline stages)."""
-        config = self.config
+        """The role's KV connectors over this engine's cache (every rank's: tensor shards and pipeline stages)."""
         ranks = self._parallel.kv_ranks if self._parallel is not None else []
-        staged = config.pipeline_parallel_size > 1
-        refusal = (
-            unsupported(config, "--role prefill/decode (KV split over pipeline stages)") if staged else None
-        )
         self.kv_transfer = KVTransferContext(
-            config, kv_cache, self.kv_compat(), ranks, refusal, self.worker.kv_head_ranges(),
+            self.config, kv_cache, self.kv_compat(), ranks, self.worker.kv_head_ranges(),
             emit=self.kv_manager.pool.emit,
         )  # fmt: skip
         try:
@@ -173,6 +168,7 @@ class EngineCore:
             ),
             weights=self.quant.describe(),
             tensor_parallel_size=self.config.tensor_parallel_size,
+            pipeline_parallel_size=self.config.pipeline_parallel_size,
         )
 
     def transfer_stats(self) -> tuple[dict[tuple[str, str], int], dict[str, int]]:

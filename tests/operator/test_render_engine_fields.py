@@ -145,8 +145,11 @@ def test_pipeline_parallel_size_sets_the_flag_and_the_gpu_count():
     assert res["limits"]["nvidia.com/gpu"] == res["requests"]["nvidia.com/gpu"] == "6"
     pd = load_example("disaggregated-pool.yaml")
     pd["spec"]["engine"]["pipelineParallelSize"] = 2
-    with pytest.raises(ValueError, match="pipelineParallelSize > 1 needs mode Aggregated"):
+    with pytest.raises(ValueError, match="pipelineParallelSize > 1 needs no kvstore and no loras"):
         parse_pool(pd)
+    pd["spec"]["kvstore"] = {"enabled": False}  # P/D over pipeline stages: rank r reads rank r
+    pods = _engines(pd)
+    assert len(pods) == 2 and all("--pipeline-parallel-size" in p["containers"][0]["args"] for p in pods)
 
 
 def test_every_engine_field_reaches_the_engines():
@@ -169,8 +172,8 @@ def test_every_engine_field_reaches_the_engines():
 
 def test_tensor_parallel_size_sets_the_flag_and_the_gpu_count():
     """--tensor-parallel-size 2 and nvidia.com/gpu 2 on GPU pods (none added to CPU pods), with the kvstore,
-    LoRA and EAGLE; refused where the engines cannot shard (P/D, kvstore, LoRA or speculation over
-    pipeline stages)."""
+    LoRA and EAGLE; P/D over pipeline stages; refused where the engines cannot shard (the kvstore, LoRA
+    or speculation over pipeline stages)."""
     body = load_example("aggregated-pool.yaml")
     body["spec"]["engine"]["tensorParallelSize"] = 2
     (pod,) = _engines(body)
@@ -197,8 +200,11 @@ def test_tensor_parallel_size_sets_the_flag_and_the_gpu_count():
         args = pod["containers"][0]["args"]
         assert args[args.index("--tensor-parallel-size") + 1] == "2"
     pd["spec"]["engine"]["pipelineParallelSize"] = 2
-    with pytest.raises(ValueError, match="pipelineParallelSize > 1 needs mode Aggregated"):
+    with pytest.raises(ValueError, match="pipelineParallelSize > 1 needs no kvstore and no loras"):
         parse_pool(pd)
+    pd["spec"]["kvstore"] = {"enabled": False}  # P/D over pipeline stages: rank r reads rank r
+    pods = _engines(pd)
+    assert len(pods) == 2 and all("--pipeline-parallel-size" in p["containers"][0]["args"] for p in pods)
     spec = copy.deepcopy(body)
     spec["spec"]["engine"]["speculative"] = {"method": "ngram", "numSpeculativeTokens": 3}
     (spec_pod,) = _engines(spec)  # n-gram (and draft-model) speculation run with TP

@@ -10,12 +10,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.cli import build_parser
-from services.engine.core.config import EngineConfig
-from services.engine.engine_core import EngineCore
-from services.engine.entrypoints.cli import ServeError, build
-from services.prefill.role import PrefillRole, PrefillSettings
-from services.serve_cli import ROLE_FACTORIES
 from tests.engine.entrypoints.helpers import MODEL, EngineEndpoint
 from tests.engine_harness import start_in_process
 from tests.pd.test_pd_flow import complete, disaggregated, prompts
@@ -82,21 +76,3 @@ def test_a_decode_of_another_tp_size_refuses_the_kv_with_409(tp_pd, llama_dir: P
         decode.wait_until(lambda m: m["kvferry_kv_cache_usage_ratio"] == 0.0, timeout=10)
     finally:
         decode.stop()
-
-
-def test_pd_over_pipeline_stages_is_refused_at_start(llama_dir: Path) -> None:
-    """Each stage holds other layers' KV: P/D with pipeline parallelism is not built, and says so."""
-    config = EngineConfig(model=str(llama_dir), pipeline_parallel_size=2, num_kv_blocks=64, max_model_len=512)
-    with pytest.raises(
-        ValueError, match="prefill/decode \\(KV split over pipeline stages\\) is not supported"
-    ):
-        EngineCore(config, PrefillRole(PrefillSettings()).connectors)
-
-
-@pytest.mark.parametrize("role", ["prefill", "decode"])
-def test_serve_refuses_pd_over_pipeline_stages_before_loading(role: str, tmp_path: Path) -> None:
-    """``kvferry serve`` names both flags and exits 2 before it reads the model (here: an empty folder)."""
-    argv = ["serve", str(tmp_path), "--role", role, "--pipeline-parallel-size", "2"]
-    with pytest.raises(ServeError, match=f"--role {role} with --pipeline-parallel-size 2") as refused:
-        build(build_parser(argv).parse_args(argv), ROLE_FACTORIES)
-    assert refused.value.code == 2

@@ -165,6 +165,11 @@ class KVCompat(BaseModel):
         description="KV shards, one per tensor-parallel rank (each holds its KV heads); decode rank r reads "
         "prefill rank r, so both must use the same size (heterogeneous TP is future work).",
     )
+    pipeline_parallel_size: PositiveInt = Field(
+        1,
+        description="Pipeline stages, each holding its layers' part of every block; rank r (stage and "
+        "tensor shard) reads rank r of prefill, so both must split the layers alike.",
+    )
 
     def check(self, remote: KVCompat, peer: str = "peer") -> None:
         """Raise KVIncompatibleError naming every field on which ``remote`` differs from us."""
@@ -207,14 +212,17 @@ class KVHandshake(KVAgent):
 
     compat: KVCompat
     tp_ranks: list[KVAgent] = Field(
-        default_factory=list, description="Agents of tensor-parallel ranks 1..tp-1, in rank order."
+        default_factory=list,
+        description="Agents of ranks 1..tp*pp-1 (tensor shards within a stage, then stages), in rank order.",
     )
 
     @model_validator(mode="after")
     def _one_agent_per_rank(self) -> Self:
-        if len(self.tp_ranks) != self.compat.tensor_parallel_size - 1:
+        c = self.compat
+        ranks = c.tensor_parallel_size * c.pipeline_parallel_size
+        if len(self.tp_ranks) != ranks - 1:
             raise ValueError(
-                f"tensor_parallel_size={self.compat.tensor_parallel_size} needs "
-                f"{self.compat.tensor_parallel_size - 1} tp_ranks agents, got {len(self.tp_ranks)}"
+                f"tensor_parallel_size={c.tensor_parallel_size} x pipeline_parallel_size="
+                f"{c.pipeline_parallel_size} needs {ranks - 1} tp_ranks agents, got {len(self.tp_ranks)}"
             )
         return self

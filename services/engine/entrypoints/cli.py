@@ -249,23 +249,12 @@ class ServeError(Exception):
         self.code = code
 
 
-def _check_role_fits(role: str, config: EngineConfig) -> None:
-    """ValueError before the model loads: P/D moves whole blocks of every layer, pipeline stages split them."""
-    if role != "both" and config.pipeline_parallel_size > 1:
-        raise ValueError(
-            f"--role {role} with --pipeline-parallel-size {config.pipeline_parallel_size}: "
-            "prefill/decode (KV split over pipeline stages) is not supported yet; "
-            "serve --role both, or shard with --tensor-parallel-size"
-        )
-
-
 def build(args: argparse.Namespace, roles: Mapping[str, RoleFactory]) -> tuple[FastAPI, ServerSettings]:
     """The role, the engine (model loaded) and its app from parsed flags; raises ServeError."""
     try:
         check_pool_hash_version(os.environ)
         role = roles[args.role](args)
         engine_config, settings = _configs(args)
-        _check_role_fits(args.role, engine_config)
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
         raise ServeError(2, config_problem(exc)) from exc
     from services.engine.async_llm import AsyncLLM

@@ -29,17 +29,15 @@ class KVTransferContext:
         kv_cache: torch.Tensor,
         compat: KVCompat,
         ranks: Sequence[RankTransferClient] = (),
-        refusal: str | None = None,
         kv_heads: Sequence[tuple[int, int]] = (),
         emit: Callable[[KVEvent], None] | None = None,
     ) -> None:
-        """``ranks``: the tensor-parallel workers' agents (their KV shards), when there are any;
-        ``refusal``: why this engine cannot move KV to or from other engines (ValueError on first use);
+        """``ranks``: the other ranks' agents (their KV shards and stages), when there are any;
         ``kv_heads``: each rank's (first KV head, count) under tensor parallelism, rank order;
         ``emit``: where a tier's KV events go (published with the primary pool's)."""
         self.config, self.kv_cache, self.compat = config, kv_cache, compat
         self.kv_heads, self.emit = list(kv_heads), emit
-        self.ranks, self.refusal = list(ranks), refusal
+        self.ranks = list(ranks)
         self.block_size = compat.block_size
         self._transfer: BlockTransfer | None = None
         self._local: NixlTransfer | None = None  # this process's agent (workers close theirs with their pipe)
@@ -50,8 +48,6 @@ class KVTransferContext:
 
         ``purpose`` names a user that needs NIXL (e.g. "prefill"): its absence is then logged as a warning.
         """
-        if self.refusal is not None:
-            raise ValueError(self.refusal)
         if not self._transfer_tried:
             self._transfer_tried = True
             from services.engine.kv_transfer.nixl_transfer import NixlTransfer, nixl_available
