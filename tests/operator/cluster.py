@@ -240,9 +240,10 @@ class Cluster:
 
 
 def wait_for(
-    predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.2, what: str = ""
+    predicate: Callable[[], Any], timeout: float = 60.0, interval: float = 0.2, what: str = ""
 ) -> Any:
-    """Poll until predicate() is truthy (sleeping between polls); AssertionError on timeout."""
+    """Poll until predicate() is truthy (sleeping between polls); AssertionError on timeout (a bound on a
+    hang, not a timed assertion: a loaded 2-core machine can take 20 s for a step the operator does at once)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

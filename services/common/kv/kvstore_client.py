@@ -13,6 +13,7 @@ from services.common.pool.pool_secret import auth_metadata
 
 DEFAULT_BATCH_BYTES = 1 << 20
 MAX_MESSAGE_BYTES = 256 << 20  # one message holds at least one block, however big
+HANDSHAKE_TIMEOUT_S = 10.0  # the NIXL handshake: once per store, not per block
 GRPC_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -137,7 +138,12 @@ class KVStoreClient:
         region or refuses the engine's KV layout (the message says why).
         """
         request = kvstore_pb2.HandshakeRequest(compat_json=compat_json)
-        handshake: str = self._call("nixl handshake", self._stub.NixlHandshake, request).handshake_json
+        # once per store (and per restart): a longer deadline than a block call's, so that a busy store
+        # is not taken for one without NIXL (which would send every fetch over gRPC for 30 s)
+        timeout_s = max(self.timeout_s, HANDSHAKE_TIMEOUT_S)
+        handshake: str = self._call(
+            "nixl handshake", self._stub.NixlHandshake, request, timeout_s
+        ).handshake_json
         return handshake
 
     def pin_prefix(self, keys: Sequence[BlockKey], ttl_s: float = 10.0) -> list[int]:
@@ -153,9 +159,11 @@ class KVStoreClient:
         reply = self._call("pin", self._stub.PinPrefix, request)
         return reply.store_id, list(reply.slots)
 
-    def _call(self, what: str, method: grpc.UnaryUnaryMultiCallable, request: object) -> Any:
+    def _call(
+        self, what: str, method: grpc.UnaryUnaryMultiCallable, request: object, timeout_s: float | None = None
+    ) -> Any:
         try:
-            return method(request, timeout=self.timeout_s, metadata=self._metadata)
+            return method(request, timeout=timeout_s or self.timeout_s, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise KVStoreUnavailable(
                 f"kvstore {what} at {self.target} failed: {exc.code().name} {exc.details()}"
