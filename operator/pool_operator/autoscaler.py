@@ -13,17 +13,20 @@ import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from pool_operator.config import AUTOSCALER_FIELD_MANAGER, OperatorConfig
-from pool_operator.engine_metrics import EngineSample, parse_held, parse_sample, role_signal
+from pool_operator.engine_metrics import EngineSample, observe_demand, parse_held, parse_sample, role_signal
 from pool_operator.kubeclient import KubeClient
 from pool_operator.models import InferencePool
 from pool_operator.naming import HTTP_PORT, PoolNames
 from pool_operator.policy import Decision, Recommendation, ScalingPolicy, apply_ratio_band
+from pool_operator.slo_autoscaling import load_timing, slo_policy
+from pool_operator.slo_policy import ROLES, SloState
 from services.common.pool.pod_labels import (
     DELETION_COST_ANNOTATION,
     DRAINING_ANNOTATION,
     DRAINING_VALUE,
     is_draining,
 )
+from services.sim.timing_model import TimingModelError
 
 EventPoster = Callable[[str, str], None]  # (reason, message)
 
@@ -44,6 +47,7 @@ class AutoscaleState:
     history: dict[str, tuple[Recommendation, ...]] = field(default_factory=dict)
     samples: dict[str, EngineSample] = field(default_factory=dict)
     drains: dict[str, Drain] = field(default_factory=dict)
+    slo: SloState = field(default_factory=SloState)
 
 
 class AutoscalerMetrics:
@@ -161,24 +165,51 @@ class Autoscaler:
             )
         return out
 
-    async def decide(self, pool: InferencePool, state: AutoscaleState, now: float) -> dict[str, Decision]:
-        names = PoolNames(pool.metadata.name, pool.metadata.namespace)
-        deployments = {
+    async def _deployments(self, names: PoolNames) -> dict[str, dict[str, Any]]:
+        return {
             d["metadata"]["name"]: d
             for d in await self.client.list("Deployment", names.namespace, names.pool_selector_string())
         }
+
+    async def _serving_pods(self, names: PoolNames, role: str) -> list[dict[str, Any]]:
+        pods = await self.client.list("Pod", names.namespace, names.selector_string(role))
+        return [p for p in pods if _pod_ready(p) and not _draining(p)]
+
+    async def decide_slo(self, pool: InferencePool, state: AutoscaleState, now: float) -> dict[str, Decision]:
+        """spec.autoscaling.slo: both roles at once from the observed demand (TimingModelError: bad timing)."""
+        names = PoolNames(pool.metadata.name, pool.metadata.namespace)
+        policy = slo_policy(pool, await load_timing(self.client, pool))
+        assert policy is not None
+        deployments = await self._deployments(names)
+        current: dict[str, int] = {}
+        samples: dict[str, dict[str, EngineSample]] = {}
+        for role in ROLES:
+            deployment = deployments.get(names.child(role))
+            if deployment is None:
+                return {}
+            current[role] = int(deployment.get("spec", {}).get("replicas", 1))
+            samples[role] = await self.scrape(await self._serving_pods(names, role))
+        demand = observe_demand(samples["prefill"], samples["decode"], state.samples)
+        for role_samples in samples.values():
+            state.samples.update(role_samples)
+        decisions, state.slo = policy.decide(current, demand, state.slo, now)
+        if demand is not None:
+            for role in ROLES:
+                self.metrics.signal.labels(names.namespace, names.pool, role).set(demand.rate)
+        return decisions
+
+    async def decide(self, pool: InferencePool, state: AutoscaleState, now: float) -> dict[str, Decision]:
+        if pool.spec.autoscaling is not None and pool.spec.autoscaling.slo is not None:
+            return await self.decide_slo(pool, state, now)
+        names = PoolNames(pool.metadata.name, pool.metadata.namespace)
+        deployments = await self._deployments(names)
         decisions: dict[str, Decision] = {}
         for role, (policy, metric) in self.policies(pool).items():
             deployment = deployments.get(names.child(role))
             if deployment is None:
                 continue
             current = int(deployment.get("spec", {}).get("replicas", 1))
-            pods = [
-                p
-                for p in await self.client.list("Pod", names.namespace, names.selector_string(role))
-                if _pod_ready(p) and not _draining(p)
-            ]
-            samples = await self.scrape(pods)
+            samples = await self.scrape(await self._serving_pods(names, role))
             signal = role_signal(metric, samples, state.samples)
             if current == 0 and role != "prefill":  # no engine: the routers hold requests, the demand
                 signal = await self.held_requests(names) or signal
@@ -285,8 +316,14 @@ class Autoscaler:
     ) -> list[str]:
         """Decide and act for every autoscaled role; returns the roles whose replicas changed."""
         now = time.monotonic()
-        changed = []
-        for role, decision in (await self.decide(pool, state, now)).items():
+        changed: list[str] = []
+        try:
+            decisions = await self.decide(pool, state, now)
+        except TimingModelError as error:
+            logger.warning(f"SLO autoscaling holds replicas: {error}")
+            post("InvalidTimingModel", str(error))
+            return changed
+        for role, decision in decisions.items():
             if await self.act(pool, decision, state, now, post, logger):
                 changed.append(role)
         return changed

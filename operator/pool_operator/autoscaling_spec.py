@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from pool_operator.crd_model import CelRule, CrdModel
+from pool_operator.crd_model import DNS_SUBDOMAIN, CelRule, CrdModel
 
 
 class PrefillTarget(CrdModel):
@@ -69,10 +69,55 @@ class RatioBand(CrdModel):
     max: float = Field(gt=0)
 
 
+class RoleBounds(_Bounds):
+    """Replica bounds of one role under the SLO policy (at least one: the policy sizes from live metrics)."""
+
+    CEL_RULES = _Bounds.CEL_RULES
+    min_replicas: int = Field(1, ge=1)
+
+
+class TimingConfigMap(CrdModel):
+    """A ConfigMap key holding a `kvferry sim calibrate` timing model (JSON) of this pool's engines."""
+
+    name: str = Field(pattern=DNS_SUBDOMAIN, max_length=253)
+    key: str = Field("timing.json", pattern=r"^[-._a-zA-Z0-9]+$", max_length=253)
+
+
+class SloAutoscaling(CrdModel):
+    """Prefill and decode scaled together from TTFT and ITL targets (queueing model, forecast, P:D band)."""
+
+    ttft_seconds: float = Field(gt=0, description="time-to-first-token target")
+    itl_seconds: float = Field(gt=0, description="inter-token latency target")
+    prefill: RoleBounds
+    decode: RoleBounds
+    forecast_seconds: int = Field(
+        120, ge=0, le=3600, description="plan capacity for the arrival rate forecast this far ahead"
+    )
+    max_step_replicas: int = Field(4, ge=1, le=100, description="most replicas one role moves per decision")
+    timing_config_map: TimingConfigMap | None = Field(
+        None, description="the engines' calibrated timing model (default: the committed SmolLM2 CPU model)"
+    )
+
+
 class AutoscalingSpec(CrdModel):
-    """Per-role autoscaling policy; a role without an entry keeps its declared replicas."""
+    """Per-role autoscaling policy, or the SLO policy of both roles; a role without one keeps its replicas."""
+
+    CEL_RULES = (
+        CelRule(
+            "!has(self.slo) || (!has(self.prefill) && !has(self.decode))",
+            "autoscaling.slo replaces autoscaling.prefill and autoscaling.decode: set one or the other",
+            lambda s: s.slo is None or (s.prefill is None and s.decode is None),
+        ),
+    )
 
     prefill: PrefillAutoscaling | None = None
     decode: DecodeAutoscaling | None = None
+    slo: SloAutoscaling | None = None
     scale_down_stabilization_seconds: int = Field(300, ge=0, le=3600)
     prefill_decode_ratio: RatioBand | None = None
+
+    def bounds(self, role: str) -> _Bounds | None:
+        """The replica bounds of ``role`` ("prefill" or "decode"), whichever policy owns it; None if none."""
+        if self.slo is not None:
+            return self.slo.prefill if role == "prefill" else self.slo.decode
+        return self.prefill if role == "prefill" else self.decode

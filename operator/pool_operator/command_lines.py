@@ -197,7 +197,7 @@ class CommandLines:
         if self.spec.router.tenants:
             return ["--tenants-file", f"{TENANTS_MOUNT}/{TENANTS_FILE}"]
         auto = self.spec.autoscaling
-        bounds = [] if auto is None else [b for b in (auto.prefill, auto.decode) if b is not None]
+        bounds = [] if auto is None else [b for b in map(auto.bounds, ("prefill", "decode")) if b is not None]
         return ["--flow-control"] if any(b.min_replicas == 0 for b in bounds) else []
 
     def session_args(self) -> list[str]:

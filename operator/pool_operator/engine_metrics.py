@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pool_operator.queueing_model import Demand
 from services.common.pool.load_report import LoadReport, parse_load_report
 
 
@@ -19,6 +20,9 @@ class EngineSample:
     kv_usage: float = 0.0
     prompt_tokens_total: float = 0.0
     itl_buckets: tuple[tuple[float, float], ...] = ()  # (upper bound, cumulative count), sorted
+    prefix_cache_hits: float = 0.0  # prompt tokens found cached (counter)
+    ttft_count: float = 0.0  # first tokens (counter: requests served)
+    itl_count: float = 0.0  # inter-token gaps (counter: output tokens beyond each first)
 
     @classmethod
     def of(cls, report: LoadReport, at: float) -> EngineSample:
@@ -29,6 +33,9 @@ class EngineSample:
             kv_usage=report.kv_usage,
             prompt_tokens_total=report.prompt_tokens_total,
             itl_buckets=report.itl_buckets,
+            prefix_cache_hits=report.prefix_cache_hits,
+            ttft_count=report.ttft_count,
+            itl_count=report.itl_count,
         )
 
 
@@ -99,3 +106,41 @@ def role_signal(
                 merged[bound] = merged.get(bound, 0.0) + count
         return histogram_quantile(0.9, sorted(merged.items()))
     raise ValueError(f"unknown autoscaling metric {metric!r}")
+
+
+def _deltas(samples: dict[str, EngineSample], previous: dict[str, EngineSample]) -> dict[str, float] | None:
+    """Per-second rates of the counters summed over pods seen twice (None when no pod was)."""
+    pairs = [(s, previous[p]) for p, s in samples.items() if p in previous and s.at > previous[p].at]
+    if not pairs:
+        return None
+    names = ("ttft_count", "itl_count", "prompt_tokens_total", "prefix_cache_hits")
+    return {n: sum(max(0.0, getattr(s, n) - getattr(b, n)) / (s.at - b.at) for s, b in pairs) for n in names}
+
+
+def observe_demand(
+    prefill: dict[str, EngineSample], decode: dict[str, EngineSample], previous: dict[str, EngineSample]
+) -> Demand | None:
+    """The SLO policy's Demand from both roles' scrapes and the previous ones (None before two scrapes).
+
+    Requests/s: first tokens per second on decode (every request decodes); output tokens per request:
+    inter-token gaps per first token, plus one; prompt tokens per request: decode's prompt tokens per
+    first token; prefill share and uncached tokens: prefill's first tokens and prompt tokens less
+    prefix-cache hits; backlog: waiting requests on both roles.
+    """
+    dr = _deltas(decode, previous)
+    if dr is None:
+        return None
+    pr = _deltas(prefill, previous) or dict.fromkeys(dr, 0.0)
+    rate = dr["ttft_count"]
+    served = max(rate, 1e-9)
+    prefills = pr["ttft_count"]
+    return Demand(
+        rate=rate,
+        prefill_share=min(1.0, pr["ttft_count"] / served),
+        prefill_tokens=max(0.0, pr["prompt_tokens_total"] - pr["prefix_cache_hits"]) / prefills
+        if prefills > 0
+        else 0.0,
+        prompt_tokens=dr["prompt_tokens_total"] / served,
+        output_tokens=dr["itl_count"] / served + 1.0 if rate > 0 else 0.0,
+        backlog=sum(s.waiting for s in (*prefill.values(), *decode.values())),
+    )

@@ -179,6 +179,10 @@ class KubeClient:
             for item in items
         ]
 
+    async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any]:
+        """One object (KubeApiError 404 when it does not exist)."""
+        return await self._request("GET", resource_path(kind, namespace, name))
+
     async def merge_patch(
         self, kind: str, namespace: str, name: str, patch: dict[str, Any]
     ) -> dict[str, Any]:

@@ -280,6 +280,11 @@ class InferencePoolSpec(CrdModel):
             lambda s: s.autoscaling is None or s.autoscaling.prefill is None or s.mode == "Disaggregated",
         ),
         CelRule(
+            "!has(self.autoscaling) || !has(self.autoscaling.slo) || self.mode == 'Disaggregated'",
+            "autoscaling.slo needs mode Disaggregated (it scales prefill and decode together)",
+            lambda s: s.autoscaling is None or s.autoscaling.slo is None or s.mode == "Disaggregated",
+        ),
+        CelRule(
             "!has(self.engine) || !has(self.engine.task) || self.engine.task != 'embed' || self.mode == 'Aggregated'",
             "engine.task embed needs mode Aggregated (an embedding has no decode phase to disaggregate)",
             lambda s: s.engine.task != "embed" or s.mode == "Aggregated",

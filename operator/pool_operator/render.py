@@ -240,12 +240,12 @@ class PoolRenderer:
         for role in self.engine_roles:
             role_spec = spec.prefill if role == "prefill" else spec.decode
             assert role_spec is not None  # the spec's rules guarantee prefill when disaggregated
-            policy = (
+            bounds = (
                 None
                 if autoscaling is None
-                else (autoscaling.prefill if role == "prefill" else autoscaling.decode)
+                else autoscaling.bounds("prefill" if role == "prefill" else "decode")
             )
-            items.append(builder.engine(role, role_spec, autoscaled=policy is not None))
+            items.append(builder.engine(role, role_spec, autoscaled=bounds is not None))
         items.append(builder.router())
         if spec.kvstore.enabled:
             items.append(builder.kvstore())

@@ -69,6 +69,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         "python benchmarks/sim_fleet.py",
         "`kvferry sim` on the agentic generator (0.03 sessions per engine per second) at 10, 100 and 1,000 simulated engines, prefix-aware vs round robin, at the router's 20 ms index budget and with a budget lookups can meet; and the Redis prefix index loaded directly by 1,000 engines' KV event batches (events/s) with lookup latency of 100-block prompts.",
     ),
+    "sim_slo": Benchmark(
+        "SLO autoscaling vs the per-role policy (simulated)",
+        "python benchmarks/sim_slo.py",
+        "`kvferry sim` on the diurnal chat generator (peak 1 req/s, 10% at the trough, a 30-minute day) through examples/disaggregated-pool.yaml with the least-load router: today's per-role policy (prefill on WaitingRequests, decode on ITLP90Seconds) against `spec.autoscaling.slo` with the same bounds, band and window; TTFT and ITL attainment, engine-hours, scale events, P:D range.",
+    ),
     "sampler": Benchmark(
         "Sampler: one batch vs a loop of rows",
         "python benchmarks/sampler.py",

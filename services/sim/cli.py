@@ -87,7 +87,8 @@ def _reports(args: argparse.Namespace, rows: list[TraceRow], timing: TimingModel
     runs = []
     for path in [p for p in (args.pool, args.compare) if p is not None]:
         for pool in load_pools(path):
-            runs.append((pool_settings(pool, base), pool_timing(pool, timing), pool_autoscaler(pool)))
+            model = pool_timing(pool, timing)
+            runs.append((pool_settings(pool, base), model, pool_autoscaler(pool, model)))
     if not runs:
         runs.append((base, timing, None))
     reports = []

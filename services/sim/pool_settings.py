@@ -23,8 +23,9 @@ def _start_replicas(declared: int, bounds: tuple[int, int] | None) -> int:
 def pool_settings(pool: InferencePool, base: SimSettings) -> SimSettings:
     """``base`` with the pool's mode, replicas per role, strategy, weights and P/D threshold."""
     spec, auto = pool.spec, pool.spec.autoscaling
-    decode_bounds = (auto.decode.min_replicas, auto.decode.max_replicas) if auto and auto.decode else None
-    prefill_bounds = (auto.prefill.min_replicas, auto.prefill.max_replicas) if auto and auto.prefill else None
+    decode, prefill = (auto.bounds("decode"), auto.bounds("prefill")) if auto else (None, None)
+    decode_bounds = (decode.min_replicas, decode.max_replicas) if decode else None
+    prefill_bounds = (prefill.min_replicas, prefill.max_replicas) if prefill else None
     w = spec.router.weights
     return base.model_copy(
         update={
@@ -56,8 +57,8 @@ def pool_timing(pool: InferencePool, timing: TimingModel) -> TimingModel:
     )
 
 
-def pool_autoscaler(pool: InferencePool) -> Callable[[Fleet], SimAutoscaler] | None:
-    """The operator's per-role policy over the fleet, when the pool autoscales."""
+def pool_autoscaler(pool: InferencePool, timing: TimingModel) -> Callable[[Fleet], SimAutoscaler] | None:
+    """The operator's policy (per role, or SLO over ``timing``) over the fleet, when the pool autoscales."""
     if pool.spec.autoscaling is None:
         return None
-    return lambda fleet: SimAutoscaler(pool, fleet)
+    return lambda fleet: SimAutoscaler(pool, fleet, timing)

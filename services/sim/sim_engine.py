@@ -36,6 +36,7 @@ class EngineStats:
     busy_s: float = 0.0
     prompt_tokens_total: int = 0
     computed_prompt_tokens: int = 0
+    first_tokens: int = 0  # requests that got their first token (the TTFT histogram's count)
     events_published: int = 0
     batches_published: int = 0
     itl_counts: list[int] = field(default_factory=lambda: [0] * len(ITL_BOUNDS))
@@ -80,6 +81,7 @@ class SimEngine:
         self._outputs: dict[str, list[int]] = {}
         self._listeners: dict[str, TokenListener] = {}
         self._last_token_at: dict[str, float] = {}
+        self._started: set[str] = set()  # requests whose first token is out
         self._pending: SchedulerOutput | None = None
         self._stepping = False
         self._seq = 0
@@ -168,6 +170,9 @@ class SimEngine:
     def _deliver(self, out: EngineCoreOutput) -> None:
         rid, now, finished = out.req_id, self.clock.now, out.finish_reason is not None
         last = self._last_token_at.get(rid)
+        if out.new_token_ids and rid not in self._started:
+            self._started.add(rid)
+            self.stats.first_tokens += 1
         if last is not None and out.new_token_ids:
             i = bisect.bisect_left(ITL_BOUNDS, now - last)
             self.stats.itl_counts[i] += 1
@@ -175,6 +180,7 @@ class SimEngine:
         listener = self._listeners[rid]
         if finished:
             del self._listeners[rid], self._outputs[rid], self._last_token_at[rid]
+            self._started.discard(rid)
         listener(rid, len(out.new_token_ids), finished, out.num_cached_tokens)
 
     def keep_events(self) -> list[KVEvent]:

@@ -1,7 +1,9 @@
-"""Trace generators: chat (shared system prompt), rag (shared documents), agentic (growing sessions)."""
+"""Trace generators: chat (shared system prompt), rag (shared documents), agentic (growing sessions),
+diurnal (chat whose arrival rate rises and falls over the trace)."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from typing import Literal
@@ -10,8 +12,8 @@ from pydantic import BaseModel, Field
 
 from services.sim.trace import TraceRow
 
-GeneratorName = Literal["chat", "rag", "agentic"]
-GENERATORS: tuple[GeneratorName, ...] = ("chat", "rag", "agentic")
+GeneratorName = Literal["chat", "rag", "agentic", "diurnal"]
+GENERATORS: tuple[GeneratorName, ...] = ("chat", "rag", "agentic", "diurnal")
 
 
 class GeneratorSettings(BaseModel):
@@ -26,6 +28,18 @@ class GeneratorSettings(BaseModel):
     turns: int = Field(6, ge=1, description="agentic: turns per session")
     turn_gap_s: float = Field(8.0, gt=0, description="agentic: mean gap between a session's turns")
     max_output: int = Field(4096, ge=1, description="cap on every row's output length")
+    trough: float = Field(0.1, ge=0, le=1, description="diurnal: the lowest rate, as a share of the peak")
+
+
+def _diurnal_arrivals(rng: random.Random, s: GeneratorSettings) -> list[float]:
+    """Poisson arrivals whose rate follows one day over the trace: ``trough * rate`` at the start and the
+    end, ``rate`` (the peak) halfway (a raised cosine; thinning of a peak-rate process)."""
+    out = []
+    for t in _arrivals(rng, s.rate, s.duration_s):
+        phase = (1 - math.cos(2 * math.pi * t / s.duration_s)) / 2
+        if rng.random() < s.trough + (1 - s.trough) * phase:
+            out.append(t)
+    return out
 
 
 def _arrivals(rng: random.Random, rate: float, duration_s: float) -> list[float]:
@@ -36,11 +50,12 @@ def _arrivals(rng: random.Random, rate: float, duration_s: float) -> list[float]
     return out
 
 
-def chat(s: GeneratorSettings) -> list[TraceRow]:
+def chat(s: GeneratorSettings, diurnal: bool = False) -> list[TraceRow]:
     """Single-turn chat: one shared system prompt, a user message of 50-800 tokens, 30-300 out."""
     rng = random.Random(s.seed)
     rows = []
-    for i, t in enumerate(_arrivals(rng, s.rate, s.duration_s)):
+    times = _diurnal_arrivals(rng, s) if diurnal else _arrivals(rng, s.rate, s.duration_s)
+    for i, t in enumerate(times):
         user = int(min(max(rng.lognormvariate(5.3, 0.7), 50), 800))
         rows.append(
             TraceRow(
@@ -107,5 +122,6 @@ def generate(name: GeneratorName, settings: GeneratorSettings) -> list[TraceRow]
         "chat": chat,
         "rag": rag,
         "agentic": agentic,
+        "diurnal": lambda settings: chat(settings, diurnal=True),
     }
     return makers[name](settings)

@@ -72,6 +72,12 @@ def _set(obj: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
 
 
 _DELETE = object()
+SLO = {
+    "ttftSeconds": 2,
+    "itlSeconds": 0.1,
+    "prefill": {"minReplicas": 1, "maxReplicas": 4},
+    "decode": {"minReplicas": 1, "maxReplicas": 8},
+}
 # (example, path, value, text that both the CRD and the models must report)
 INVALID = [
     (
@@ -129,7 +135,36 @@ INVALID = [
         5,
         "a KVCacheUsage target is a ratio in (0, 1]",
     ),
+    ("disaggregated-pool.yaml", "spec.autoscaling.slo", SLO, "autoscaling.slo replaces autoscaling.prefill"),
+    ("aggregated-pool.yaml", "spec.autoscaling", {"slo": SLO}, "autoscaling.slo needs mode Disaggregated"),
+    (
+        "disaggregated-pool.yaml",
+        "spec.autoscaling",
+        {"slo": {**SLO, "decode": {"minReplicas": 9, "maxReplicas": 2}}},
+        "minReplicas must be <= maxReplicas",
+    ),
 ]
+SLO_SCHEMA = [  # spec.autoscaling.slo of the disaggregated example: each bad value named
+    ("ttftSeconds", 0),
+    ("itlSeconds", -1),
+    ("forecastSeconds", 7200),
+    ("maxStepReplicas", 0),
+    ("decode", {"minReplicas": 0, "maxReplicas": 2}),
+    ("timingConfigMap", {"name": "Bad_Name"}),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), SLO_SCHEMA, ids=[i[0] for i in SLO_SCHEMA])
+def test_slo_fields_are_checked_and_named(validator, field, value):
+    pool = _set(load_example("disaggregated-pool.yaml"), "spec.autoscaling", {"slo": {**SLO, field: value}})
+    assert any(field in e for e in validator.errors(pool)), validator.errors(pool)
+    with pytest.raises(PoolFileError) as raised:
+        parse_pool(pool)
+    assert field in str(raised.value)
+    fine = _set(load_example("disaggregated-pool.yaml"), "spec.autoscaling", {"slo": SLO})
+    assert validator.errors(fine) == [] and parse_pool(fine).spec.autoscaling.slo is not None
+
+
 # Schema-level (types, enums, bounds, unknown fields): each layer words it its own way; both name the field.
 INVALID_SCHEMA = [
     ("spec.engine.blockSize", 0, "blockSize"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from services.sim.timing_model import TimingModel
 from tests.engine.entrypoints.helpers import MODEL, free_port
 from tests.operator.cluster import MONITORING_RESOURCES, POOLS, Cluster, wait_for
 from tests.operator.conftest import OperatorProcess, load_example
@@ -162,10 +164,7 @@ class FakeEngines:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                body = (
-                    f"kvferry_num_requests_waiting {owner.waiting}\nkvferry_num_requests_running 1\n"
-                    "kvferry_kv_cache_usage_ratio 0.5\n"
-                ).encode()
+                body = owner.page().encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body)))
@@ -181,6 +180,12 @@ class FakeEngines:
             target=self.server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True
         )
         self.thread.start()
+
+    def page(self) -> str:
+        return (
+            f"kvferry_num_requests_waiting {self.waiting}\nkvferry_num_requests_running 1\n"
+            "kvferry_kv_cache_usage_ratio 0.5\n"
+        )
 
     def close(self) -> None:
         self.server.shutdown()
@@ -320,3 +325,61 @@ def test_a_request_held_by_the_router_scales_a_role_up_from_zero(
         router.stop()
         if worker.is_alive() or held:
             worker.join(10)
+
+
+class DemandEngines(FakeEngines):
+    """Every pod's /metrics counts ``rate`` requests/s of 500 prompt tokens and 100 output tokens."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate, self.start = rate, time.monotonic()
+        super().__init__()
+
+    def page(self) -> str:
+        n = self.rate * (time.monotonic() - self.start)
+        return (
+            "kvferry_num_requests_waiting 0\nkvferry_num_requests_running 1\n"
+            f"kvferry_time_to_first_token_seconds_count {n}\nkvferry_inter_token_latency_seconds_count {99 * n}\n"
+            f"kvferry_prompt_tokens_total {500 * n}\nkvferry_prefix_cache_hits_total {200 * n}\n"
+        )
+
+
+def test_slo_policy_scales_both_roles_from_demand_and_reads_its_timing_config_map(
+    cluster, operator_process: OperatorProcess
+):
+    """spec.autoscaling.slo: a missing timing ConfigMap holds replicas (an event says why); once it exists,
+    the observed request rate sizes decode and prefill together, in steps of maxStepReplicas."""
+    engines = DemandEngines(rate=2.0)
+    try:
+        body = pool_body("slo", "golf", "disaggregated-pool.yaml")
+        slo = {
+            "ttftSeconds": 5,
+            "itlSeconds": 0.4,
+            "prefill": {"minReplicas": 1, "maxReplicas": 4},
+            "decode": {"minReplicas": 1, "maxReplicas": 12},
+            "maxStepReplicas": 3,
+            "timingConfigMap": {"name": "engine-timing"},
+        }
+        body["spec"]["autoscaling"] = {"slo": slo, "prefillDecodeRatio": {"min": 0.25, "max": 1}}
+        cluster.call("POST", pool_path("golf"), body)
+        wait_for(lambda: deployment(cluster, "golf", "slo-decode"), what="decode Deployment")
+        assert "replicas" not in deployment(cluster, "golf", "slo-decode")["spec"]
+        cluster.settle("golf", http_port=engines.port)
+        wait_for(
+            lambda: any(
+                e.get("reason") == "InvalidTimingModel" and "engine-timing" in e.get("message", "")
+                for e in cluster.items("/api/v1/namespaces/golf/events")
+            ),
+            what="InvalidTimingModel event",
+        )
+        timing = {"timing.json": TimingModel.load().model_dump_json()}
+        config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "engine-timing"}}
+        cluster.call("POST", "/api/v1/namespaces/golf/configmaps", config_map | {"data": timing})
+
+        def replicas(role: str) -> int:
+            return deployment(cluster, "golf", f"slo-{role}")["spec"].get("replicas", 1)
+
+        wait_for(lambda: replicas("decode") == 4, what="decode 1 -> 4 (one bounded step)")
+        assert replicas("prefill") >= 1 and replicas("prefill") / replicas("decode") >= 0.25
+        assert operator_process.count("[golf/slo] autoscaler scaled decode: 1 -> 4") == 1
+    finally:
+        engines.close()

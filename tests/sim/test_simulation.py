@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from pool_operator.models import InferencePool
 from pool_operator.poolfile import load_pools
 from services.cli import main as kvferry
 from services.router.scheduling import SchedulingConfig
@@ -80,9 +81,8 @@ def test_the_operators_policy_scales_an_overloaded_pool(redis_server: RedisServe
     pool = load_pools(ROOT / "examples" / "disaggregated-pool.yaml")[0]
     settings = pool_settings(pool, SimSettings(startup_s=10))
     rows = generate("rag", GeneratorSettings(rate=6.0, duration_s=60, seed=0))
-    report = _run(
-        redis_server.url, settings, rows, pool_timing(pool, TimingModel.load()), pool_autoscaler(pool)
-    )
+    timing = pool_timing(pool, TimingModel.load())
+    report = _run(redis_server.url, settings, rows, timing, pool_autoscaler(pool, timing))
     assert report.autoscaling_decisions and any(to > frm for _, _, frm, to in report.autoscaling_decisions)
     assert max(sum(c.values()) for _, c in report.engines_over_time) > sum(report.engines.values())
 
@@ -128,3 +128,36 @@ def test_a_bad_trace_row_is_named_on_the_command_line(
     trace.write_text('{"t": 0, "prompt_len": 8, "output_len": 2}\n{"t": 1, "prompt_len": 8}\n')
     assert kvferry(["sim", "--trace", str(trace)]) == 2
     assert "t.jsonl:2: output_len: Field required" in capsys.readouterr().err
+
+
+def test_the_slo_policy_scales_both_roles_on_a_diurnal_trace(redis_server: RedisServer) -> None:
+    """spec.autoscaling.slo end to end: the operator's SloPolicy, fed by the simulated engines' counters,
+    scales prefill and decode up with the day's peak and back down, keeping the P:D band."""
+    body = load_pools(ROOT / "examples" / "disaggregated-pool.yaml")[0].model_dump(by_alias=True)
+    body["spec"]["router"].update(strategy="LeastLoad", pdThreshold=128)
+    body["spec"]["autoscaling"] = {
+        "slo": {
+            "ttftSeconds": 5,
+            "itlSeconds": 0.4,
+            "prefill": {"minReplicas": 1, "maxReplicas": 4},
+            "decode": {"minReplicas": 1, "maxReplicas": 12},
+            "forecastSeconds": 60,
+        },
+        "scaleDownStabilizationSeconds": 60,
+        "prefillDecodeRatio": {"min": 0.2, "max": 1},
+    }
+    pool = InferencePool.model_validate(body)
+    rows = generate("diurnal", GeneratorSettings(rate=0.8, duration_s=480, seed=0))
+    timing = pool_timing(pool, TimingModel.load())
+    report = _run(
+        redis_server.url,
+        pool_settings(pool, SimSettings(startup_s=30)),
+        rows,
+        timing,
+        pool_autoscaler(pool, timing),
+    )
+    assert report.completed == len(rows)
+    roles = {(role, "up" if to > frm else "down") for _, role, frm, to in report.autoscaling_decisions}
+    assert {("decode", "up"), ("decode", "down"), ("prefill", "up")} <= roles, report.autoscaling_decisions
+    for _, counts in report.engines_over_time:
+        assert counts["prefill"] <= counts["decode"]  # prefill:decode <= 1 (engines still starting aside)

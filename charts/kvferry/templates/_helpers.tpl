@@ -47,6 +47,10 @@ by one, never watched. */}}
 - apiGroups: [""]
   resources: ["configmaps", "services", "serviceaccounts"]
   verbs: ["list", "create", "patch", "delete"]
+# the SLO autoscaler reads a pool's timing model (spec.autoscaling.slo.timingConfigMap)
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get"]
 # the pool secret: created once with a random token, never read back (the pods mount it)
 - apiGroups: [""]
   resources: ["secrets"]
