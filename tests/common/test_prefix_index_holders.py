@@ -114,7 +114,9 @@ def test_random_streams_answer_as_the_previous_lookup(redis_server: RedisServer)
 def test_churn_leaves_no_keys(redis_server: RedisServer) -> None:
     settings = IndexSettings(heartbeat_ttl_s=0.2, reap_after_s=30.0)
     index = PrefixIndex.from_url(redis_server.url, settings)
-    reaper = PrefixIndex.from_url(redis_server.url, IndexSettings(reap_after_s=0.5))  # a writer reaps idle > 0.5 s
+    reaper = PrefixIndex.from_url(
+        redis_server.url, IndexSettings(reap_after_s=0.5)
+    )  # a writer reaps idle > 0.5 s
     r = redis_server.client()
     rng = random.Random(7)
     docs = [[os.urandom(32) for _ in range(10)] for _ in range(3)]
