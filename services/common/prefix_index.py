@@ -118,17 +118,9 @@ def decode_lookup(reply: Sequence[Any]) -> dict[str, PrefixMatch]:
     if legacy:
         raise MixedVersionsError(legacy)
     out = {}
-    for eid, url, gpu, cpu, kvstore, longest, routed in rows:
-        engine_id = eid.decode() if isinstance(eid, bytes) else str(eid)
-        out[engine_id] = PrefixMatch(
-            engine_id,
-            url.decode() if isinstance(url, bytes) else str(url),
-            int(gpu),
-            int(cpu),
-            int(kvstore),
-            int(longest),
-            int(routed),
-        )
+    for row in rows:
+        eid, url, gpu, cpu, kvstore, longest, routed = row.decode().split("\0")
+        out[eid] = PrefixMatch(eid, url, int(gpu), int(cpu), int(kvstore), int(longest), int(routed))
     return out
 
 

@@ -7,7 +7,7 @@ Redis Cluster hash tag: all keys of one pool live in one slot, so the scripts ma
     {ns}:engines:v2            ZSET  the same for engines written by this version (schema 2: holder sets).
                                      Members idle longer than ``reap_ms`` in either are dropped (all their
                                      keys and memberships) by any engine's write, a few per write.
-    {ns}:hb:{engine_id}        STRING  the engine's instance id, PX ``ttl_ms``. Liveness: when it expires
+    {ns}:hb:{engine_id}        STRING  the engine's url, PX ``ttl_ms``. Liveness: when it expires
                                      the engine's blocks stop counting in lookups at once.
     {ns}:eng:{engine_id}       HASH  instance (random id per process start), seq (last applied batch),
                                      url (the engine's HTTP address), seen_ms. PX ``reap_ms``.

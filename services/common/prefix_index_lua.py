@@ -82,7 +82,7 @@ end
 local now = now_ms()
 redis.call('HSET', KEYS[3], 'instance', inst, 'seq', seq, 'url', url, 'seen_ms', now)
 redis.call('PEXPIRE', KEYS[3], reap)
-redis.call('SET', KEYS[2], inst, 'PX', ttl)
+redis.call('SET', KEYS[2], url, 'PX', ttl)
 redis.call('ZADD', KEYS[1], now, eid)
 redis.call('ZADD', KEYS[7], now, eid)
 for _, reg in ipairs({KEYS[1], KEYS[7]}) do
@@ -129,10 +129,11 @@ return 1
 # Returns {legacy, rows}. legacy > 0: that many live engines were written by the previous index version
 # (no holder sets): the answer would miss their blocks, so there are no rows and the caller refuses it.
 # Otherwise one row per live engine holding at least the prompt's first block in some tier or hint:
-# {engine_id, url, gpu, cpu, kvstore, any, routed}, each the length of the longest run of leading hashes
-# held (as LOOKUP v1 defined them). The walk starts from the first block's holders and keeps, block by
-# block, the engines still on a run (SMISMEMBER of the candidates): its cost is the prompt's blocks times
-# their holders, not the number of engines.
+# "engine_id\0url\0gpu\0cpu\0kvstore\0any\0routed" (one string: a 1,000-row answer parses fast), each the length of the longest run of leading hashes
+# held (as LOOKUP v1 defined them). The walk starts from the first block's holders: a prefix they all
+# share costs one SINTERCARD per block, then the engines still on a run are checked block by block
+# (SMISMEMBER of the candidates): its cost is the prompt's blocks times their holders, never the number
+# of engines. Needs Redis >= 7.0 (SINTERCARD).
 LOOKUP_LUA = """
 local TIERS = {'gpu', 'cpu', 'kvstore'}
 local prefix, n = ARGV[1], #ARGV - 1
@@ -155,52 +156,82 @@ local function among(cmd, key, members)
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function holders(c, s) return prefix .. 'h:' .. TIERS[c] .. ':' .. ARGV[s] end
+-- Shared prefixes first, in C: while every holder of the first block also holds the next one in the same
+-- tier (SINTERCARD), every run grows by one and no engine needs looking at.
+local first, held, k = {}, 0, 0
+for c = 1, 3 do
+  first[c] = redis.call('SCARD', holders(c, 2))
+  held = held + first[c]
+end
+while held > 0 and k + 3 <= n + 1 do
+  local all = true
+  for c = 1, 3 do
+    if first[c] > 0 and redis.call('SINTERCARD', 2, holders(c, 2), holders(c, k + 3)) ~= first[c] then
+      all = false
+      break
+    end
+  end
+  if not all then break end
+  k = k + 1
+end
 local len, run, list, rlist = {}, {}, {}, {}
 for c = 1, 3 do
-  for _, e in ipairs(redis.call('SMEMBERS', prefix .. 'h:' .. TIERS[c] .. ':' .. ARGV[2])) do
-    if not len[e] then len[e], run[e], list[#list + 1] = {0, 0, 0, 1, 0}, {false, false, false}, e end
-    len[e][c], run[e][c] = 1, true
+  if first[c] > 0 then
+    for _, e in ipairs(redis.call('SMEMBERS', holders(c, 2))) do
+      if not len[e] then len[e], run[e], list[#list + 1] = {0, 0, 0, 1 + k, 0}, {false, false, false}, e end
+      len[e][c], run[e][c] = 1 + k, true
+    end
   end
 end
-for _, e in ipairs(redis.call('ZRANGEBYSCORE', prefix .. 'rh:' .. ARGV[2], '(' .. now, '+inf')) do
-  if not len[e] then len[e], run[e] = {0, 0, 0, 0, 0}, {false, false, false} end
-  len[e][5], rlist[#rlist + 1] = 1, e
-end
-local s = 3
-while (#list > 0 or #rlist > 0) and s <= n + 1 do
-  if #list > 0 then
-    local hits, keep = {}, {}
+-- Then engine by engine, only those still on a run.
+local s = k + 3
+while #list > 0 and s <= n + 1 do
+  local hits, keep = {}, {}
+  for c = 1, 3 do
+    local key = holders(c, s)
+    hits[c] = redis.call('EXISTS', key) == 1 and among('SMISMEMBER', key, list)
+  end
+  for j, e in ipairs(list) do
+    local l, r, any = len[e], run[e], false
     for c = 1, 3 do
-      local key = prefix .. 'h:' .. TIERS[c] .. ':' .. ARGV[s]
-      hits[c] = redis.call('EXISTS', key) == 1 and among('SMISMEMBER', key, list)
-    end
-    for j, e in ipairs(list) do
-      local l, r, any = len[e], run[e], false
-      for c = 1, 3 do
-        if hits[c] and hits[c][j] == 1 then
-          any = true
-          if r[c] then l[c] = l[c] + 1 end
-        else
-          r[c] = false
-        end
+      if hits[c] and hits[c][j] == 1 then
+        any = true
+        if r[c] then l[c] = l[c] + 1 end
+      else
+        r[c] = false
       end
-      if any then l[4], keep[#keep + 1] = l[4] + 1, e end
     end
-    list = keep
+    if any then l[4], keep[#keep + 1] = l[4] + 1, e end
   end
-  if #rlist > 0 then
-    local until_ms, keep = among('ZMSCORE', prefix .. 'rh:' .. ARGV[s], rlist), {}
-    for j, e in ipairs(rlist) do
-      if until_ms[j] and tonumber(until_ms[j]) > now then len[e][5], keep[#keep + 1] = len[e][5] + 1, e end
-    end
-    rlist = keep
-  end
+  list = keep
   s = s + 1
 end
-local out = {}
-for e, l in pairs(len) do
-  if redis.call('EXISTS', prefix .. 'hb:' .. e) == 1 then
-    out[#out + 1] = {e, redis.call('HGET', prefix .. 'eng:' .. e, 'url') or '', l[1], l[2], l[3], l[4], l[5]}
+-- Routers' hints: unexpired entries of rh:{hash}, the same walk.
+for _, e in ipairs(redis.call('ZRANGEBYSCORE', prefix .. 'rh:' .. ARGV[2], '(' .. now, '+inf')) do
+  if not len[e] then len[e] = {0, 0, 0, 0, 0} end
+  len[e][5], rlist[#rlist + 1] = 1, e
+end
+s = 3
+while #rlist > 0 and s <= n + 1 do
+  local until_ms, keep = among('ZMSCORE', prefix .. 'rh:' .. ARGV[s], rlist), {}
+  for j, e in ipairs(rlist) do
+    if until_ms[j] and tonumber(until_ms[j]) > now then len[e][5], keep[#keep + 1] = len[e][5] + 1, e end
+  end
+  rlist = keep
+  s = s + 1
+end
+-- Live engines only; the heartbeat key holds the url: one MGET per 1000 rows answers both.
+local ids, out = {}, {}
+for e in pairs(len) do ids[#ids + 1] = e end
+for s0 = 1, #ids, 1000 do
+  local hb = {}
+  for j = s0, math.min(s0 + 999, #ids) do hb[#hb + 1] = prefix .. 'hb:' .. ids[j] end
+  local urls = redis.call('MGET', unpack(hb))
+  for j = 1, #hb do
+    local e = ids[s0 + j - 1]
+    local l = len[e]
+    if urls[j] then out[#out + 1] = table.concat({e, urls[j], l[1], l[2], l[3], l[4], l[5]}, '\0') end
   end
 end
 return {0, out}
