@@ -250,7 +250,7 @@ class AsyncPrefixIndex:
         if not block_hashes:
             return
         keys = [self.keys.routed(engine_id)]
-        args = [self.keys.prefix, engine_id, ttl_ms, *block_hashes]
+        args: list[bytes | str | int] = [self.keys.prefix, engine_id, ttl_ms, *block_hashes]
         try:
             await asyncio.wait_for(self._routed(keys=keys, args=args), self.budget_s * 10)
         except (redis.RedisError, OSError, TimeoutError) as exc:

@@ -33,7 +33,10 @@ Events are flattened into ARGV as ``op tier [n h1..hn]`` with op S (stored), R (
 Mixed versions: engines of the previous version write the forward sets and ``engines`` only. While any
 live engine is in ``engines`` but not in ``engines:v2``, a lookup refuses to answer (the router routes
 by load and logs why) rather than miss that engine's blocks. Routers of the previous version keep
-working on an index written by this one (the forward sets and ``rt`` keys are unchanged).
+working on an index written by this one (the forward sets and ``rt`` keys are unchanged); their
+routed hints are not seen by routers of this version. Rolling engines back to the previous version
+under routers of this version is not supported (their holder sets would go stale): roll routers back
+first. The lookup needs Redis >= 7.0 (SINTERCARD).
 """
 
 from __future__ import annotations

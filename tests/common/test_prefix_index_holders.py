@@ -154,7 +154,7 @@ def test_churn_leaves_no_keys(redis_server: RedisServer) -> None:
 
 def test_lookup_cost_does_not_grow_with_the_fleet(redis_server: RedisServer) -> None:
     """Redis commands one lookup runs: the same with 3 live engines as with 300 (holding other blocks)."""
-    index = PrefixIndex.from_url(redis_server.url)
+    index = PrefixIndex.from_url(redis_server.url, IndexSettings(heartbeat_ttl_s=600.0))  # no expiry mid-test
     r = redis_server.client()
     prompt = [os.urandom(32) for _ in range(20)]
     holder = EngineRef("holder", "h", "http://holder")
