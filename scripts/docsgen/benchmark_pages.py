@@ -69,6 +69,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         "python benchmarks/sim_fleet.py",
         "`kvferry sim` on the agentic generator (0.03 sessions per engine per second) at 10, 100 and 1,000 simulated engines, prefix-aware vs round robin, at the router's 20 ms index budget and with a budget lookups can meet; and the Redis prefix index loaded directly by 1,000 engines' KV event batches (events/s) with lookup latency of 100-block prompts.",
     ),
+    "index_scale": Benchmark(
+        "The Redis prefix index at 10, 100 and 1,000 engines",
+        "python benchmarks/index_scale.py",
+        "lookup latency of 100-block prompts on one real index filled by N engines' KV event batches: the holder-set walk against the previous per-engine scan (same index, same prompts, answers checked equal), for a prompt one engine holds and one whose first 16 blocks every engine holds; and the fill's write rate.",
+    ),
     "sampler": Benchmark(
         "Sampler: one batch vs a loop of rows",
         "python benchmarks/sampler.py",

@@ -127,7 +127,7 @@ def apply_v1(
     keys += [k.blocks(engine.engine_id, t) for t in TIERS]
     args = [engine.engine_id, engine.instance_id, engine.url, seq, int(force)]
     args += [int(settings.heartbeat_ttl_s * 1000), int(settings.reap_after_s * 1000), *encode_events(events)]
-    status = client.eval(APPLY_LUA, len(keys), *keys, *args)
+    status = client.evalsha(client.script_load(APPLY_LUA), len(keys), *keys, *args)
     return status.decode() if isinstance(status, bytes) else str(status)
 
 
