@@ -7,7 +7,7 @@ per second for --duration seconds (longer at 10 engines: at least 30 sessions), 
 where lookups overran it, again with a budget that lets them finish (what a faster index would give).
 Part 2 loads the index directly: 1,000 engines each write numbered batches of 16 block hashes through the
 engines' own APPLY script (events/s sustained), then the router's LOOKUP script answers 100-block prompts
-with 1,000 live engines (latency percentiles). Writes benchmarks/results/sim_fleet.json.
+with 1,000 live engines (latency percentiles; benchmarks/index_scale.py sets it beside the previous lookup). Writes benchmarks/results/sim_fleet.json.
 Usage: python benchmarks/sim_fleet.py [--sizes 10,100,1000] [--duration 10] [--only index|routing]
 """
 
@@ -38,26 +38,6 @@ from services.sim.trace_generators import GeneratorSettings, generate  # noqa: E
 
 OUT = ROOT / "benchmarks" / "results" / "sim_fleet.json"
 MIN_SESSIONS = 30
-
-# A prototype, not the production index: one SET of holder engine ids per block hash, so a lookup walks
-# the prompt's blocks (and their holders) instead of every live engine. KEYS: none. ARGV: prefix, hashes.
-HOLDERS_LOOKUP_LUA = """
-local prefix, cand, len = ARGV[1], nil, {}
-for i = 2, #ARGV do
-  local holders = redis.call('SMEMBERS', prefix .. 'own:' .. ARGV[i])
-  local nxt, any = {}, false
-  for _, e in ipairs(holders) do
-    if cand == nil or cand[e] then nxt[e] = true; len[e] = (len[e] or 0) + 1; any = true end
-  end
-  if not any then break end
-  cand = nxt
-end
-local out = {}
-for e, n in pairs(len) do
-  if redis.call('EXISTS', prefix .. 'hb:' .. e) == 1 then out[#out + 1] = {e, n} end
-end
-return out
-"""
 
 
 def _summary(report) -> dict:  # noqa: ANN001 - a SimReport
@@ -138,36 +118,14 @@ def index_load(engines: int, blocks_each: int, seconds: float, lookups: int) -> 
             found = index.lookup(prompt)
             lat.append(time.perf_counter() - t)
             assert found is not None and found["e7"].gpu >= 16
-        holders = _holder_lookup(client, engines, k, lookups)
         return {
             "engines": engines,
-            "prototype_holder_sets_lookup_ms_100_blocks": holders,
             "blocks_per_engine": k * 16,
             "fill_events_per_s": round(written / fill_s),
             "sustained_events_per_s": round(events / sustained_s),
             "sustained_batches_per_s": round(events / 16 / sustained_s),
             "lookup_ms_100_blocks": {q: round(v * 1e3, 3) for q, v in percentiles(lat).items()},
         }
-
-
-def _holder_lookup(client: redis.Redis, engines: int, batches: int, lookups: int) -> dict[str, float]:
-    """The same blocks written as per-hash holder sets (the prototype), then the same lookups timed."""
-    prefix = SIM_INDEX.keys.prefix
-    for i in range(engines):
-        pipe = client.pipeline(transaction=False)
-        for b in range(batches):
-            for j in range(16):
-                pipe.sadd(prefix + "own:" + hashlib.sha256(f"{i}:{b}:{j}".encode()).hexdigest(), f"e{i}")
-        pipe.execute()
-    script = client.register_script(HOLDERS_LOOKUP_LUA)
-    prompt = [hashlib.sha256(f"7:{j // 16}:{j % 16}".encode()).hexdigest() for j in range(100)]
-    lat = []
-    for _ in range(lookups):
-        t = time.perf_counter()
-        rows = script(keys=[], args=[prefix, *prompt])
-        lat.append(time.perf_counter() - t)
-        assert any(e == b"e7" and n == 100 for e, n in rows)
-    return {q: round(v * 1e3, 3) for q, v in percentiles(lat).items()}
 
 
 def main() -> None:

@@ -74,6 +74,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         "python benchmarks/sim_slo.py",
         "`kvferry sim` on the diurnal chat generator (peak 1 req/s, 10% at the trough, a 30-minute day) through examples/disaggregated-pool.yaml with the least-load router: today's per-role policy (prefill on WaitingRequests, decode on ITLP90Seconds) against `spec.autoscaling.slo` with the same bounds, band and window; TTFT and ITL attainment, engine-hours, scale events, P:D range.",
     ),
+    "index_scale": Benchmark(
+        "The Redis prefix index at 10, 100 and 1,000 engines",
+        "python benchmarks/index_scale.py",
+        "lookup latency of 100-block prompts on one real index filled by N engines' KV event batches: the holder-set walk against the previous per-engine scan (same index, same prompts, answers checked equal), for a prompt one engine holds and one whose first 16 blocks every engine holds; and the fill's write rate.",
+    ),
     "sampler": Benchmark(
         "Sampler: one batch vs a loop of rows",
         "python benchmarks/sampler.py",

@@ -1,4 +1,4 @@
-"""The Redis prefix index (keys and Lua in prefix_index_keys.py): which live engine holds how much of a prompt."""
+"""The Redis prefix index (keys: prefix_index_keys.py, Lua: prefix_index_lua.py): which live engine holds how much of a prompt."""
 
 from __future__ import annotations
 
@@ -6,20 +6,15 @@ import asyncio
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import redis
 import redis.asyncio as aioredis
 from pydantic import BaseModel, Field
 
 from services.common.kv.kv_events import AllBlocksCleared, BlockStored, KVEvent, Tier
-from services.common.kv.prefix_index_keys import (
-    APPLY_LUA,
-    DEREGISTER_LUA,
-    LOOKUP_LUA,
-    TIERS,
-    IndexKeys,
-)
+from services.common.kv.prefix_index_keys import TIERS, IndexKeys
+from services.common.kv.prefix_index_lua import APPLY_LUA, DEREGISTER_LUA, LOOKUP_LUA, ROUTED_LUA
 
 log = logging.getLogger(__name__)
 
@@ -107,20 +102,25 @@ def snapshot_events(blocks: Mapping[Tier, Iterable[bytes]]) -> list[KVEvent]:
     return out
 
 
-def decode_lookup(rows: Sequence[Sequence[bytes | int]]) -> dict[str, PrefixMatch]:
-    """LOOKUP_LUA's rows -> PrefixMatch by engine id."""
-    out = {}
-    for eid, url, gpu, cpu, kvstore, longest, routed in rows:
-        engine_id = eid.decode() if isinstance(eid, bytes) else str(eid)
-        out[engine_id] = PrefixMatch(
-            engine_id,
-            url.decode() if isinstance(url, bytes) else str(url),
-            int(gpu),
-            int(cpu),
-            int(kvstore),
-            int(longest),
-            int(routed),
+class MixedVersionsError(RuntimeError):
+    """Live engines of the previous index version write no holder sets: a lookup would miss their blocks."""
+
+    def __init__(self, engines: int) -> None:
+        super().__init__(
+            f"{engines} live engine(s) write the previous prefix-index schema (no holder sets), so lookups "
+            "would miss their blocks; prefix lookups are refused (routing by load) until they run this version"
         )
+
+
+def decode_lookup(reply: Sequence[Any]) -> dict[str, PrefixMatch]:
+    """LOOKUP_LUA's ``{legacy, rows}`` -> PrefixMatch by engine id; raises MixedVersionsError when legacy > 0."""
+    legacy, rows = int(reply[0]), reply[1]
+    if legacy:
+        raise MixedVersionsError(legacy)
+    out = {}
+    for row in rows:
+        eid, url, gpu, cpu, kvstore, longest, routed = row.decode().split("\0")
+        out[eid] = PrefixMatch(eid, url, int(gpu), int(cpu), int(kvstore), int(longest), int(routed))
     return out
 
 
@@ -158,7 +158,7 @@ class PrefixIndex:
 
         Raises redis errors: the publisher decides what an outage means for it.
         """
-        args = self._args(engine, seq, force) + encode_events(events)
+        args = [*self._args(engine, seq, force), self.keys.prefix, *encode_events(events)]
         status = self._apply(keys=self.keys.engine_keys(engine.engine_id), args=args)
         return status.decode() if isinstance(status, bytes) else str(status)
 
@@ -173,17 +173,20 @@ class PrefixIndex:
     def deregister(self, engine: EngineRef) -> bool:
         """Remove the engine's heartbeat and entries at once (only if ``engine`` still owns them)."""
         keys = self.keys.engine_keys(engine.engine_id)
-        return bool(self._deregister(keys=keys, args=[engine.engine_id, engine.instance_id]))
+        args = [engine.engine_id, engine.instance_id, self.keys.prefix]
+        return bool(self._deregister(keys=keys, args=args))
 
     def lookup(self, block_hashes: Sequence[bytes]) -> dict[str, PrefixMatch] | None:
-        """Per live engine, its leading run of ``block_hashes``; ``None`` when Redis cannot answer."""
+        """Per live engine holding a leading run of ``block_hashes``, its runs (engines holding none are
+        absent: a zero match); ``None`` when Redis cannot answer or the index is of mixed versions."""
         try:
-            rows = self._lookup(keys=[self.keys.registry], args=[self.keys.prefix, *block_hashes])
-        except redis.RedisError as exc:
+            reply = self._lookup(keys=self.keys.lookup_keys(), args=[self.keys.prefix, *block_hashes])
+            matches = decode_lookup(reply)
+        except (redis.RedisError, MixedVersionsError) as exc:
             self.outage.failed(exc)
             return None
         self.outage.ok()
-        return decode_lookup(rows)
+        return matches
 
     def close(self) -> None:
         self.client.close()
@@ -201,6 +204,7 @@ class AsyncPrefixIndex:
         self.budget_s = budget_s
         self.outage = OutageLog("prefix index")
         self._lookup = client.register_script(LOOKUP_LUA)
+        self._routed = client.register_script(ROUTED_LUA)
 
     @classmethod
     def from_url(
@@ -230,26 +234,25 @@ class AsyncPrefixIndex:
         return True
 
     async def lookup(self, block_hashes: Sequence[bytes]) -> dict[str, PrefixMatch] | None:
-        """Per live engine, its leading run of ``block_hashes``; ``None`` when Redis is down or too slow."""
-        call = self._lookup(keys=[self.keys.registry], args=[self.keys.prefix, *block_hashes])
+        """Per live engine holding a leading run of ``block_hashes``, its runs; ``None`` when Redis is down,
+        too slow, or the index is of mixed versions (logged once, like an outage)."""
+        call = self._lookup(keys=self.keys.lookup_keys(), args=[self.keys.prefix, *block_hashes])
         try:
-            rows = await asyncio.wait_for(call, self.budget_s)
-        except (redis.RedisError, OSError, TimeoutError) as exc:
+            matches = decode_lookup(await asyncio.wait_for(call, self.budget_s))
+        except (redis.RedisError, OSError, TimeoutError, MixedVersionsError) as exc:
             self.outage.failed(exc)
             return None
         self.outage.ok()
-        return decode_lookup(rows)
+        return matches
 
     async def note_routed(self, engine_id: str, block_hashes: Sequence[bytes], ttl_ms: int = 30_000) -> None:
         """Record that a prompt was just sent to ``engine_id`` (one pipelined round trip; never raises)."""
         if not block_hashes:
             return
-        key = self.keys.routed(engine_id)
+        keys = [self.keys.routed(engine_id)]
+        args: list[bytes | str | int] = [self.keys.prefix, engine_id, ttl_ms, *block_hashes]
         try:
-            async with self.client.pipeline(transaction=False) as pipe:
-                pipe.sadd(key, *block_hashes)
-                pipe.pexpire(key, ttl_ms)
-                await asyncio.wait_for(pipe.execute(), self.budget_s * 10)
+            await asyncio.wait_for(self._routed(keys=keys, args=args), self.budget_s * 10)
         except (redis.RedisError, OSError, TimeoutError) as exc:
             self.outage.failed(exc)
 
