@@ -51,6 +51,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--seed", type=int, default=0, help="the generators' and the picker's seed (same seed: same report)"
     )
     p.add_argument("--slo-ttft", type=float, default=2.0, help="TTFT target of the SLO attainment, seconds")
+    p.add_argument(
+        "--slo-itl",
+        type=float,
+        default=0.2,
+        help="mean inter-token latency target of the ITL attainment, seconds",
+    )
     p.add_argument("--no-index", action="store_true", help="route without the Redis prefix index")
     p.add_argument(
         "--index-budget",
@@ -82,6 +88,7 @@ def _reports(args: argparse.Namespace, rows: list[TraceRow], timing: TimingModel
         index=not args.no_index,
         seed=args.seed,
         slo_ttft_s=args.slo_ttft,
+        slo_itl_s=args.slo_itl,
         index_budget_s=args.index_budget,
     )
     runs = []

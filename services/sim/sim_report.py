@@ -49,6 +49,10 @@ class SimReport(BaseModel):
     e2e_s: dict[str, float]
     slo_ttft_s: float
     slo_attainment: float = Field(description="share of requests whose TTFT met slo_ttft_s")
+    slo_itl_s: float
+    itl_attainment: float = Field(
+        description="share of the requests with more than one output token whose mean ITL met slo_itl_s"
+    )
     hit_rate: float = Field(
         description="prompt tokens served from the engines' prefix caches / prompt tokens"
     )

@@ -42,6 +42,7 @@ class SimSettings(BaseModel):
     poll_interval_s: float = Field(2.0, gt=0, description="the router poller's interval (--poll-interval)")
     index_budget_s: float = Field(0.02, gt=0, description="the router's --index-budget")
     slo_ttft_s: float = Field(2.0, gt=0)
+    slo_itl_s: float = Field(0.2, gt=0, description="ITL target: a request meets it when its mean ITL does")
     startup_s: float = Field(60.0, ge=0, description="a new engine's start-up time (autoscaling)")
     autoscale_interval_s: float = Field(15.0, gt=0)
 
@@ -227,6 +228,8 @@ class Simulation:
             e2e_s=percentiles(e2e),
             slo_ttft_s=self.s.slo_ttft_s,
             slo_attainment=round(sum(t <= self.s.slo_ttft_s for t in ttft) / max(len(self._rows), 1), 6),
+            slo_itl_s=self.s.slo_itl_s,
+            itl_attainment=round(sum(x <= self.s.slo_itl_s for x in itl) / len(itl), 6) if itl else 1.0,
             hit_rate=round(hits / queried, 6) if queried else 0.0,
             router_predicted_hit_rate=round(r.predicted_cached_tokens / r.prompt_tokens, 6)
             if r.prompt_tokens

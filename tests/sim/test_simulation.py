@@ -47,6 +47,16 @@ def test_the_same_seed_gives_the_same_report(redis_server: RedisServer) -> None:
     assert other.deterministic() != first.deterministic()
 
 
+def test_itl_attainment_follows_its_target() -> None:
+    """The report's ITL attainment: none of the requests meet a target below every step, all meet one above."""
+    rows = generate("chat", GeneratorSettings(rate=2.0, duration_s=5, seed=3))
+    tight = _run(None, SimSettings(engines=2, index=False, slo_itl_s=1e-6), rows)
+    loose = _run(None, SimSettings(engines=2, index=False, slo_itl_s=60.0), rows)
+    assert tight.completed == loose.completed == len(rows)
+    assert tight.itl_attainment == 0.0 and loose.itl_attainment == 1.0
+    assert 0 < loose.itl_s["p50"] < 60.0
+
+
 def test_the_index_holds_what_the_simulated_engines_cache(redis_server: RedisServer) -> None:
     """Hits are real: the router's lookups in Redis predict the engines' own prefix-cache hits."""
     rows = generate("rag", GeneratorSettings(rate=2.0, duration_s=15, documents=4, seed=0))
