@@ -51,14 +51,6 @@ from services.router.ui.routes import ui_routes
 log = logging.getLogger(__name__)
 
 
-def _headers(d: Dispatched) -> dict[str, str]:
-    """Where the request went and what routing cost (for clients, tests and the benchmark)."""
-    out = {"X-Kvferry-Endpoint": d.decision.decode.url, "X-Kvferry-Route-Ms": f"{d.overhead_s * 1000:.3f}"}
-    if d.decision.prefill is not None:
-        out["X-Kvferry-Prefill"] = d.decision.prefill.url
-    return out
-
-
 def _timed_out(seconds: float | None) -> OpenAIError:
     """504 for a request past the router's --request-timeout (its engine call was closed, which aborts it)."""
     return OpenAIError(
@@ -156,7 +148,7 @@ async def _serve(
         lease.cancel()
         raise
     lease.bind(d.body, None if d.stream is None else d.stream.on_close)
-    headers = {**_headers(d), **lease.headers}
+    headers = {**d.headers(), **lease.headers}
     if d.stream is not None:
         replay = None
         if splice is not None:

@@ -29,9 +29,10 @@ def adapter_name(state: RouterState, model: str | None) -> str | None:
 
 async def dispatch_chat(
     state: RouterState, request: Request, body: dict[str, Any], session: str | None = None
-) -> tuple[Dispatched, ChatAdapter]:
+) -> tuple[Dispatched, ChatAdapter, dict[str, str]]:
     """Validate ``body`` as a chat request (400 naming the field), prepare and route it as
-    ``/v1/chat/completions`` does (the tenant's cache salt under --salt-from-api-key)."""
+    ``/v1/chat/completions`` does (the tenant's cache salt under --salt-from-api-key); with the answer's
+    headers (the routing headers and the tenant's ``x-ratelimit-*``)."""
     chat = parse_body(ChatCompletionRequest, body)
     check_priority(state.settings, chat.priority, presented_key(request.headers))  # as admit() does
     lora = adapter_name(state, chat.model)
@@ -51,4 +52,5 @@ async def dispatch_chat(
         lease.cancel()
         raise
     lease.bind(d.body, None if d.stream is None else d.stream.on_close)
-    return d, ChatAdapter(lora or state.settings.model_name, rid, None, 1, req.include_usage, req.chat_plan)
+    adapter = ChatAdapter(lora or state.settings.model_name, rid, None, 1, req.include_usage, req.chat_plan)
+    return d, adapter, {**d.headers(), **lease.headers}

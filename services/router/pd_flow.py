@@ -70,6 +70,16 @@ class Dispatched:
     body: dict[str, Any] | None = None
     stream: EngineStream | None = None
 
+    def headers(self) -> dict[str, str]:
+        """Where the request went and what routing cost (for clients, tests and the benchmark)."""
+        out = {
+            "X-Kvferry-Endpoint": self.decision.decode.url,
+            "X-Kvferry-Route-Ms": f"{self.overhead_s * 1000:.3f}",
+        }
+        if self.decision.prefill is not None:
+            out["X-Kvferry-Prefill"] = self.decision.prefill.url
+        return out
+
 
 class PDFlow:
     """Routes one PreparedRequest through prefill (when worth it) and decode, with one retry."""

@@ -43,10 +43,9 @@ def messages_routes(state: RouterState) -> APIRouter:
     @router.post("/v1/messages")
     async def messages(body: MessagesRequest, request: Request) -> Response:
         user = (body.metadata or {}).get("user_id")
-        d, adapter = await dispatch_chat(
+        d, adapter, headers = await dispatch_chat(
             state, request, mb.chat_body(body), session=user if isinstance(user, str) else None
         )
-        headers = {"X-Kvferry-Endpoint": d.decision.decode.url}
         if d.stream is not None:
             return StreamingResponse(
                 _events(d, adapter, body.model), media_type=SSE_CONTENT_TYPE, headers=headers

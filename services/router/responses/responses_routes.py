@@ -113,8 +113,7 @@ class ResponsesService:
             except StoreTooLarge as exc:
                 raise bad_request(f"input too large to store: {exc}", "input") from None
         chat = cb.chat_body(body, messages, body.model)
-        d, adapter = await dispatch_chat(self.state, request, chat, session=chain)
-        headers = {"X-Kvferry-Endpoint": d.decision.decode.url}
+        d, adapter, headers = await dispatch_chat(self.state, request, chat, session=chain)
         if d.stream is not None:
             events = self.stream(request, d, adapter, response, (items, chain))
             return StreamingResponse(events, media_type=SSE_CONTENT_TYPE, headers=headers)

@@ -22,7 +22,7 @@ from tests.engine_harness import start_in_process
 from tests.redis_server import RedisServer
 from tests.router.stack import start_router
 
-METERED, THRIFTY = "metered-key-0001", "thrifty-key-0001"
+METERED, THRIFTY, AGENT = "metered-key-0001", "thrifty-key-0001", "agentic-key-0001"
 
 
 def _same_window(margin_s: float = 6.0) -> None:
@@ -42,6 +42,7 @@ def test_two_replicas_share_each_keys_quota(
                 "tenants": [
                     {"name": "metered", "apiKey": METERED, "quota": {"requestsPerMinute": 3}},
                     {"name": "thrifty", "apiKey": THRIFTY, "quota": {"tokensPerMinute": 100}},
+                    {"name": "agent", "apiKey": AGENT, "quota": {"requestsPerMinute": 10}},
                 ]
             }
         )
@@ -83,6 +84,23 @@ def test_two_replicas_share_each_keys_quota(
         assert over.status_code == 429 and "tokensPerMinute is 100" in over.json()["error"]["message"]
         small = post(1, THRIFTY, 5)  # 15 tokens still fit
         assert small.status_code == 200 and small.headers["x-ratelimit-remaining-tokens"] == "5"
+        # the Responses and Anthropic Messages APIs answer with the same headers, from the same count
+        auth = {"Authorization": f"Bearer {AGENT}"}
+        resp = httpx.post(
+            f"{routers[0].url}/v1/responses",
+            json={"model": MODEL, "input": "hi", "max_output_tokens": 4, "store": False},
+            headers=auth,
+            timeout=30,
+        )
+        msg = httpx.post(
+            f"{routers[1].url}/v1/messages",
+            json={"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+            headers={**auth, "anthropic-version": "2023-06-01"},
+            timeout=30,
+        )
+        assert resp.status_code == msg.status_code == 200, (resp.text, msg.text)
+        assert resp.headers["x-ratelimit-remaining-requests"] == "9"
+        assert msg.headers["x-ratelimit-remaining-requests"] == "8"
         metrics = routers[0].metrics()
         assert metrics['kvferry_router_admission_total{outcome="rejected",reason="tokensPerMinute"}'] == 1
         assert metrics['kvferry_router_quota_tokens_total{tenant="thrifty"}'] == 40
