@@ -185,6 +185,7 @@ def _save(name: str, length: str, figures: dict) -> None:
         path.write_text(json.dumps({"topology": name, "length": length, **figures}, indent=1) + "\n")
 
 
+@pytest.mark.slow  # 2.5 minutes (its RSS needs 90 s of warm-up); the default run keeps the short P/D soak
 def test_a_short_soak(soak: Soak) -> None:
     _save("aggregated", "short", _run(soak, warmup_s=90, duration_s=40, window_s=10))
 
