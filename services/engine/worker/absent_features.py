@@ -14,7 +14,7 @@ from services.engine.worker.input_batch import StepInputs
 class NoLoRA:
     """No adapters: every row runs the base model."""
 
-    def prepare(self, lora_names: list[str | None], query_start_loc: torch.Tensor) -> None:
+    def prepare(self, req_ids: Sequence[str], states: Any, query_start_loc: torch.Tensor) -> None:
         return None
 
     @contextmanager

@@ -144,7 +144,7 @@ class ModelRunner:
         try:
             self.vision.encode(sched, self.states)
             inputs = self.inputs.build(sched, self.states)
-            self.lora.prepare([self.states[r].lora_name for r in req_ids], inputs.meta.query_start_loc)
+            self.lora.prepare(req_ids, self.states, inputs.meta.query_start_loc)
             extra = self.vision.embeddings(sched, inputs, self.states)
             kwargs = {"inputs_embeds": extra} if extra is not None else {}
             if extra is None and self.graphs.serves(inputs):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -17,6 +18,9 @@ from services.engine.worker.lora.tp_adapter import AdapterShard
 from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models.capabilities import LoRATargets
 from services.engine.worker.parallel.tp_group import TPGroup, shard_config
+
+if TYPE_CHECKING:
+    from services.engine.worker.input_batch import CachedRequestState
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +104,14 @@ class LoRAManager:
                 if held == name:
                     self._clear(slot)
 
-    def prepare(self, lora_names: list[str | None], query_start_loc: torch.Tensor) -> None:
+    def prepare(
+        self,
+        req_ids: Sequence[str],
+        states: Mapping[str, CachedRequestState],
+        query_start_loc: torch.Tensor,
+    ) -> None:
         """Slots for this step's adapters, and the step's plan (token rows per request from query_start_loc)."""
+        lora_names = [states[r].lora_name for r in req_ids]
         starts = query_start_loc.tolist()
         needed = {n for n in lora_names if n}
         slot_of = {name: self._slot_for(name, needed) for name in needed}

@@ -159,9 +159,8 @@ class QuantPlan:
             raise ValueError(f"checkpoint is missing weights of {path} ({len(shards)} of {want} shards)")
         whole = [shards[i] for i in range(want)]
         kind = self._method(path, whole)
-        codes = self._encode(
-            kind, whole, path
-        )  # per shard: every encoding is row by row, as the fused layer's
+        # per shard: every encoding is row by row, as the fused layer's
+        codes = self._encode(kind, whole, path)
         parts = [self.cut(self.names[path][i], c) for i, c in enumerate(codes)]
         bias = torch.cat([biases[i].float() for i in range(want)]) if pending.has_bias else None
         rows = sum(p.shape[0] for p in parts)
