@@ -12,41 +12,20 @@ import pytest
 
 from tests.engine.entrypoints.helpers import MODEL, EngineEndpoint
 from tests.engine_harness import start_in_process
-from tests.pd.test_pd_flow import complete, disaggregated, prompts
+from tests.pd.parallel_pd import COMMON, check_pd_equals_aggregated, pd_trio
+from tests.pd.test_pd_flow import complete
 
-COMMON = ("--block-size", "16", "--num-kv-blocks", "128", "--max-model-len", "512")
 TP2 = ("--tensor-parallel-size", "2")
-RECEIVED = 'kvferry_kv_transfer_blocks_total{direction="received",path="nixl"}'
 
 
 @pytest.fixture(scope="module")
 def tp_pd(llama_dir: Path) -> Iterator[tuple[EngineEndpoint, ...]]:
-    servers = []
-    try:
-        for args in (("--role", "prefill", "--kv-lease", "20", *TP2), ("--role", "decode", *TP2), ()):
-            servers.append(start_in_process(llama_dir, *args, *COMMON))
-        yield tuple(servers)
-    finally:
-        for s in servers:
-            s.stop()
+    with pd_trio(llama_dir, TP2) as trio:
+        yield trio
 
 
 def test_tp2_prefill_to_tp2_decode_equals_aggregated_tp1(tp_pd) -> None:
-    prefill, decode, aggregated = tp_pd
-    before = decode.metrics().get(RECEIVED, 0)
-    moved = 0
-    for i, prompt in enumerate(prompts(10, seed=21)):
-        params, out = disaggregated(prefill, decode, prompt)
-        assert out["choices"][0]["text"] == complete(aggregated, prompt)["choices"][0]["text"], f"prompt {i}"
-        moved += len(params["remote_block_ids"])
-        if params["remote_block_ids"]:
-            cached = out["usage"]["prompt_tokens_details"]["cached_tokens"]
-            assert cached >= min(len(params["remote_block_ids"]) * 16, len(prompt) - 1)
-    m = decode.metrics()
-    assert m[RECEIVED] - before == moved > 0
-    assert not any(k.startswith("kvferry_kv_transfer_failures_total") and v for k, v in m.items())
-    # decode told prefill once every rank's read was done: prefill freed every lease
-    prefill.wait_until(lambda mm: mm["kvferry_kv_cache_usage_ratio"] == 0.0, timeout=10)
+    check_pd_equals_aggregated(tp_pd, n=10, seed=21)
 
 
 def test_handshake_lists_every_rank(tp_pd) -> None:
