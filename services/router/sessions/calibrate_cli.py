@@ -1,9 +1,11 @@
 """``kvferry router calibrate``: find the token load at which an engine's TTFT bends, and publish it as the
 pool's sticky-until-saturated limit (Redis ``LIMIT_KEY``, read by every router replica).
 
-It drives ONE engine with rising concurrency (distinct prompts: no prefix reuse), samples the engine's
-KV token load (``kv_usage`` x capacity, from its /metrics) while each level runs, and takes the load of
-the last level whose TTFT p50 stayed under ``--bend`` times the first level's.
+It drives ONE engine with rising concurrency (distinct prompts: no prefix reuse; every stream read to
+its end, so each request holds its KV through its decode as a session's turn does), samples the
+engine's KV token load (``kv_usage`` x capacity, from its /metrics) while requests are in flight (at
+each first token, and on a poll), and takes the load of the last level whose TTFT p50 stayed under
+``--bend`` times the first level's.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 
 import httpx
@@ -53,15 +56,22 @@ def _prompt(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(_WORDS) + str(rng.randrange(1000)) for _ in range(words))
 
 
-async def _ttft(client: httpx.AsyncClient, body: dict[str, object]) -> float:
+async def _streamed(
+    client: httpx.AsyncClient, body: dict[str, object], on_first: Callable[[], Awaitable[None]]
+) -> float:
+    """Stream one completion to its end; returns its TTFT, calling ``on_first`` while the request is live."""
     t0 = time.perf_counter()
+    ttft: float | None = None
     async with client.stream("POST", "/v1/completions", json=body) as reply:
         if reply.status_code != 200:
             raise RuntimeError(f"the engine answered {reply.status_code}: {(await reply.aread())[:200]!r}")
         async for line in reply.aiter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                return time.perf_counter() - t0
-    raise RuntimeError("the engine streamed no token")
+            if ttft is None and line.startswith("data: ") and line != "data: [DONE]":
+                ttft = time.perf_counter() - t0
+                await on_first()
+    if ttft is None:
+        raise RuntimeError("the engine streamed no token")
+    return ttft
 
 
 async def _load(client: httpx.AsyncClient) -> float:
@@ -71,11 +81,19 @@ async def _load(client: httpx.AsyncClient) -> float:
 
 
 async def measure(args: argparse.Namespace, client: httpx.AsyncClient, concurrency: int, seed: int) -> Level:
+    """Run one level; the load is the mean of the samples taken while at least one request was live."""
     rng = random.Random(seed)
     ttfts: list[float] = []
     samples: list[float] = []
+    live = 0
+
+    async def sample() -> None:
+        load = await _load(client)
+        if live:  # a sample between requests measures nothing the level carried
+            samples.append(load)
 
     async def slot() -> None:
+        nonlocal live
         for _ in range(args.rounds):
             body = {
                 "model": args.model,
@@ -84,16 +102,18 @@ async def measure(args: argparse.Namespace, client: httpx.AsyncClient, concurren
                 "stream": True,
                 "ignore_eos": True,
             }
-            ttfts.append(await _ttft(client, body))
+            live += 1
+            try:
+                ttfts.append(await _streamed(client, body, sample))
+            finally:
+                live -= 1
 
-    work = asyncio.gather(*(slot() for _ in range(concurrency)))
+    work = asyncio.ensure_future(asyncio.gather(*(slot() for _ in range(concurrency))))
     while not work.done():
-        samples.append(await _load(client))
+        await sample()
         await asyncio.wait([work], timeout=0.01)
     await work
-    return Level(
-        concurrency, statistics.median(ttfts), max(statistics.fmean(samples), 0.0) if samples else 0.0
-    )
+    return Level(concurrency, statistics.median(ttfts), statistics.fmean(samples) if samples else 0.0)
 
 
 def knee(levels: list[Level], bend: float) -> float:
