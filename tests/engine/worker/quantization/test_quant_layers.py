@@ -84,6 +84,16 @@ def test_int4_gemv_is_built_exactly_on_cpus_with_avx512_bf16() -> None:
     assert Int4Linear(gw, None, torch.float32).gemv is None  # fp32 x is never rounded to bf16
 
 
+def _dequantized(layer: Int4Linear, gw: GroupQuantWeight) -> torch.Tensor:
+    """The [N, K] fp32 weight the layer holds: its codes with its own (dtype-rounded) scales and zeros."""
+    codes = gw.regroup(layer.group).codes.float()
+    n, k = codes.shape
+    sz = layer.scales_and_zeros.float()[:, :n]  # [G, N, 2]: (q - 8) * scale + zero
+    scales = sz[..., 0].t().repeat_interleave(layer.group, dim=1)[:, :k]
+    zeros = sz[..., 1].t().repeat_interleave(layer.group, dim=1)[:, :k]
+    return (codes - 8) * scales + zeros
+
+
 @pytest.mark.parametrize(("n", "k", "group"), [(64, 64, 32), (200, 128, 64), (96, 512, 256), (130, 256, 128)])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 15])  # 4 x rows per pass, then 3 / 2 / 1 left over
 def test_int4_gemv_in_bfloat16_equals_dequantized_matmul(n: int, k: int, group: int, rows: int) -> None:
@@ -98,7 +108,7 @@ def test_int4_gemv_in_bfloat16_equals_dequantized_matmul(n: int, k: int, group: 
     assert layer.gemv is not None
     x = torch.randn(rows, k).bfloat16()
     # reference: the bf16 layer's own dequantized weight (its bf16 scales) in fp32, rounded once at the end
-    ref = x.float() @ layer.dense_weight().float().t() + bias.bfloat16().float()
+    ref = x.float() @ _dequantized(layer, gw).t() + bias.bfloat16().float()
     out = layer(x)
     assert out.shape == (rows, n) and out.dtype == torch.bfloat16
     # bf16 output (and the bf16 bias add): within two bf16 roundings of the largest output
