@@ -10,19 +10,25 @@ import argparse
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from services.common.kv.kv_transfer import DEFAULT_LEASE_S
 from services.engine.entrypoints import cli as engine_cli
 from services.engine.entrypoints.role import AggregatedRole, EngineRole
+from services.engine.kv_transfer.lease_connector import LeaseSettings
 
 
 def _prefill(args: argparse.Namespace) -> EngineRole:
-    from services.common.kv.kv_transfer import DEFAULT_LEASE_S
     from services.prefill.role import PrefillRole, PrefillSettings
 
     _generative(args)
+    return PrefillRole(PrefillSettings(**_lease(args).model_dump()))
+
+
+def _lease(args: argparse.Namespace) -> LeaseSettings:
+    """Where peers reach this engine's leased blocks (prefill's prompts, a draining decode's streams)."""
     url = engine_cli.advertised_url(args.host, args.port, args.advertise_url)
     host = url.removeprefix("http://").rsplit(":", 1)[0]
     lease = DEFAULT_LEASE_S if args.kv_lease is None else args.kv_lease
-    return PrefillRole(PrefillSettings(host=host, port=args.port, lease_s=lease))
+    return LeaseSettings(host=host, port=args.port, lease_s=lease)
 
 
 def _generative(args: argparse.Namespace) -> None:
@@ -30,21 +36,16 @@ def _generative(args: argparse.Namespace) -> None:
         raise ValueError(f"--task embed: embedding engines run as --role both (not --role {args.role})")
 
 
-def _not_prefill(args: argparse.Namespace) -> None:
-    if args.kv_lease is not None:
-        raise ValueError(f"--kv-lease: applies to --role prefill only (this engine is --role {args.role})")
-
-
 def _decode(args: argparse.Namespace) -> EngineRole:
     from services.decode.role import DecodeRole
 
-    _not_prefill(args)
     _generative(args)
-    return DecodeRole()
+    return DecodeRole(_lease(args))
 
 
 def _aggregated(args: argparse.Namespace) -> EngineRole:
-    _not_prefill(args)
+    if args.kv_lease is not None:
+        raise ValueError("--kv-lease: applies to --role prefill and decode (this engine is --role both)")
     return AggregatedRole()
 
 

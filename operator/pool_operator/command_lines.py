@@ -83,6 +83,8 @@ class CommandLines:
             args += ["--gpu-memory-utilization", f"{engine.gpu_memory_utilization:g}"]
         if not engine.prefix_caching:
             args.append("--no-prefix-caching")
+        if engine.drain_seconds != 30:  # only then: an upgrade does not restart every pool
+            args += ["--drain-timeout", str(engine.drain_seconds)]
         if engine.task == "embed":
             args += ["--task", "embed"]
         args += self.chat_shaping_args()

@@ -134,6 +134,14 @@ class EngineSpec(CrdModel):
         "each on its own ranks (no more stages than the model has layers)",
     )
     prefix_caching: bool = True
+    drain_seconds: int = Field(
+        30,
+        ge=1,
+        le=3600,
+        description="on scale-down or rollout: how long an engine finishes its requests (--drain-timeout); a "
+        "decode hands the streams the router can move to another decode with their KV at once, then waits up "
+        "to this long again for that KV to be read; the pod's terminationGracePeriodSeconds is 2x this + 60",
+    )
     task: Literal["generate", "embed"] = Field(
         "generate", description="generate: completions and chat; embed: /v1/embeddings (an embedding model)"
     )

@@ -241,7 +241,8 @@ class WorkloadBuilder:
             volumes.append({"name": "kv-offload", "emptyDir": {"sizeLimit": offload.disk}})
             container["volumeMounts"].append({"name": "kv-offload", "mountPath": KV_OFFLOAD_MOUNT})
         pod = self._pod(container, volumes, "engine", role=role_spec)
-        pod["terminationGracePeriodSeconds"] = 120
+        # the drain, then a drained decode's wait for its moved KV to be read, then a margin
+        pod["terminationGracePeriodSeconds"] = 2 * engine.drain_seconds + 60
         strategy = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
         return self._deployment(
             role,

@@ -66,10 +66,7 @@ class DecodeAdmission:
         url = f"http://{params.address}{HANDSHAKE_PATH}"
         rid = params.remote_request_id or "?"
         try:
-            async with httpx.AsyncClient(timeout=_HANDSHAKE_TIMEOUT_S) as client:
-                reply = await client.get(url, headers=self._headers)
-                reply.raise_for_status()
-            peer = transfer.add_peer(reply.content, address=params.address)
+            peer = transfer.add_peer(await self._handshake(params, url), address=params.address)
         except KVIncompatibleError as exc:
             log.error("refusing KV from %s: %s", params.address, exc)
             raise kv_incompatible(exc) from exc
@@ -82,6 +79,15 @@ class DecodeAdmission:
             )
             return False
         return True
+
+    async def _handshake(self, params: KVTransferParams, url: str) -> str | bytes:
+        """The peer's handshake: inline (a draining decode, whose side channel may be closed) or over HTTP."""
+        if params.remote_handshake is not None:
+            return params.remote_handshake
+        async with httpx.AsyncClient(timeout=_HANDSHAKE_TIMEOUT_S) as client:
+            reply = await client.get(url, headers=self._headers)
+            reply.raise_for_status()
+        return reply.content
 
 
 def _adapter(name: str | None) -> str:

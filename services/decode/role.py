@@ -1,4 +1,5 @@
-"""DecodeRole: pull connector + kvstore fetch (no offload), and admission that handshakes with prefill."""
+"""DecodeRole: pull connector + kvstore fetch (no offload), admission that handshakes with prefill, and a lease
+connector so a drain hands its running streams' KV to another decode."""
 
 from __future__ import annotations
 
@@ -13,21 +14,26 @@ from services.decode.admission import DecodeAdmission
 from services.decode.pull_connector import PullConnector
 from services.engine.core.kv_connector import KVConnector
 from services.engine.kv_transfer.context import KVTransferContext
+from services.engine.kv_transfer.lease_connector import LeaseConnector, LeaseSettings
 
 
 class DecodeRole:
     """``kvferry serve --role decode``."""
 
     name: RoleName = "decode"
+    moves_kv_on_drain = True  # SIGTERM: streams marked migrate_on_drain end with their KV leased here
 
-    def __init__(self) -> None:
+    def __init__(self, settings: LeaseSettings | None = None) -> None:
+        self.settings = settings or LeaseSettings()
         self._admission: DecodeAdmission | None = None
 
     def connectors(self, ctx: KVTransferContext) -> Sequence[KVConnector]:
+        s = self.settings
         transfer = ctx.transfer(purpose=self.name)
         pull = PullConnector(transfer, ctx.block_size)
+        lease = LeaseConnector(transfer, s.host, s.port, ctx.block_size, s.lease_s)
         self._admission = DecodeAdmission(transfer, pull, ctx.config.pool_secret)
-        return [pull, *ctx.tiers(offload=False)]  # prefill already offloaded the prompt
+        return [pull, lease, *ctx.tiers(offload=False)]  # prefill already offloaded the prompt
 
     def routes(self) -> Sequence[APIRouter]:
         return ()

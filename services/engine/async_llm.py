@@ -60,6 +60,10 @@ class _Abort:
     request_id: str
 
 
+class _MigrateOut:
+    """Drain: end the streams that opted in with their KV leased (``LLMEngine.migrate_out``)."""
+
+
 @dataclass(frozen=True)
 class LoRAStats:
     """Adapters in use (distinct, sorted) and slot churn, for /metrics."""
@@ -208,6 +212,15 @@ class AsyncLLM:
     def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))
 
+    def migrate_out(self) -> None:
+        """Hand every request that opted in to another decode (safe from a signal handler: one queue put)."""
+        self._commands.put(_MigrateOut())
+
+    @property
+    def num_held_finished(self) -> int:
+        """Finished requests whose blocks are still held for a peer (a drain waits for them)."""
+        return self.engine.core.num_held_finished
+
     def shutdown(self, timeout: float = 5.0) -> None:
         self._stop.set()
         self._commands.put(None)
@@ -258,9 +271,13 @@ class AsyncLLM:
             except queue.Empty:
                 return
 
-    def _apply(self, cmd: _Add | _Abort | _LoRAUpdate) -> None:
+    def _apply(self, cmd: _Add | _Abort | _LoRAUpdate | _MigrateOut) -> None:
         if isinstance(cmd, _LoRAUpdate):
             self._update_lora(cmd)
+            return
+        if isinstance(cmd, _MigrateOut):
+            for out in self.engine.migrate_out():
+                self._deliver(out.request_id, out, True)
             return
         if isinstance(cmd, _Abort):
             if self._sinks.pop(cmd.request_id, None) is not None:

@@ -202,6 +202,30 @@ class EngineCore:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def migrate_out(self) -> list[EngineCoreOutput]:
+        """Drain: finish every request that opted in (``migrate_on_drain``) with its computed full blocks
+        leased; each output carries the kv_transfer_params another decode continues it from."""
+        ids = [rid for rid, r in self.scheduler.requests.items() if r.migratable and not r.is_finished]
+        for rid in ids:
+            self.scheduler.requests[rid].migrating_out = True
+        done = self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
+        if self.structured is not None:
+            self.structured.release(ids)
+        return [
+            EngineCoreOutput(
+                r.request_id,
+                (),
+                finish_reason="abort",
+                kv_transfer_params=r.remote_kv_out.model_dump(mode="json") if r.remote_kv_out else None,
+            )
+            for r in done
+        ]
+
+    @property
+    def num_held_finished(self) -> int:
+        """Finished requests whose blocks a connector still holds (leases not yet read, reads in flight)."""
+        return len(self.scheduler.delayed_free)
+
     def step(self) -> list[EngineCoreOutput]:
         failed = self._fail_bad_grammars()
         sched = self.scheduler.schedule()

@@ -231,6 +231,10 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.core.has_unfinished()
 
+    def migrate_out(self) -> list[RequestOutput]:
+        """The final outputs of the requests a drain moves (see ``EngineCore.migrate_out``)."""
+        return [out for o in self.core.migrate_out() if (out := self._process(o)) is not None]
+
     def step(self) -> list[RequestOutput]:
         return [out for o in self.core.step() if (out := self._process(o)) is not None]
 

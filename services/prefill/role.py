@@ -6,32 +6,26 @@ from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field
 
-from services.common.kv.kv_transfer import DEFAULT_LEASE_S, KVTransferParams
+from services.common.kv.kv_transfer import KVTransferParams
 from services.common.pool.roles import RoleName
 from services.engine.core.kv_connector import KVConnector
 from services.engine.entrypoints.role import parse_kv_transfer_params
 from services.engine.kv_transfer.context import KVTransferContext
+from services.engine.kv_transfer.lease_connector import LeaseConnector, LeaseSettings
 from services.engine.kv_transfer.nixl_transfer import BlockTransfer
 from services.prefill.handshake import handshake_router
-from services.prefill.lease_connector import LeaseConnector
 
 
-class PrefillSettings(BaseModel):
+class PrefillSettings(LeaseSettings):
     """Where decode engines reach this engine, and how long a prompt's blocks wait for them."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    host: str = "127.0.0.1"  # advertised in kv_transfer_params (remote_host)
-    port: int = Field(8000, ge=1, le=65535)
-    lease_s: float = Field(DEFAULT_LEASE_S, gt=0)
 
 
 class PrefillRole:
     """``kvferry serve --role prefill``."""
 
     name: RoleName = "prefill"
+    moves_kv_on_drain = False  # it holds no stream: its leases are what decode reads
 
     def __init__(self, settings: PrefillSettings) -> None:
         self.settings = settings

@@ -23,6 +23,14 @@ class EngineUnavailable(Exception):
         self.reason = reason
 
 
+class KVMoved(EngineUnavailable):
+    """A draining decode ended the stream and leased its KV: ``params`` tell the next decode where it is."""
+
+    def __init__(self, url: str, params: dict[str, Any]) -> None:
+        super().__init__(url, "draining: its KV waits for the next decode")
+        self.params = params
+
+
 def _rejection(status: int, body: bytes) -> OpenAIError:
     """A 4xx answer as the OpenAIError to hand back to the client unchanged."""
     try:

@@ -125,7 +125,8 @@ class PDFlow:
             if self.on_route is not None:
                 self.on_route(decision, req, ctx, request_id, attempt)
             headers = {"X-Request-Id": f"{request_id}-{attempt}" if attempt else request_id}
-            params = await self._prefill(decision, req, headers) if decision.prefill else None
+            moved = (req.engine_body.get("kv_transfer_params") or {}).get("do_remote_prefill", False)
+            params = await self._prefill(decision, req, headers) if decision.prefill and not moved else None
             url = decision.decode.url
             if self.breaker is not None:
                 self.breaker.picked(url)
@@ -193,8 +194,8 @@ class PDFlow:
         overhead: float,
     ) -> Dispatched:
         body = dict(req.engine_body)
-        if params is not None:
-            body["kv_transfer_params"] = params
+        if params is not None:  # prefill's answer, with what the router asked of decode (migrate_on_drain)
+            body["kv_transfer_params"] = {**(body.get("kv_transfer_params") or {}), **params}
         url = decision.decode.url
         if req.stream:
             return Dispatched(decision, overhead, stream=await self.client.stream(url, body, headers))

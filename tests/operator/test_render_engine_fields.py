@@ -106,6 +106,7 @@ _ENGINE_FIELD_VALUES = {
     "dtype": "float32",
     "quantization": "int8",
     "block_size": 32,
+    "drain_seconds": 60,
     "max_model_len": 2048,
     "max_num_seqs": 64,
     "max_num_batched_tokens": 3000,
@@ -256,3 +257,24 @@ def test_kv_offload_tiers_reach_the_engines() -> None:
     body["spec"]["engine"] |= {"kvOffload": {"hostMemory": "1Gi"}, "tensorParallelSize": 2, "device": "cpu"}
     with pytest.raises(ValueError, match="kvOffload does not run with tensor or pipeline parallelism"):
         parse_pool(body)
+
+
+def test_drain_seconds_sets_the_drain_and_the_grace_period_together():
+    body = load_example("disaggregated-pool.yaml")
+    default = [m for m in PoolRenderer(parse_pool(body), IMAGES).render() if _is_engine(m)]
+    assert default and all("--drain-timeout" not in _args(m) for m in default)
+    assert all(m["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 120 for m in default)
+    body["spec"]["engine"]["drainSeconds"] = 90
+    engines = [m for m in PoolRenderer(parse_pool(body), IMAGES).render() if _is_engine(m)]
+    assert len(engines) == 2
+    for m in engines:
+        args = _args(m)
+        assert args[args.index("--drain-timeout") + 1] == "90"
+        assert m["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 240
+    body["spec"]["engine"]["drainSeconds"] = 0
+    with pytest.raises(ValueError, match="drainSeconds"):
+        parse_pool(body)
+
+
+def _is_engine(manifest: dict) -> bool:
+    return manifest["kind"] == "Deployment" and "--role" in _args(manifest)

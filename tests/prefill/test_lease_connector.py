@@ -10,7 +10,7 @@ pytest.importorskip("nixl")
 
 from services.common.kv.kv_transfer import KVTransferParams  # noqa: E402
 from services.engine.core.request import RequestStatus  # noqa: E402
-from services.prefill.lease_connector import ABORT_PREFIX, LeaseConnector  # noqa: E402
+from services.engine.kv_transfer.lease_connector import ABORT_PREFIX, LeaseConnector  # noqa: E402
 from tests.kv_agents import BLOCK_SIZE, nixl_agents, request  # noqa: E402
 
 REMOTE_DECODE = KVTransferParams(do_remote_decode=True)

@@ -85,6 +85,16 @@ class KVTransferParams(BaseModel):
     lora_name: str | None = Field(
         None, description="The LoRA adapter the KV was computed under (None: the base model)."
     )
+    migrate_on_drain: bool = Field(
+        False,
+        description="Request to decode (the router sets it): when this engine drains, lease the request's KV "
+        "and end its stream with do_remote_prefill params, so another decode continues it without recompute.",
+    )
+    remote_handshake: str | None = Field(
+        None,
+        description="The source's handshake body, inline: a draining engine's side channel may already be "
+        "closed when the next decode admits the request.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -130,8 +140,9 @@ class KVTransferParams(BaseModel):
         block_size: int,
         lease_s: float = DEFAULT_LEASE_S,
         lora_name: str | None = None,
+        handshake: str | None = None,
     ) -> KVTransferParams:
-        """What prefill answers: where the prompt's full blocks are and until when they are kept."""
+        """What prefill (or a draining decode) answers: where the full blocks are and until when they are kept."""
         return cls(
             do_remote_prefill=True,
             remote_engine_id=engine_id,
@@ -143,6 +154,7 @@ class KVTransferParams(BaseModel):
             num_tokens=len(block_ids) * block_size,
             lease_expires=time.time() + lease_s,
             lora_name=lora_name,
+            remote_handshake=handshake,
         )
 
 

@@ -59,6 +59,12 @@ class StreamContext:
         )
         return CompletionStreamResponse(choices=[choice], **self._header())
 
+    def moved_chunk(self, kv_transfer_params: dict[str, Any]) -> dict[str, Any]:
+        """A drained engine's last chunk: no choices, where the stream's KV waits for the next engine (a
+        kvferry extension only routers that set ``migrate_on_drain`` see)."""
+        chunk = CompletionStreamResponse(choices=[], **self._header()).model_dump(mode="json")
+        return {**chunk, "kv_transfer_params": kv_transfer_params}
+
     def chat_role_chunk(self, index: int) -> ChatCompletionStreamResponse:
         """The first chunk of chat choice ``index``: ``delta = {"role": "assistant", "content": ""}``."""
         delta = DeltaMessage(role="assistant", content="")

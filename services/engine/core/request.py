@@ -117,6 +117,9 @@ class Request:
         self.remote_kv_out: KVTransferParams | None = (
             None  # what a connector answers (prefill: where the blocks are)
         )
+        # the router can continue it elsewhere: on drain its KV is leased instead of dropped (migrate_out)
+        self.migratable = kv_transfer_params is not None and kv_transfer_params.migrate_on_drain
+        self.migrating_out = False
         # prompt logprobs: the first prompt token has none; filled chunk by chunk, sent (and dropped) with the
         # first generated token
         self.prompt_logprobs: list[Logprobs | None] | None = (

@@ -30,7 +30,7 @@ from services.common.openai.protocol import (
 )
 from services.common.openai.protocol_embeddings import EmbeddingRequest, EmbeddingResponse
 from services.engine.async_llm import AsyncLLM
-from services.engine.entrypoints.lifecycle import ServerState, warm_up
+from services.engine.entrypoints.lifecycle import ServerState, wait_for_held_kv, warm_up
 from services.engine.entrypoints.metrics import CONTENT_TYPE, ServerMetrics
 from services.engine.entrypoints.role import AggregatedRole, EngineRole
 from services.engine.entrypoints.serving import ServerSettings, ServingContext
@@ -153,6 +153,9 @@ def build_app(llm: AsyncLLM, settings: ServerSettings, role: EngineRole | None =
         tools=tools,
     )
 
+    if ctx.role.moves_kv_on_drain:
+        ctx.state.on_drain.append(llm.migrate_out)
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         ctx.state.loop = asyncio.get_running_loop()
@@ -162,6 +165,8 @@ def build_app(llm: AsyncLLM, settings: ServerSettings, role: EngineRole | None =
         finally:
             ctx.state.draining = True
             warming.cancel()
+            if ctx.role.moves_kv_on_drain:  # the streams it moved continue on engines still reading its KV
+                await wait_for_held_kv(llm, settings.drain_timeout)
             await asyncio.to_thread(llm.shutdown)
 
     app = FastAPI(title="kvferry engine", version=version(), lifespan=lifespan)

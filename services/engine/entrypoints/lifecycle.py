@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Awaitable
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -42,6 +43,9 @@ class ServerState:
     draining: bool = False
     in_flight: set[Failable] = field(default_factory=set)
     loop: asyncio.AbstractEventLoop | None = None
+    on_drain: list[Callable[[], None]] = field(
+        default_factory=list
+    )  # signal-safe hooks (a decode's migrate_out)
     expiry: asyncio.Task | None = field(default=None, init=False, repr=False)
 
     def is_ready(self, llm: AsyncLLM) -> bool:
@@ -53,6 +57,8 @@ class ServerState:
         if self.draining:
             return
         self.draining = True
+        for hook in self.on_drain:
+            hook()
         if self.loop is not None:
             self.loop.call_soon_threadsafe(self._start_expiry)
 
@@ -63,6 +69,15 @@ class ServerState:
         await asyncio.sleep(self.drain_timeout)
         for request in list(self.in_flight):
             request.fail(not_ready("The server shut down before this request finished; it was aborted."))
+
+
+async def wait_for_held_kv(llm: AsyncLLM, timeout: float) -> None:
+    """Before the engine stops: wait (up to ``timeout`` s) until no peer still has to READ blocks held for it."""
+    deadline = time.monotonic() + timeout
+    while llm.num_held_finished and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    if llm.num_held_finished:
+        log.warning("stopping with %d requests' KV still unread by their next engine", llm.num_held_finished)
 
 
 async def warm_up(llm: AsyncLLM, state: ServerState) -> None:

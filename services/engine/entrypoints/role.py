@@ -23,6 +23,7 @@ class EngineRole(Protocol):
     """One engine role. ``connectors`` runs while the engine is built, before ``routes`` and ``admit``."""
 
     name: RoleName
+    moves_kv_on_drain: bool  # on SIGTERM, requests that opted in move with their KV to another engine
 
     def connectors(self, ctx: KVTransferContext) -> Sequence[KVConnector]: ...
 
@@ -41,6 +42,7 @@ class AggregatedRole:
     """Role ``both``: prompts are computed and decoded here; the P/D hand-off is ignored."""
 
     name: RoleName = "both"
+    moves_kv_on_drain = False  # no NIXL agent: a drained stream is replayed by the router (recompute)
 
     def connectors(self, ctx: KVTransferContext) -> Sequence[KVConnector]:
         return aggregated_connectors(ctx)

@@ -147,6 +147,12 @@ async def _events(
             echo_pending = {}
         async with aclosing(gen.stream()) as outputs:
             async for index, out in outputs:
+                if out.finished and out.kv_transfer_params and out.outputs[0].finish_reason == "abort":
+                    yield sse_event(
+                        stream.moved_chunk(out.kv_transfer_params)
+                    )  # drained: the router moves it
+                    yield SSE_DONE
+                    return
                 if index in echo_pending:
                     yield sse_event(
                         _echo_chunk(ctx, body, stream, index, echo_pending.pop(index), out, cursors[index])

@@ -17,15 +17,16 @@ if TYPE_CHECKING:
 
 # A resumed engine would restart these from the beginning (a grammar's state, the echoed prompt, images)
 _NOT_RESUMABLE = (*CONSTRAINT_FIELDS, "structured_outputs_after", "echo", "multi_modal_data")
-OUTCOMES = ("resumed", "exhausted", "refused")
+OUTCOMES = ("resumed", "moved", "exhausted", "refused")
 
 
 def migration_counter(registry: CollectorRegistry) -> Counter:
     """``kvferry_router_migrations_total{outcome}`` in ``registry``, every outcome declared."""
     counter = Counter(
         "kvferry_router_migrations",
-        "Streams whose engine failed mid-way, by outcome: resumed on another engine, exhausted "
-        "(--migration-attempts reached) or refused (no engine could take the continuation).",
+        "Streams whose engine failed or drained mid-way, by outcome: resumed on another engine (it "
+        "recomputed the tokens so far), moved (a draining decode handed its KV to the next engine), "
+        "exhausted (--migration-attempts reached) or refused (no engine could take the continuation).",
         ["outcome"],
         registry=registry,
     )
@@ -60,7 +61,8 @@ class Migrator:
             client_wants_ids=bool(body.get("return_token_ids")),
             skip_special=body.get("skip_special_tokens", True),
         )
-        req.engine_body = {**body, "return_token_ids": True}
+        # a draining decode hands this stream's KV on (its last chunk names it) instead of dropping it
+        req.engine_body = {**body, "return_token_ids": True, "kv_transfer_params": {"migrate_on_drain": True}}
         if (
             body.get("seed") is None and body.get("temperature") != 0
         ):  # a continuation draws what it would have

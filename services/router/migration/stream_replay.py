@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from services.common.kv.hashing import BlockHashExtras
 from services.common.openai.sse import SSEEvent
-from services.router.engine_client import EngineStream, EngineUnavailable
+from services.router.engine_client import EngineStream, EngineUnavailable, KVMoved
 from services.router.migration.splice import Splice
 from services.router.prompt import PreparedRequest
 
@@ -106,6 +106,10 @@ class StreamReplay:
                 data = event.json()
                 if (message := _server_error(data)) is not None:
                     raise EngineUnavailable(stream.url, message)
+                if isinstance(moved := data.get("kv_transfer_params"), dict) and moved.get(
+                    "do_remote_prefill"
+                ):
+                    raise KVMoved(stream.url, moved)
                 if data.get("usage") and not self.splice.migrated and self.on_usage is not None:
                     self.on_usage(data)
                 out, stop = self.splice.rewrite(event)
@@ -134,7 +138,8 @@ class StreamReplay:
         self.migrations += 1
         tokens = len(self.splice.ids)
         self.splice.resume(self.m.state.tokenizer)  # the tokens the continuation starts from
-        req = self._continuation(self.splice.ids)
+        moved = failure.params if isinstance(failure, KVMoved) else None
+        req = self._continuation(self.splice.ids, moved)
         log.warning(
             "request %s: %s failed after %d tokens (%s); migrating (%d of at most %d)",
             self.request_id,
@@ -153,12 +158,15 @@ class StreamReplay:
             self.m.count("refused")
             raise EngineUnavailable(failure.url, f"{failure.reason}; migration failed: {exc}") from exc
         assert d.stream is not None
-        self.m.count("resumed")
+        self.m.count("moved" if moved else "resumed")
         return d.stream
 
-    def _continuation(self, ids: list[int]) -> PreparedRequest:
-        """The request as another engine continues it: prompt + the tokens so far."""
+    def _continuation(self, ids: list[int], moved: dict[str, Any] | None = None) -> PreparedRequest:
+        """The request as another engine continues it: prompt + the tokens so far (their KV where ``moved``
+        says, when a draining decode leased it)."""
         body = dict(self.req.engine_body)
+        if moved is not None:
+            body["kv_transfer_params"] = {**moved, "migrate_on_drain": True}
         prompt = self.req.prompts[0] + ids
         body["prompt"] = prompt
         if body.get("max_tokens") is not None:

@@ -1,10 +1,13 @@
-"""LeaseConnector: a finished prefill keeps its prompt's blocks under a lease until decode has READ them."""
+"""LeaseConnector: a finished prefill (or a decode request migrating off a draining engine) keeps its full
+blocks under a lease until the next decode has READ them."""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from services.common.kv.kv_transfer import DEFAULT_LEASE_S, KVTransferParams
 from services.engine.core.kv_connector import FinishedTransfers, Match, TransferStats
@@ -14,6 +17,16 @@ from services.engine.kv_transfer.nixl_transfer import BlockTransfer
 log = logging.getLogger(__name__)
 
 ABORT_PREFIX = b"abort:"  # decode's notification that it will not read a lease (see the pull connector)
+
+
+class LeaseSettings(BaseModel):
+    """Where other engines reach this one (its side channel) and how long leased blocks wait for them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = "127.0.0.1"  # advertised in kv_transfer_params (remote_host)
+    port: int = Field(8000, ge=1, le=65535)
+    lease_s: float = Field(DEFAULT_LEASE_S, gt=0)
 
 
 class LeaseConnector:
@@ -46,10 +59,16 @@ class LeaseConnector:
     def request_finished(
         self, request: Request, block_ids: Sequence[int]
     ) -> tuple[bool, KVTransferParams | None]:
-        """Lease the prompt's full blocks of a completed ``do_remote_decode`` request."""
-        if not request.keeps_kv_for_decode or not request.status.completed:
+        """Lease the prompt's full blocks of a completed ``do_remote_decode`` request, or every computed full
+        block of a request migrating off this draining engine (its handshake goes inline: the HTTP side
+        channel closes while the engine drains)."""
+        if request.migrating_out:
+            num_tokens, handshake = request.num_computed_tokens, self._handshake()
+        elif request.keeps_kv_for_decode and request.status.completed:
+            num_tokens, handshake = request.num_prompt_tokens, None
+        else:
             return False, None
-        n_full = min(request.num_prompt_tokens // self.block_size, len(request.block_hashes), len(block_ids))
+        n_full = min(num_tokens // self.block_size, len(request.block_hashes), len(block_ids))
         leased = list(block_ids[:n_full])
         params = KVTransferParams.for_remote_decode(
             engine_id=self.engine_id,
@@ -61,11 +80,20 @@ class LeaseConnector:
             block_size=self.block_size,
             lease_s=self.lease_s,
             lora_name=request.lora_name,
+            handshake=handshake,
         )
         if not leased or self.transfer is None:  # nothing to READ over NIXL
             return False, params
         self._leases[request.request_id] = (time.monotonic() + self.lease_s, len(leased))
         return True, params
+
+    @property
+    def num_leases(self) -> int:
+        """Leases not yet read, released or expired (a draining engine waits for them before it exits)."""
+        return len(self._leases)
+
+    def _handshake(self) -> str | None:
+        return self.transfer.handshake_json() if self.transfer is not None else None
 
     def get_finished(self) -> FinishedTransfers:
         """Leases to free now: decode read them (or said it will not), or they expired unread."""
