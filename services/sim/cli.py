@@ -28,7 +28,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "clock. `kvferry sim calibrate --help` fits a timing model from a real engine.",
     )
     p.add_argument(
-        "--trace", default="agentic", help=f"a JSONL trace file or a generator: {', '.join(GENERATORS)}"
+        "--trace",
+        default="agentic",
+        help=f"a JSONL trace file, a `kvferry bench serve --request-log` file, or a generator: "
+        f"{', '.join(GENERATORS)}",
+    )
+    p.add_argument(
+        "--trace-format",
+        default="auto",
+        choices=["auto", "trace", "bench"],
+        help="a trace file's rows: trace rows, or a `kvferry bench serve --request-log` (auto: told by its rows)",
     )
     p.add_argument("--pool", type=Path, help="an InferencePool YAML: its roles, router and autoscaling")
     p.add_argument("--compare", type=Path, help="a second InferencePool YAML: both reports side by side")
@@ -76,7 +85,7 @@ def _trace(args: argparse.Namespace) -> list[TraceRow]:
     if args.trace in GENERATORS:
         rate = args.rate if args.rate is not None else (0.3 if args.trace == "agentic" else 2.0)
         return generate(args.trace, GeneratorSettings(rate=rate, duration_s=args.duration, seed=args.seed))
-    return load_trace(Path(args.trace))
+    return load_trace(Path(args.trace), args.trace_format)
 
 
 def _reports(args: argparse.Namespace, rows: list[TraceRow], timing: TimingModel) -> list[SimReport]:

@@ -43,6 +43,8 @@ class SimReport(BaseModel):
     requests: int
     completed: int
     rejected: int
+    prompt_tokens: int = Field(description="prompt tokens of the completed requests")
+    output_tokens: int = Field(description="tokens the completed requests got back")
     virtual_s: float
     ttft_s: dict[str, float]
     itl_s: dict[str, float]

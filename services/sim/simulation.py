@@ -222,6 +222,8 @@ class Simulation:
             requests=len(self._rows),
             completed=len(done),
             rejected=self.rejected,
+            prompt_tokens=sum(f.prompt_tokens for f in done),
+            output_tokens=sum(f.tokens for f in done),
             virtual_s=round(virtual, 6),
             ttft_s=percentiles(ttft),
             itl_s=percentiles(itl),
