@@ -34,6 +34,22 @@ class WallClock(BaseModel):
     timers_per_wall_s: float
 
 
+class KVStoreReport(BaseModel):
+    """The pool's shared kvstore: what the engines looked up, found, loaded and offloaded."""
+
+    capacity_blocks: int
+    hit_rate: float = Field(description="leading blocks found / blocks looked up")
+    lookups: int = Field(description="requests that missed part of their prompt locally and asked the store")
+    looked_up_blocks: int
+    hit_blocks: int
+    loaded_blocks: int = Field(
+        description="blocks the engines loaded from the store (a hit may be cut short)"
+    )
+    stored_blocks: int
+    evicted_blocks: int
+    held_blocks: int = Field(description="blocks in the store at the end")
+
+
 class SimReport(BaseModel):
     """Deterministic for a given trace, pool, timing model and seed (``wall`` aside)."""
 
@@ -67,6 +83,9 @@ class SimReport(BaseModel):
     kv_events: int = Field(description="block events the engines wrote to the index")
     kv_event_batches: int
     kv_events_per_virtual_s: float
+    kvstore: KVStoreReport | None = Field(
+        None, description="with a kvstore (--kvstore-blocks, a pool's spec.kvstore)"
+    )
     wall: WallClock | None = None
 
     def deterministic(self) -> dict[str, object]:

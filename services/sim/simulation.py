@@ -17,7 +17,8 @@ from services.router.scheduling import SchedulingConfig
 from services.sim.fleet import Fleet
 from services.sim.sim_autoscaler import SimAutoscaler
 from services.sim.sim_engine import SimEngine, make_hasher
-from services.sim.sim_report import SimReport, WallClock, percentiles
+from services.sim.sim_kvstore import SimKVStore
+from services.sim.sim_report import KVStoreReport, SimReport, WallClock, percentiles
 from services.sim.sim_router import SimRouter
 from services.sim.timing_model import TimingModel
 from services.sim.trace import TraceRow
@@ -43,6 +44,7 @@ class SimSettings(BaseModel):
     index_budget_s: float = Field(0.02, gt=0, description="the router's --index-budget")
     slo_ttft_s: float = Field(2.0, gt=0)
     slo_itl_s: float = Field(0.2, gt=0, description="ITL target: a request meets it when its mean ITL does")
+    kvstore_blocks: int = Field(0, ge=0, description="the pool's shared kvstore, in blocks (0: none)")
     startup_s: float = Field(60.0, ge=0, description="a new engine's start-up time (autoscaling)")
     autoscale_interval_s: float = Field(15.0, gt=0)
 
@@ -79,6 +81,7 @@ class Simulation:
         self.hasher = make_hasher(settings.model_name, timing.block_size)
         self.redis_url = redis_url if settings.index else None
         self._sync = redis.Redis.from_url(self.redis_url, socket_timeout=5) if self.redis_url else None
+        self.kvstore = SimKVStore(settings.kvstore_blocks, self._index()) if settings.kvstore_blocks else None
         self.fleet = Fleet(self.clock, self._make_engine, settings.startup_s)
         for _ in range(settings.engines):
             self.fleet.add(settings.decode_role)
@@ -100,9 +103,20 @@ class Simulation:
         self._rows: list[TraceRow] = []
         self._open = 0  # requests arrived and not finished
 
+    def _index(self) -> PrefixIndex | None:
+        return PrefixIndex(self._sync, SIM_INDEX) if self._sync is not None else None
+
     def _make_engine(self, engine_id: str, role: RoleName) -> SimEngine:
-        index = PrefixIndex(self._sync, SIM_INDEX) if self._sync is not None else None
-        return SimEngine(engine_id, role, self.timing, self.clock, self.hasher, index, self.s.prefix_caching)
+        return SimEngine(
+            engine_id,
+            role,
+            self.timing,
+            self.clock,
+            self.hasher,
+            self._index(),
+            self.s.prefix_caching,
+            self.kvstore,
+        )
 
     @property
     def _running(self) -> bool:
@@ -123,6 +137,8 @@ class Simulation:
         report = self._report(wall, self._redis_commands() - commands0)
         for engine in self.fleet.all():
             engine.close()
+        if self.kvstore is not None:
+            self.kvstore.close()
         if self.router.index is not None:
             await self.router.index.aclose()
         return report
@@ -181,6 +197,23 @@ class Simulation:
         if finished:
             f.cached = cached_tokens
             self._open -= 1
+
+    def _kvstore_report(self, engines: list[SimEngine]) -> KVStoreReport | None:
+        if self.kvstore is None:
+            return None
+        s = self.kvstore.stats
+        loaded = sum(e.scheduler.connector.stats().blocks["received", "kvstore"] for e in engines)
+        return KVStoreReport(
+            capacity_blocks=self.kvstore.capacity_blocks,
+            hit_rate=round(s.hit_blocks / s.looked_up_blocks, 6) if s.looked_up_blocks else 0.0,
+            lookups=s.lookups,
+            looked_up_blocks=s.looked_up_blocks,
+            hit_blocks=s.hit_blocks,
+            loaded_blocks=loaded,
+            stored_blocks=s.stored_blocks,
+            evicted_blocks=s.evicted_blocks,
+            held_blocks=len(self.kvstore),
+        )
 
     def _redis_commands(self) -> int:
         if self._sync is None:
@@ -246,5 +279,6 @@ class Simulation:
             kv_events=events,
             kv_event_batches=batches,
             kv_events_per_virtual_s=round(events / virtual, 3) if virtual else 0.0,
+            kvstore=self._kvstore_report(engines),
             wall=wall,
         )
