@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pool_operator.command_lines import STRATEGY_FLAG
+from pool_operator.command_lines import STRATEGY_FLAG, CommandLines
 from pool_operator.models import InferencePool
 from pool_operator.quantity import parse_quantity
+from services.router.admission.tenants import Band, Quota, Tenant
 from services.router.scheduling import SchedulingConfig, ScorerWeights
 from services.sim.fleet import Fleet
 from services.sim.sim_autoscaler import SimAutoscaler
@@ -34,6 +35,19 @@ def kvstore_blocks(pool: InferencePool, timing: TimingModel) -> int:
     return int(parse_quantity(store.capacity) * store.replicas // timing.kv_bytes_per_block)
 
 
+def pool_tenants(pool: InferencePool) -> tuple[Tenant, ...]:
+    """spec.router.tenants as the router resolves them (in the simulation a tenant's key id is its name)."""
+    return tuple(
+        Tenant(
+            name=t.name,
+            key_id=t.name,
+            band=Band[t.band],
+            quota=Quota.model_validate(t.quota.model_dump()) if t.quota else Quota(),
+        )
+        for t in pool.spec.router.tenants
+    )
+
+
 def pool_settings(pool: InferencePool, base: SimSettings, timing: TimingModel) -> SimSettings:
     """``base`` with the pool's mode, replicas per role, strategy, weights, P/D threshold and kvstore
     (sized in ``timing``'s blocks: the timing model under the pool's limits, ``pool_timing``)."""
@@ -51,6 +65,8 @@ def pool_settings(pool: InferencePool, base: SimSettings, timing: TimingModel) -
             "prefill": _start_replicas(spec.prefill.replicas, prefill_bounds) if spec.prefill else 0,
             "prefix_caching": spec.engine.prefix_caching,
             "kvstore_blocks": kvstore_blocks(pool, timing),
+            "tenants": pool_tenants(pool),
+            "flow_control": bool(CommandLines(pool).admission_args()),
             "scheduling": SchedulingConfig(
                 strategy=STRATEGY_FLAG[spec.router.strategy],
                 weights=ScorerWeights(prefix=w.prefix, queue=w.queue, kv=w.kv),

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, Field
 
+from services.sim.sim_admission import BandCounts
+
 
 def percentiles(values: Sequence[float], qs: Sequence[int] = (50, 90, 99)) -> dict[str, float]:
     """Nearest-rank percentiles, rounded to the microsecond (``{}`` for no values)."""
@@ -83,6 +85,9 @@ class SimReport(BaseModel):
     kv_events: int = Field(description="block events the engines wrote to the index")
     kv_event_batches: int
     kv_events_per_virtual_s: float
+    admission: dict[str, BandCounts] | None = Field(
+        None, description="per band, with the pool's tenants (or flow control): admitted, queued, refused"
+    )
     kvstore: KVStoreReport | None = Field(
         None, description="with a kvstore (--kvstore-blocks, a pool's spec.kvstore)"
     )

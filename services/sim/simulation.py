@@ -13,15 +13,18 @@ from pydantic import BaseModel, Field
 from services.common.kv.kv_transfer import KVTransferParams
 from services.common.kv.prefix_index import AsyncPrefixIndex, IndexSettings, PrefixIndex
 from services.common.pool.roles import RoleName
+from services.router.admission.admission import Lease
+from services.router.admission.tenants import Tenant
 from services.router.scheduling import SchedulingConfig
 from services.sim.fleet import Fleet
+from services.sim.sim_admission import SimAdmission
 from services.sim.sim_autoscaler import SimAutoscaler
 from services.sim.sim_engine import SimEngine, make_hasher
 from services.sim.sim_kvstore import SimKVStore
 from services.sim.sim_report import KVStoreReport, SimReport, WallClock, percentiles
 from services.sim.sim_router import SimRouter
 from services.sim.timing_model import TimingModel
-from services.sim.trace import TraceRow
+from services.sim.trace import TraceError, TraceRow
 from services.sim.virtual_clock import VirtualClock
 
 # Simulated engines heartbeat in virtual time: their index entries must not expire in real time.
@@ -45,6 +48,8 @@ class SimSettings(BaseModel):
     slo_ttft_s: float = Field(2.0, gt=0)
     slo_itl_s: float = Field(0.2, gt=0, description="ITL target: a request meets it when its mean ITL does")
     kvstore_blocks: int = Field(0, ge=0, description="the pool's shared kvstore, in blocks (0: none)")
+    tenants: tuple[Tenant, ...] = Field((), description="the pool's tenants: the router's admission runs")
+    flow_control: bool = Field(False, description="the router's flow control, also without tenants")
     startup_s: float = Field(60.0, ge=0, description="a new engine's start-up time (autoscaling)")
     autoscale_interval_s: float = Field(15.0, gt=0)
 
@@ -63,6 +68,16 @@ class Flight:
     last_at: float | None = None
     tokens: int = 0
     cached: int = 0
+    lease: Lease | None = None  # admission's, given back when the answer ends
+
+
+def _check_tenants(rows: list[TraceRow], admission: SimAdmission) -> None:
+    """Every row's tenant is one of the pool's, before the run starts (TraceError naming the row)."""
+    for i, row in enumerate(rows):
+        try:
+            admission.tenant(row.tenant)
+        except ValueError as exc:
+            raise TraceError(f"trace row {i + 1}: tenant: {exc}") from None
 
 
 class Simulation:
@@ -98,6 +113,11 @@ class Simulation:
         self.router = SimRouter(
             settings.scheduling, index, timing.block_size, lambda: self._snapshot, settings.seed
         )
+        self.admission = (
+            SimAdmission(settings.tenants, self.clock, lambda: self._snapshot)
+            if settings.flow_control or settings.tenants
+            else None
+        )
         self.flights: dict[str, Flight] = {}
         self.rejected = 0
         self._rows: list[TraceRow] = []
@@ -120,10 +140,13 @@ class Simulation:
 
     @property
     def _running(self) -> bool:
-        return self._open > 0 or self._next < len(self._rows)
+        queued = self.admission.waiting if self.admission is not None else 0
+        return self._open > 0 or queued > 0 or self._next < len(self._rows)
 
     async def run(self, rows: list[TraceRow]) -> SimReport:
         self._rows, self._next = rows, 0
+        if self.admission is not None:
+            _check_tenants(rows, self.admission)
         commands0 = self._redis_commands()
         if self.router.index is not None:
             await self.router.index.prepare()
@@ -145,6 +168,8 @@ class Simulation:
 
     def _poll(self) -> None:
         self._snapshot = self.fleet.endpoints()
+        if self.admission is not None:
+            self.admission.kick()
         if self._running:
             self.clock.call_later(self.s.poll_interval_s, self._poll)
 
@@ -152,6 +177,8 @@ class Simulation:
         assert self.autoscaler is not None
         self.autoscaler.tick(self.clock.now)
         self._snapshot = self.fleet.endpoints()
+        if self.admission is not None:
+            self.admission.kick()
         if self._running:
             self.clock.call_later(self.s.autoscale_interval_s, self._autoscale)
 
@@ -164,11 +191,26 @@ class Simulation:
         rid = row.id or f"r{i}"
         prompt = row.tokens(i, self.timing.vocab_size)
         output = row.output_tokens(i, self.timing.vocab_size)
+        if self.admission is None:
+            await self._route(rid, row.t, prompt, output, None)
+            return
+        tenant = self.admission.tenant(row.tenant)
+
+        async def admitted(lease: Lease) -> None:
+            await self._route(rid, row.t, prompt, output, lease)
+
+        await self.admission.request(tenant, len(prompt), len(output), admitted)
+
+    async def _route(
+        self, rid: str, arrival: float, prompt: list[int], output: list[int], lease: Lease | None
+    ) -> None:
         decision = await self.router.route(len(prompt), self.hasher.hash_tokens(prompt))
         if decision is None:
             self.rejected += 1
+            if lease is not None:
+                lease.finish(None)
             return
-        self.flights[rid] = Flight(self.clock.now, len(prompt))
+        self.flights[rid] = Flight(arrival, len(prompt), lease=lease)
         self._open += 1
         decode = self._engine(decision.decode.url)
         if decision.prefill is None:
@@ -197,6 +239,8 @@ class Simulation:
         if finished:
             f.cached = cached_tokens
             self._open -= 1
+            if f.lease is not None:
+                f.lease.finish(f.tokens)
 
     def _kvstore_report(self, engines: list[SimEngine]) -> KVStoreReport | None:
         if self.kvstore is None:
@@ -280,5 +324,6 @@ class Simulation:
             kv_event_batches=batches,
             kv_events_per_virtual_s=round(events / virtual, 3) if virtual else 0.0,
             kvstore=self._kvstore_report(engines),
+            admission=self.admission.report() if self.admission is not None else None,
             wall=wall,
         )

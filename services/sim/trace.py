@@ -35,6 +35,7 @@ class TraceRow(BaseModel):
     output_len: int = Field(ge=1)
     output_token_ids: list[int] | None = Field(None, description="tokens to emit (parity checks, sessions)")
     session: str | None = None
+    tenant: str | None = Field(None, description="a tenant of the pool (its band and quota); none: default")
     id: str | None = None
 
     @model_validator(mode="after")
