@@ -68,7 +68,7 @@ def run(name: str, p: InferencePool, rows: list) -> dict[str, Any]:  # noqa: ANN
     timing = pool_timing(p, TimingModel.load())
     # a generous index budget: lookups finish however busy the machine is, so the run is deterministic
     settings = pool_settings(
-        p, SimSettings(startup_s=60, slo_ttft_s=TTFT_S, slo_itl_s=ITL_S, index_budget_s=5.0)
+        p, SimSettings(startup_s=60, slo_ttft_s=TTFT_S, slo_itl_s=ITL_S, index_budget_s=5.0), timing
     )
     t0 = time.perf_counter()
     with RedisProcess() as url:

@@ -71,14 +71,19 @@ class AgenticRun:
     seed: int = 0
     results: list[RequestResult] = field(default_factory=list)
     session_times: list[float] = field(default_factory=list)
+    sent: list[BenchRequest] = field(default_factory=list)  # every request, in sending order (--request-log)
+    started: float = 0.0  # perf_counter at the run's start (requests' start times are relative to it)
 
     def _tokens(self, rng: random.Random, n: int) -> list[int]:
         return [self.space.ids[rng.randrange(len(self.space.ids))] for _ in range(n)]
 
     async def _send(self, client: httpx.AsyncClient, history: list[int], session: str) -> RequestResult:
-        request = BenchRequest(tuple(history), self.space.decode(history), self.output_len)
-        result = RequestResult(prompt_len=len(history))
+        request = BenchRequest(
+            tuple(history), self.space.decode(history), self.output_len, session, len(history)
+        )
         t0 = time.perf_counter()
+        result = RequestResult(prompt_len=len(history), start=t0 - self.started, index=len(self.sent))
+        self.sent.append(request)
         try:
             headers = {"x-session-id": session}
             async with client.stream(
@@ -142,10 +147,10 @@ class AgenticRun:
                 )
                 self.session_times.append(time.perf_counter() - t0)
 
-        t0 = time.perf_counter()
+        self.started = time.perf_counter()
         async with httpx.AsyncClient(headers=self.target.headers(), timeout=timeout) as client:
             await asyncio.gather(*(session(client, i) for i in range(self.sessions)))
-        return self.summary(time.perf_counter() - t0)
+        return self.summary(time.perf_counter() - self.started)
 
     def summary(self, duration: float) -> AgenticSummary:
         ok = [r for r in self.results if r.success]

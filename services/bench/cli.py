@@ -9,6 +9,7 @@ import sys
 
 from pydantic import ValidationError
 
+from services.bench.request_log import log_rows, write_request_log
 from services.bench.serve import BenchConfig, run_agentic_async, run_bench
 from services.bench.stats import format_table
 
@@ -31,6 +32,8 @@ _HELP = {
     "api_key": "bearer token to send",
     "timeout": "per-request timeout in seconds",
     "result_json": "write the summary and per-request timings here",
+    "request_log": "write one JSON line per request here (arrival, prompt ids, prefix group or session, "
+    "output tokens): `kvferry sim --trace FILE` replays it",
     "plot": "write a PNG of the latency distributions here",
     "duration": "soak: --max-concurrency closed-loop clients send requests until this many seconds passed",
     "stream_fraction": "soak: fraction of the valid requests that stream (the rest get one JSON answer)",
@@ -79,7 +82,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         ("tool_pause", float, 0.5),
     ):
         add(f"--{name.replace('_', '-')}", type=kind, default=default, help=_HELP[name])
-    for name in ("tokenizer", "api_key", "result_json", "plot"):
+    for name in ("tokenizer", "api_key", "result_json", "request_log", "plot"):
         add(f"--{name.replace('_', '-')}", default=None, help=_HELP[name])
     add("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
     serve.set_defaults(func=run_serve)
@@ -106,6 +109,8 @@ def run_serve(args: argparse.Namespace) -> int:
     print(format_table(outcome.summary))
     if config.result_json:
         config.result_json.write_text(outcome.to_result().model_dump_json(indent=2))
+    if config.request_log:
+        write_request_log(outcome.request_log(), config.request_log)
     if config.plot:
         from services.bench.plot import plot_latencies
 
@@ -119,7 +124,7 @@ def _run_agentic(config: BenchConfig) -> int:
     """The agentic workload: its summary printed (and with --result-json written); 0 if every request
     succeeded."""
     try:
-        config, summary = asyncio.run(run_agentic_async(config))
+        config, run, summary = asyncio.run(run_agentic_async(config))
     except RuntimeError as exc:
         print(f"kvferry bench serve: {exc}", file=sys.stderr)
         return 1
@@ -128,4 +133,6 @@ def _run_agentic(config: BenchConfig) -> int:
         config.result_json.write_text(
             json.dumps({"config": config.model_dump(mode="json"), "summary": summary.model_dump()}, indent=2)
         )
+    if config.request_log:
+        write_request_log(log_rows(run.sent, run.results, config.endpoint), config.request_log)
     return 0 if summary.requests and not summary.failed else 1

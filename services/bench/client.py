@@ -75,6 +75,7 @@ class RequestResult:
     kind: str = "stream"  # soak mixes: "stream", "json", "dropped" (disconnected mid-stream), "bad"
     cached_len: int = 0  # prompt tokens the server served from its prefix cache (usage)
     usage_seen: bool = False  # whether the server sent usage at all
+    index: int = -1  # which of the run's requests this is (its dataset position; --request-log pairs them)
 
 
 @dataclass(frozen=True)
@@ -185,22 +186,23 @@ async def run_load(
     gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     bar = tqdm(total=len(requests), disable=not progress, desc="requests")
 
-    async def one(client: httpx.AsyncClient, request: BenchRequest, start: float) -> RequestResult:
+    async def one(
+        client: httpx.AsyncClient, request: BenchRequest, index: int, start: float
+    ) -> RequestResult:
         if gate is None:
             result = await send_request(client, target, request)
         else:
             async with gate:
                 result = await send_request(client, target, request)
-        result.start = start
+        result.start, result.index = start, index
         bar.update(1)
         return result
 
     async with httpx.AsyncClient(headers=target.headers(), limits=limits, timeout=timeout) as client:
         t0 = time.perf_counter()
-        tasks = [
-            asyncio.create_task(one(client, request, time.perf_counter() - t0))
-            async for request in poisson_arrivals(requests, request_rate, seed)
-        ]
+        tasks: list[asyncio.Task[RequestResult]] = []
+        async for request in poisson_arrivals(requests, request_rate, seed):
+            tasks.append(asyncio.create_task(one(client, request, len(tasks), time.perf_counter() - t0)))
         results = list(await asyncio.gather(*tasks))
         duration = time.perf_counter() - t0
     bar.close()

@@ -26,11 +26,14 @@ _WORDS = tuple(_WORD_TEXT.split())
 
 @dataclass(frozen=True)
 class BenchRequest:
-    """One prompt to send: exact token ids, their text rendering, and the output length to ask for."""
+    """One prompt to send: exact token ids, their text rendering, and the output length to ask for;
+    ``group`` names the shared prefix (its first ``prefix_len`` ids) or the agentic session it belongs to."""
 
     prompt_ids: tuple[int, ...]
     prompt_text: str
     output_len: int
+    group: str | None = None
+    prefix_len: int = 0
 
     @property
     def prompt_len(self) -> int:
@@ -92,7 +95,8 @@ def synthetic_dataset(
     requests = []
     for i in range(num_prompts):
         ids = prefixes[i % num_prefixes] + _draw(rng, space, input_len)
-        requests.append(BenchRequest(ids, space.decode(list(ids)), output_len))
+        group = f"prefix-{seed}-{i % num_prefixes}" if prefix_len else None
+        requests.append(BenchRequest(ids, space.decode(list(ids)), output_len, group, prefix_len))
     rng.shuffle(requests)
     return requests
 

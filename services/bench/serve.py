@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -19,6 +20,7 @@ from services.bench.datasets import (
     synthetic_dataset,
     tokenizer_token_space,
 )
+from services.bench.request_log import RequestLogRow, log_rows
 from services.bench.soak import Mix, run_soak
 from services.bench.stats import BenchSummary, summarize
 
@@ -45,6 +47,7 @@ class BenchConfig(BaseModel):
     api_key: str | None = Field(None, exclude=True)  # never written to --result-json
     timeout: float = Field(600.0, gt=0)
     result_json: Path | None = None
+    request_log: Path | None = None  # JSONL, one row per request (what `kvferry sim --trace` replays)
     plot: Path | None = None
     progress: bool = True
     # A soak: --max-concurrency closed-loop clients for this many seconds (the prompts reused in turn)
@@ -105,6 +108,11 @@ class BenchOutcome:
     config: BenchConfig
     run: LoadRun
     summary: BenchSummary
+    requests: Sequence[BenchRequest] = ()  # the dataset (results name theirs by index)
+
+    def request_log(self) -> list[RequestLogRow]:
+        """The ``--request-log`` rows of this run."""
+        return log_rows(self.requests, self.run.results, self.config.endpoint)
 
     def to_result(self) -> BenchResult:
         return BenchResult(config=self.config, summary=self.summary, requests=self.run.results)
@@ -165,10 +173,10 @@ async def run_bench_async(config: BenchConfig) -> BenchOutcome:
         run = await run_load(
             target, requests, config.request_rate, config.max_concurrency, config.seed, config.progress
         )
-    return BenchOutcome(config, run, summarize(run, config.window))
+    return BenchOutcome(config, run, summarize(run, config.window), requests)
 
 
-async def run_agentic_async(config: BenchConfig) -> tuple[BenchConfig, AgenticSummary]:
+async def run_agentic_async(config: BenchConfig) -> tuple[BenchConfig, AgenticRun, AgenticSummary]:
     """``--dataset agentic``: sessions (``--num-prompts``) at most ``--max-concurrency`` at a time."""
     target = Target(config.url, config.model or "", config.endpoint, config.api_key, config.timeout)
     if not config.model:
@@ -188,7 +196,8 @@ async def run_agentic_async(config: BenchConfig) -> tuple[BenchConfig, AgenticSu
         tool_pause_s=config.tool_pause,
         seed=config.seed,
     )
-    return config, await run.run(config.max_concurrency)
+    summary = await run.run(config.max_concurrency)
+    return config, run, summary
 
 
 def run_bench(config: BenchConfig) -> BenchOutcome:

@@ -137,10 +137,10 @@ async def run_soak(
         rng = random.Random(seed * 100_003 + index)
         turn = index
         while (start := time.perf_counter() - t0) < duration_s:
-            request = requests[turn % len(requests)]
+            index = turn % len(requests)
             turn += clients
-            result = await send_mixed(client, target, request, mix.pick(rng), rng)
-            result.start = start
+            result = await send_mixed(client, target, requests[index], mix.pick(rng), rng)
+            result.start, result.index = start, index
             results.append(result)
             bar.update(1)
 

@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from pool_operator.poolfile import PoolFileError, load_pools
 from services.router.scheduling import SchedulingConfig
 from services.sim.pool_settings import pool_autoscaler, pool_settings, pool_timing
@@ -28,7 +30,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "clock. `kvferry sim calibrate --help` fits a timing model from a real engine.",
     )
     p.add_argument(
-        "--trace", default="agentic", help=f"a JSONL trace file or a generator: {', '.join(GENERATORS)}"
+        "--trace",
+        default="agentic",
+        help=f"a JSONL trace file, a `kvferry bench serve --request-log` file, or a generator: "
+        f"{', '.join(GENERATORS)}",
+    )
+    p.add_argument(
+        "--trace-format",
+        default="auto",
+        choices=["auto", "trace", "bench"],
+        help="a trace file's rows: trace rows, or a `kvferry bench serve --request-log` (auto: told by its rows)",
     )
     p.add_argument("--pool", type=Path, help="an InferencePool YAML: its roles, router and autoscaling")
     p.add_argument("--compare", type=Path, help="a second InferencePool YAML: both reports side by side")
@@ -57,6 +68,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=0.2,
         help="mean inter-token latency target of the ITL attainment, seconds",
     )
+    p.add_argument(
+        "--kvstore-blocks",
+        type=int,
+        default=0,
+        help="a shared kvstore of this many blocks (0: none; a --pool's spec.kvstore sizes its own)",
+    )
     p.add_argument("--no-index", action="store_true", help="route without the Redis prefix index")
     p.add_argument(
         "--index-budget",
@@ -76,11 +93,26 @@ def _trace(args: argparse.Namespace) -> list[TraceRow]:
     if args.trace in GENERATORS:
         rate = args.rate if args.rate is not None else (0.3 if args.trace == "agentic" else 2.0)
         return generate(args.trace, GeneratorSettings(rate=rate, duration_s=args.duration, seed=args.seed))
-    return load_trace(Path(args.trace))
+    return load_trace(Path(args.trace), args.trace_format)
 
 
-def _reports(args: argparse.Namespace, rows: list[TraceRow], timing: TimingModel) -> list[SimReport]:
-    base = SimSettings(
+class OptionError(ValueError):
+    """A command-line option is out of range or reaches nothing; the message names it."""
+
+
+def _base(args: argparse.Namespace) -> SimSettings:
+    if args.kvstore_blocks and args.pool is not None:
+        raise OptionError("--kvstore-blocks is for runs without --pool (a pool declares spec.kvstore)")
+    try:
+        return _settings(args)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        flag = "--" + str(e["loc"][0]).replace("_", "-").removesuffix("-s")
+        raise OptionError(f"{flag}: {e['msg']}") from None
+
+
+def _settings(args: argparse.Namespace) -> SimSettings:
+    return SimSettings(
         engines=args.engines,
         prefill=args.prefill,
         mode="Disaggregated" if args.prefill else "Aggregated",
@@ -90,12 +122,17 @@ def _reports(args: argparse.Namespace, rows: list[TraceRow], timing: TimingModel
         slo_ttft_s=args.slo_ttft,
         slo_itl_s=args.slo_itl,
         index_budget_s=args.index_budget,
+        kvstore_blocks=args.kvstore_blocks,
     )
+
+
+def _reports(args: argparse.Namespace, rows: list[TraceRow], timing: TimingModel) -> list[SimReport]:
+    base = _base(args)
     runs = []
     for path in [p for p in (args.pool, args.compare) if p is not None]:
         for pool in load_pools(path):
             model = pool_timing(pool, timing)
-            runs.append((pool_settings(pool, base), model, pool_autoscaler(pool, model)))
+            runs.append((pool_settings(pool, base, model), model, pool_autoscaler(pool, model)))
     if not runs:
         runs.append((base, timing, None))
     reports = []
@@ -112,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         if args.write_trace:
             write_trace(rows, args.write_trace)
         reports = _reports(args, rows, timing)
-    except (TraceError, TimingModelError, PoolFileError) as exc:
+    except (TraceError, TimingModelError, PoolFileError, OptionError) as exc:
         print(f"kvferry sim: {exc}", file=sys.stderr)
         return 2
     body = reports[0].model_dump() if len(reports) == 1 else {"compare": [r.model_dump() for r in reports]}

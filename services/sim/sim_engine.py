@@ -12,12 +12,15 @@ from services.common.kv.kv_transfer import KVTransferParams
 from services.common.kv.prefix_index import EngineRef, PrefixIndex
 from services.common.pool.roles import RoleName
 from services.engine.core.kv_cache_manager import KVCacheManager
+from services.engine.core.kv_connector import KVConnector, compose
 from services.engine.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 from services.engine.core.request import Request
 from services.engine.core.sampling_params import SamplingParams
 from services.engine.core.scheduler import Scheduler, SchedulerConfig
 from services.router.scheduling import Endpoint, EndpointLoad
 from services.sim.sim_connector import SimPullConnector
+from services.sim.sim_kvstore import SimKVStore
+from services.sim.sim_kvstore_connector import SimKVStoreConnector
 from services.sim.timing_model import TimingModel
 from services.sim.virtual_clock import VirtualClock
 
@@ -48,7 +51,8 @@ class SimEngine:
     Admission, chunked prefill, prefix hits, preemption and eviction are the engine core's own code
     (services.engine.core: Scheduler, KVCacheManager, BlockPool); only the forward pass is replaced by
     ``TimingModel.step_s`` on the virtual clock. Each step's KV events go to the real Redis index as
-    one numbered batch, as the engine's publisher writes them.
+    one numbered batch, as the engine's publisher writes them. With the pool's ``kvstore``, the engine
+    fetches missing prefixes from it and offloads finished prompts, as its kvstore connector does.
     """
 
     def __init__(
@@ -60,6 +64,7 @@ class SimEngine:
         hasher: BlockHasher,
         index: PrefixIndex | None,
         enable_caching: bool = True,
+        kvstore: SimKVStore | None = None,
     ) -> None:
         self.ref = EngineRef(engine_id, f"{engine_id}-sim", f"http://sim/{engine_id}")
         self.role = role
@@ -69,7 +74,15 @@ class SimEngine:
         self.index = index
         self.kv = KVCacheManager(timing.num_kv_blocks, timing.block_size, enable_caching)
         self.kv.pool.record_events = index is not None
-        connector = SimPullConnector(clock, timing.transfer_s_per_block, timing.block_size, self.wake)
+        connectors: list[KVConnector] = [
+            SimPullConnector(clock, timing.transfer_s_per_block, timing.block_size, self.wake)
+        ]
+        if kvstore is not None:  # as the roles compose them: the P/D connector first, then the kvstore tier
+            s_per_block, offload = timing.kvstore_fetch_s_per_block, role != "decode"
+            connectors.append(
+                SimKVStoreConnector(kvstore, clock, s_per_block, timing.block_size, self.wake, offload)
+            )
+        connector = compose(connectors)
         config = SchedulerConfig(
             max_num_seqs=timing.max_num_seqs,
             max_num_batched_tokens=timing.max_num_batched_tokens,

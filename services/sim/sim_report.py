@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, Field
 
+from services.sim.sim_admission import BandCounts
+
 
 def percentiles(values: Sequence[float], qs: Sequence[int] = (50, 90, 99)) -> dict[str, float]:
     """Nearest-rank percentiles, rounded to the microsecond (``{}`` for no values)."""
@@ -34,6 +36,22 @@ class WallClock(BaseModel):
     timers_per_wall_s: float
 
 
+class KVStoreReport(BaseModel):
+    """The pool's shared kvstore: what the engines looked up, found, loaded and offloaded."""
+
+    capacity_blocks: int
+    hit_rate: float = Field(description="leading blocks found / blocks looked up")
+    lookups: int = Field(description="requests that missed part of their prompt locally and asked the store")
+    looked_up_blocks: int
+    hit_blocks: int
+    loaded_blocks: int = Field(
+        description="blocks the engines loaded from the store (a hit may be cut short)"
+    )
+    stored_blocks: int
+    evicted_blocks: int
+    held_blocks: int = Field(description="blocks in the store at the end")
+
+
 class SimReport(BaseModel):
     """Deterministic for a given trace, pool, timing model and seed (``wall`` aside)."""
 
@@ -43,6 +61,8 @@ class SimReport(BaseModel):
     requests: int
     completed: int
     rejected: int
+    prompt_tokens: int = Field(description="prompt tokens of the completed requests")
+    output_tokens: int = Field(description="tokens the completed requests got back")
     virtual_s: float
     ttft_s: dict[str, float]
     itl_s: dict[str, float]
@@ -65,6 +85,12 @@ class SimReport(BaseModel):
     kv_events: int = Field(description="block events the engines wrote to the index")
     kv_event_batches: int
     kv_events_per_virtual_s: float
+    admission: dict[str, BandCounts] | None = Field(
+        None, description="per band, with the pool's tenants (or flow control): admitted, queued, refused"
+    )
+    kvstore: KVStoreReport | None = Field(
+        None, description="with a kvstore (--kvstore-blocks, a pool's spec.kvstore)"
+    )
     wall: WallClock | None = None
 
     def deterministic(self) -> dict[str, object]:

@@ -13,14 +13,18 @@ from pydantic import BaseModel, Field
 from services.common.kv.kv_transfer import KVTransferParams
 from services.common.kv.prefix_index import AsyncPrefixIndex, IndexSettings, PrefixIndex
 from services.common.pool.roles import RoleName
+from services.router.admission.admission import Lease
+from services.router.admission.tenants import Tenant
 from services.router.scheduling import SchedulingConfig
 from services.sim.fleet import Fleet
+from services.sim.sim_admission import SimAdmission
 from services.sim.sim_autoscaler import SimAutoscaler
 from services.sim.sim_engine import SimEngine, make_hasher
-from services.sim.sim_report import SimReport, WallClock, percentiles
+from services.sim.sim_kvstore import SimKVStore
+from services.sim.sim_report import KVStoreReport, SimReport, WallClock, percentiles
 from services.sim.sim_router import SimRouter
 from services.sim.timing_model import TimingModel
-from services.sim.trace import TraceRow
+from services.sim.trace import TraceError, TraceRow
 from services.sim.virtual_clock import VirtualClock
 
 # Simulated engines heartbeat in virtual time: their index entries must not expire in real time.
@@ -43,6 +47,9 @@ class SimSettings(BaseModel):
     index_budget_s: float = Field(0.02, gt=0, description="the router's --index-budget")
     slo_ttft_s: float = Field(2.0, gt=0)
     slo_itl_s: float = Field(0.2, gt=0, description="ITL target: a request meets it when its mean ITL does")
+    kvstore_blocks: int = Field(0, ge=0, description="the pool's shared kvstore, in blocks (0: none)")
+    tenants: tuple[Tenant, ...] = Field((), description="the pool's tenants: the router's admission runs")
+    flow_control: bool = Field(False, description="the router's flow control, also without tenants")
     startup_s: float = Field(60.0, ge=0, description="a new engine's start-up time (autoscaling)")
     autoscale_interval_s: float = Field(15.0, gt=0)
 
@@ -61,6 +68,16 @@ class Flight:
     last_at: float | None = None
     tokens: int = 0
     cached: int = 0
+    lease: Lease | None = None  # admission's, given back when the answer ends
+
+
+def _check_tenants(rows: list[TraceRow], admission: SimAdmission) -> None:
+    """Every row's tenant is one of the pool's, before the run starts (TraceError naming the row)."""
+    for i, row in enumerate(rows):
+        try:
+            admission.tenant(row.tenant)
+        except ValueError as exc:
+            raise TraceError(f"trace row {i + 1}: tenant: {exc}") from None
 
 
 class Simulation:
@@ -79,6 +96,7 @@ class Simulation:
         self.hasher = make_hasher(settings.model_name, timing.block_size)
         self.redis_url = redis_url if settings.index else None
         self._sync = redis.Redis.from_url(self.redis_url, socket_timeout=5) if self.redis_url else None
+        self.kvstore = SimKVStore(settings.kvstore_blocks, self._index()) if settings.kvstore_blocks else None
         self.fleet = Fleet(self.clock, self._make_engine, settings.startup_s)
         for _ in range(settings.engines):
             self.fleet.add(settings.decode_role)
@@ -95,21 +113,40 @@ class Simulation:
         self.router = SimRouter(
             settings.scheduling, index, timing.block_size, lambda: self._snapshot, settings.seed
         )
+        self.admission = (
+            SimAdmission(settings.tenants, self.clock, lambda: self._snapshot)
+            if settings.flow_control or settings.tenants
+            else None
+        )
         self.flights: dict[str, Flight] = {}
         self.rejected = 0
         self._rows: list[TraceRow] = []
         self._open = 0  # requests arrived and not finished
 
+    def _index(self) -> PrefixIndex | None:
+        return PrefixIndex(self._sync, SIM_INDEX) if self._sync is not None else None
+
     def _make_engine(self, engine_id: str, role: RoleName) -> SimEngine:
-        index = PrefixIndex(self._sync, SIM_INDEX) if self._sync is not None else None
-        return SimEngine(engine_id, role, self.timing, self.clock, self.hasher, index, self.s.prefix_caching)
+        return SimEngine(
+            engine_id,
+            role,
+            self.timing,
+            self.clock,
+            self.hasher,
+            self._index(),
+            self.s.prefix_caching,
+            self.kvstore,
+        )
 
     @property
     def _running(self) -> bool:
-        return self._open > 0 or self._next < len(self._rows)
+        queued = self.admission.waiting if self.admission is not None else 0
+        return self._open > 0 or queued > 0 or self._next < len(self._rows)
 
     async def run(self, rows: list[TraceRow]) -> SimReport:
         self._rows, self._next = rows, 0
+        if self.admission is not None:
+            _check_tenants(rows, self.admission)
         commands0 = self._redis_commands()
         if self.router.index is not None:
             await self.router.index.prepare()
@@ -123,12 +160,16 @@ class Simulation:
         report = self._report(wall, self._redis_commands() - commands0)
         for engine in self.fleet.all():
             engine.close()
+        if self.kvstore is not None:
+            self.kvstore.close()
         if self.router.index is not None:
             await self.router.index.aclose()
         return report
 
     def _poll(self) -> None:
         self._snapshot = self.fleet.endpoints()
+        if self.admission is not None:
+            self.admission.kick()
         if self._running:
             self.clock.call_later(self.s.poll_interval_s, self._poll)
 
@@ -136,6 +177,8 @@ class Simulation:
         assert self.autoscaler is not None
         self.autoscaler.tick(self.clock.now)
         self._snapshot = self.fleet.endpoints()
+        if self.admission is not None:
+            self.admission.kick()
         if self._running:
             self.clock.call_later(self.s.autoscale_interval_s, self._autoscale)
 
@@ -148,11 +191,26 @@ class Simulation:
         rid = row.id or f"r{i}"
         prompt = row.tokens(i, self.timing.vocab_size)
         output = row.output_tokens(i, self.timing.vocab_size)
+        if self.admission is None:
+            await self._route(rid, row.t, prompt, output, None)
+            return
+        tenant = self.admission.tenant(row.tenant)
+
+        async def admitted(lease: Lease) -> None:
+            await self._route(rid, row.t, prompt, output, lease)
+
+        await self.admission.request(tenant, len(prompt), len(output), admitted)
+
+    async def _route(
+        self, rid: str, arrival: float, prompt: list[int], output: list[int], lease: Lease | None
+    ) -> None:
         decision = await self.router.route(len(prompt), self.hasher.hash_tokens(prompt))
         if decision is None:
             self.rejected += 1
+            if lease is not None:
+                lease.finish(None)
             return
-        self.flights[rid] = Flight(self.clock.now, len(prompt))
+        self.flights[rid] = Flight(arrival, len(prompt), lease=lease)
         self._open += 1
         decode = self._engine(decision.decode.url)
         if decision.prefill is None:
@@ -181,6 +239,25 @@ class Simulation:
         if finished:
             f.cached = cached_tokens
             self._open -= 1
+            if f.lease is not None:
+                f.lease.finish(f.tokens)
+
+    def _kvstore_report(self, engines: list[SimEngine]) -> KVStoreReport | None:
+        if self.kvstore is None:
+            return None
+        s = self.kvstore.stats
+        loaded = sum(e.scheduler.connector.stats().blocks["received", "kvstore"] for e in engines)
+        return KVStoreReport(
+            capacity_blocks=self.kvstore.capacity_blocks,
+            hit_rate=round(s.hit_blocks / s.looked_up_blocks, 6) if s.looked_up_blocks else 0.0,
+            lookups=s.lookups,
+            looked_up_blocks=s.looked_up_blocks,
+            hit_blocks=s.hit_blocks,
+            loaded_blocks=loaded,
+            stored_blocks=s.stored_blocks,
+            evicted_blocks=s.evicted_blocks,
+            held_blocks=len(self.kvstore),
+        )
 
     def _redis_commands(self) -> int:
         if self._sync is None:
@@ -222,6 +299,8 @@ class Simulation:
             requests=len(self._rows),
             completed=len(done),
             rejected=self.rejected,
+            prompt_tokens=sum(f.prompt_tokens for f in done),
+            output_tokens=sum(f.tokens for f in done),
             virtual_s=round(virtual, 6),
             ttft_s=percentiles(ttft),
             itl_s=percentiles(itl),
@@ -244,5 +323,7 @@ class Simulation:
             kv_events=events,
             kv_event_batches=batches,
             kv_events_per_virtual_s=round(events / virtual, 3) if virtual else 0.0,
+            kvstore=self._kvstore_report(engines),
+            admission=self.admission.report() if self.admission is not None else None,
             wall=wall,
         )

@@ -41,6 +41,12 @@ class TimingModel(BaseModel):
         0.0, ge=0, description="per prefill token per token it attends to (cached prefix plus half its chunk)"
     )
     transfer_s_per_block: float = Field(0.0, ge=0)
+    kv_bytes_per_block: int | None = Field(
+        None, ge=1, description="one KV block, every layer: sizes a pool's kvstore capacity in blocks"
+    )
+    kvstore_s_per_block: float | None = Field(
+        None, ge=0, description="a block fetched from the kvstore (default: transfer_s_per_block)"
+    )
     samples: dict[str, list[list[float]]] = Field(
         default_factory=dict, description="the measurements the fit came from (for the record)"
     )
@@ -57,6 +63,10 @@ class TimingModel(BaseModel):
             + decode_context_tokens * self.s_per_context_token
             + prefill_context * self.s_per_prefill_context_token
         )
+
+    @property
+    def kvstore_fetch_s_per_block(self) -> float:
+        return self.transfer_s_per_block if self.kvstore_s_per_block is None else self.kvstore_s_per_block
 
     @classmethod
     def load(cls, path: Path | None = None) -> TimingModel:

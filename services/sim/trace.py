@@ -1,4 +1,5 @@
-"""Trace JSONL: one request per line (arrival, prompt tokens or lengths with a prefix group, output length)."""
+"""Trace JSONL: one request per line (arrival, prompt tokens or lengths with a prefix group, output length);
+a ``kvferry bench serve --request-log`` file reads as one too."""
 
 from __future__ import annotations
 
@@ -6,9 +7,14 @@ import json
 import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from services.bench.request_log import LOG_MARK, RequestLogRow
+
+TraceFormat = Literal["auto", "trace", "bench"]
 
 
 class TraceError(ValueError):
@@ -29,6 +35,7 @@ class TraceRow(BaseModel):
     output_len: int = Field(ge=1)
     output_token_ids: list[int] | None = Field(None, description="tokens to emit (parity checks, sessions)")
     session: str | None = None
+    tenant: str | None = Field(None, description="a tenant of the pool (its band and quota); none: default")
     id: str | None = None
 
     @model_validator(mode="after")
@@ -42,6 +49,26 @@ class TraceRow(BaseModel):
         if self.output_token_ids is not None and len(self.output_token_ids) != self.output_len:
             raise ValueError("output_token_ids must hold output_len tokens")
         return self
+
+    @classmethod
+    def from_bench(cls, row: RequestLogRow, number: int) -> TraceRow:
+        """A bench request replayed: its arrival, its prompt ids (or, where the server counted other tokens
+        than were sent, a chat template's, its length and prefix group), and the tokens that came back
+        (a failed request: the max_tokens it asked for)."""
+        output = row.output_tokens if row.success and row.output_tokens else row.max_tokens
+        if len(row.prompt_token_ids) == row.prompt_tokens:
+            return cls(
+                t=row.start_s, prompt_token_ids=row.prompt_token_ids, output_len=output, id=f"bench-{number}"
+            )
+        shared = min(row.prefix_len, row.prompt_tokens) if row.prefix_group else 0
+        return cls(
+            t=row.start_s,
+            prompt_len=row.prompt_tokens,
+            prefix_group=row.prefix_group,
+            prefix_len=shared,
+            output_len=output,
+            id=f"bench-{number}",
+        )
 
     @property
     def whole_prompt_shared(self) -> bool:
@@ -74,14 +101,28 @@ def draw(key: str, n: int, vocab_size: int) -> list[int]:
     return [int(x) for x in rng.integers(0, vocab_size, n, dtype=np.int64)]
 
 
-def parse_rows(lines: Iterable[str], source: str) -> list[TraceRow]:
-    """Validate every line; the first bad one raises TraceError naming ``source:line`` and the field."""
+def _row(body: object, number: int, fmt: TraceFormat) -> TraceRow:
+    if fmt == "bench":
+        return TraceRow.from_bench(RequestLogRow.model_validate(body), number)
+    return TraceRow.model_validate(body)
+
+
+def _detect(body: object) -> TraceFormat:
+    """A request log's rows carry ``"log": "kvferry-bench-request"``; anything else is read as a trace."""
+    return "bench" if isinstance(body, dict) and body.get("log") == LOG_MARK else "trace"
+
+
+def parse_rows(lines: Iterable[str], source: str, fmt: TraceFormat = "auto") -> list[TraceRow]:
+    """Validate every line (``auto``: the first row tells a request log from a trace); the first bad one
+    raises TraceError naming ``source:line`` and the field."""
     rows = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            rows.append(TraceRow.model_validate(json.loads(line)))
+            body = json.loads(line)
+            fmt = _detect(body) if fmt == "auto" else fmt
+            rows.append(_row(body, number, fmt))
         except json.JSONDecodeError as exc:
             raise TraceError(f"{source}:{number}: not JSON ({exc.msg})") from None
         except ValidationError as exc:
@@ -97,12 +138,13 @@ def parse_rows(lines: Iterable[str], source: str) -> list[TraceRow]:
     return rows
 
 
-def load_trace(path: Path) -> list[TraceRow]:
+def load_trace(path: Path, fmt: TraceFormat = "auto") -> list[TraceRow]:
+    """A trace JSONL or a ``kvferry bench serve --request-log`` file (``fmt``; ``auto`` tells them apart)."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise TraceError(f"{path}: cannot read: {exc.strerror}") from None
-    return parse_rows(text.splitlines(), str(path))
+    return parse_rows(text.splitlines(), str(path), fmt)
 
 
 def write_trace(rows: Sequence[TraceRow], path: Path) -> None:

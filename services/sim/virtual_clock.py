@@ -11,10 +11,10 @@ Handler = Callable[[], Awaitable[None] | None]
 
 
 @dataclass(order=True)
-class _Timer:
+class Timer:
     at: float
     seq: int
-    handler: Handler = field(compare=False)
+    handler: Handler | None = field(compare=False)  # None: cancelled
 
 
 class VirtualClock:
@@ -27,21 +27,29 @@ class VirtualClock:
 
     def __init__(self) -> None:
         self.now = 0.0
-        self._timers: list[_Timer] = []
+        self._timers: list[Timer] = []
         self._seq = 0
         self.fired = 0
+        # awaited after every handler: lets tasks the handler woke (admission waiters) run before time moves
+        self.settle: Callable[[], Awaitable[None]] | None = None
 
-    def call_at(self, at: float, handler: Handler) -> None:
+    def call_at(self, at: float, handler: Handler) -> Timer:
         """Run ``handler`` at virtual time ``at`` (never before now)."""
         self._seq += 1
-        heapq.heappush(self._timers, _Timer(max(at, self.now), self._seq, handler))
+        timer = Timer(max(at, self.now), self._seq, handler)
+        heapq.heappush(self._timers, timer)
+        return timer
 
-    def call_later(self, delay_s: float, handler: Handler) -> None:
-        self.call_at(self.now + max(delay_s, 0.0), handler)
+    def call_later(self, delay_s: float, handler: Handler) -> Timer:
+        return self.call_at(self.now + max(delay_s, 0.0), handler)
+
+    def cancel(self, timer: Timer) -> None:
+        """The timer will not fire (and time does not move to it)."""
+        timer.handler = None
 
     @property
     def pending(self) -> int:
-        return len(self._timers)
+        return sum(t.handler is not None for t in self._timers)
 
     async def run(self, until: float | None = None) -> None:
         """Fire timers in order until none is left (or the next is past ``until``)."""
@@ -50,8 +58,12 @@ class VirtualClock:
                 self.now = until
                 return
             timer = heapq.heappop(self._timers)
+            if timer.handler is None:
+                continue
             self.now = timer.at
             self.fired += 1
             result = timer.handler()
             if inspect.isawaitable(result):
                 await result
+            if self.settle is not None:
+                await self.settle()

@@ -89,9 +89,9 @@ def test_disaggregated_requests_go_through_prefill_and_the_kv_pull(redis_server:
 
 def test_the_operators_policy_scales_an_overloaded_pool(redis_server: RedisServer, tmp_path: Path) -> None:
     pool = load_pools(ROOT / "examples" / "disaggregated-pool.yaml")[0]
-    settings = pool_settings(pool, SimSettings(startup_s=10))
-    rows = generate("rag", GeneratorSettings(rate=6.0, duration_s=60, seed=0))
     timing = pool_timing(pool, TimingModel.load())
+    settings = pool_settings(pool, SimSettings(startup_s=10), timing)
+    rows = generate("rag", GeneratorSettings(rate=6.0, duration_s=60, seed=0))
     report = _run(redis_server.url, settings, rows, timing, pool_autoscaler(pool, timing))
     assert report.autoscaling_decisions and any(to > frm for _, _, frm, to in report.autoscaling_decisions)
     assert max(sum(c.values()) for _, c in report.engines_over_time) > sum(report.engines.values())
@@ -107,6 +107,7 @@ def test_kvferry_sim_runs_the_example_pools(
     )
     report = json.loads(out.read_text())
     assert report["completed"] == report["requests"] > 0
+    assert (report["kvstore"] is not None) == load_pools(pool)[0].spec.kvstore.enabled
 
 
 def test_compare_prints_both_pools_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -122,6 +123,11 @@ def test_compare_prints_both_pools_side_by_side(tmp_path: Path, capsys: pytest.C
         (["--trace", "{bad}"], "cannot read"),
         (["--timing", "/nonexistent.json"], "cannot read"),
         (["--pool", "/nonexistent.yaml"], "cannot read"),
+        (["--engines", "0"], "--engines: Input should be greater than or equal to 1"),
+        (
+            ["--kvstore-blocks", "8", "--pool", str(ROOT / "examples" / "aggregated-pool.yaml")],
+            "--kvstore-blocks is for runs without --pool",
+        ),
     ],
 )
 def test_bad_input_is_a_message_not_a_traceback(
@@ -161,7 +167,7 @@ def test_the_slo_policy_scales_both_roles_on_a_diurnal_trace(redis_server: Redis
     timing = pool_timing(pool, TimingModel.load())
     report = _run(
         redis_server.url,
-        pool_settings(pool, SimSettings(startup_s=30)),
+        pool_settings(pool, SimSettings(startup_s=30), timing),
         rows,
         timing,
         pool_autoscaler(pool, timing),

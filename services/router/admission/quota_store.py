@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -107,14 +108,16 @@ class RedisQuotaStore:
 
 
 class MemoryQuotaStore:
-    """The same counting for a router without Redis (one replica)."""
+    """The same counting for a router without Redis (one replica); ``clock`` is wall-clock seconds (the fleet
+    simulator passes its virtual clock)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
         self._windows: dict[tuple[str, int], list[int]] = {}
         self._leases: dict[str, set[str]] = {}
 
     async def admit(self, tenant: str, quota: Quota, tokens: int) -> QuotaVerdict:
-        minute, reset = _window(time.time())
+        minute, reset = _window(self.clock())
         used = self._windows.setdefault((tenant, minute), [0, 0])
         leases = self._leases.setdefault(tenant, set())
         limit = None
