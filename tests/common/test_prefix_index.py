@@ -201,7 +201,7 @@ def test_async_lookup_and_its_time_budget(redis_server: RedisServer) -> None:
 def test_bad_tier_is_rejected(index: PrefixIndex) -> None:
     register(index, E1)
     with pytest.raises(redis.ResponseError):
-        index.apply(E1, 1, [stored(PROMPT, "disk")])
+        index.apply(E1, 1, [stored(PROMPT, "tape")])  # type: ignore[arg-type]
 
 
 def test_routed_hint_is_shared_and_expires(redis_server: RedisServer) -> None:

@@ -51,6 +51,9 @@ class PrefixMatch:
     kvstore: int = 0
     longest: int = 0
     routed: int = 0  # leading blocks a router just sent there (a hint until the engine's events land)
+    disk: int = (
+        0  # the engine's local-disk tier (behind its host tier); last: positional callers keep working
+    )
 
     def blocks(self, tier: Tier | Literal["routed"]) -> int:
         return int(getattr(self, tier))
@@ -119,8 +122,9 @@ def decode_lookup(reply: Sequence[Any]) -> dict[str, PrefixMatch]:
         raise MixedVersionsError(legacy)
     out = {}
     for row in rows:
-        eid, url, gpu, cpu, kvstore, longest, routed = row.decode().split("\0")
-        out[eid] = PrefixMatch(eid, url, int(gpu), int(cpu), int(kvstore), int(longest), int(routed))
+        eid, url, *runs = row.decode().split("\0")
+        gpu, cpu, kvstore, disk, longest, routed = (int(x) for x in runs)  # TIERS' order, then any, routed
+        out[eid] = PrefixMatch(eid, url, gpu, cpu, kvstore, longest, routed, disk)
     return out
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from services.engine.kv_transfer.disk_tier import DiskKVTier
+from services.engine.kv_transfer.tier_log import TierLog
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class HostKVTier:
             raise ValueError(f"kv_offload_cpu_bytes: holds no block ({num_slots} slots)")
         self.kv_cache, self.disk = kv_cache, disk
         self._demotions: list[tuple[bytes, int]] = []  # slots evicted to disk, written before their reuse
-        self._evicted: list[bytes] = []  # hashes evicted since take_evicted (the KV events' removals)
+        self.log = TierLog("cpu")  # what the tier holds, as it changes (the KV events of tier "cpu")
         pin = kv_cache.device.type == "cuda"
         self.slots = torch.empty(
             (num_slots, *kv_cache.shape[1:]), dtype=kv_cache.dtype, device="cpu", pin_memory=pin
@@ -145,12 +146,6 @@ class HostKVTier:
             except queue.Empty:
                 return out
 
-    def take_evicted(self) -> list[bytes]:
-        """The block hashes evicted since the last call."""
-        with self._lock:
-            gone, self._evicted = self._evicted, []
-        return gone
-
     @property
     def used(self) -> int:
         """Blocks the tier holds."""
@@ -175,7 +170,7 @@ class HostKVTier:
             if slot not in self.busy:
                 del self.index[h]
                 self.evicted += 1
-                self._evicted.append(h)
+                self.log.removed((h,))
                 if self.disk is not None:
                     self._demotions.append((h, slot))
                 return slot
@@ -201,6 +196,7 @@ class HostKVTier:
                 if job.store and ok:
                     for h, slot in zip(job.hashes, job.slots, strict=True):
                         self.index[h] = slot
+                    self.log.stored(job.hashes)
                 elif job.store:
                     self.free.extend(job.slots)
             if not job.store:

@@ -9,7 +9,13 @@ from services.router.scheduling.context import RequestContext
 from services.router.scheduling.endpoint import Endpoint
 
 # "routed": a prompt another request just took there (the engine's events have not landed yet)
-DEFAULT_TIER_WEIGHTS: Mapping[str, float] = {"gpu": 1.0, "routed": 0.9, "cpu": 0.8, "kvstore": 0.5}
+DEFAULT_TIER_WEIGHTS: Mapping[str, float] = {
+    "gpu": 1.0,
+    "routed": 0.9,
+    "cpu": 0.8,
+    "kvstore": 0.5,
+    "disk": 0.4,
+}
 
 
 class Scorer(Protocol):

@@ -147,3 +147,21 @@ def test_a_damaged_block_file_is_never_served(
     _, failures = again.engine.core.transfer_stats()
     assert failures["offload_disk_corrupt"] >= 1
     again.shutdown()
+
+
+def test_tier_log_keeps_the_order_of_changes() -> None:
+    """A block stored then evicted between two steps ends removed; one evicted then stored again ends held."""
+    from services.common.kv.kv_events import BlockRemoved, BlockStored
+    from services.engine.kv_transfer.tier_log import TierLog
+
+    log = TierLog("disk")
+    log.stored([b"a", b"b"])
+    log.removed([b"a"])
+    log.removed([b"c"])
+    log.stored([b"c"])
+    assert log.take(16) == [
+        BlockStored((b"a", b"b"), None, (), 16, "disk"),
+        BlockRemoved((b"a", b"c"), "disk"),
+        BlockStored((b"c",), None, (), 16, "disk"),
+    ]
+    assert log.take(16) == []
