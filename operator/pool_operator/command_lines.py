@@ -181,6 +181,8 @@ class CommandLines:
             "--weights",
             f"prefix={weights.prefix:g},queue={weights.queue:g},kv={weights.kv:g}",
         ]
+        if router.tier_weights.flag():
+            args += ["--tier-weights", router.tier_weights.flag()]
         args += ["--engine-api-key-file", pool_secret.SECRET_FILE]  # the engines' pool-internal key
         if router.api_key_secret_ref is not None:
             args += ["--api-key-file", f"{API_KEY_MOUNT}/{router.api_key_secret_ref.key}"]
