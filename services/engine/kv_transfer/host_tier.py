@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ class TierJob:
     ready: torch.cuda.Event | None = None  # a GPU engine's step that wrote the blocks (stores)
     disk_hashes: tuple[bytes, ...] = ()  # a load's blocks after its slots' ones, read from disk
     demote: bool = False
+    queued: float = 0.0  # time.monotonic() when a load was submitted (its latency, for /metrics)
 
 
 class HostKVTier:
@@ -99,7 +101,15 @@ class HostKVTier:
     ) -> bool:
         """Copy pinned ``slots``, then the disk files of ``disk_hashes``, into the KV cache's ``blocks`` off
         the engine thread (unpinned when done); False (and unpinned) if the queue is full."""
-        job = TierJob(request_id, False, tuple(blocks), tuple(slots), (), disk_hashes=tuple(disk_hashes))
+        job = TierJob(
+            request_id,
+            False,
+            tuple(blocks),
+            tuple(slots),
+            (),
+            disk_hashes=tuple(disk_hashes),
+            queued=time.monotonic(),
+        )
         if self._submit(job):
             return True
         self.unpin(slots)

@@ -11,6 +11,7 @@ ever a second chance at a prefix hit. Under tensor parallelism the tier is refus
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 from services.common.kv.kv_events import KVEvent, Tier
@@ -88,6 +89,8 @@ class OffloadConnector:
                 received.add(job.request_id)
                 self._stats.add_blocks("received", MEDIUM, len(job.slots))
                 self._stats.add_blocks("received", "disk", len(job.disk_hashes))
+                # a load that reads any block from disk is a disk load (it waits for its slowest part)
+                self._stats.observe_load("disk" if job.disk_hashes else MEDIUM, time.monotonic() - job.queued)
             else:
                 self._stats.add_failure("offload_load_failed")
                 failed.add(job.request_id)
@@ -110,6 +113,9 @@ class OffloadConnector:
             out.failures["offload_dropped"] += self.tier.dropped
         if self.tier.disk is not None and self.tier.disk.corrupt:
             out.failures["offload_disk_corrupt"] += self.tier.disk.corrupt
+        out.held[MEDIUM] += self.tier.used
+        if self.tier.disk is not None:
+            out.held["disk"] += len(self.tier.disk.index)
         return out
 
     def close(self) -> None:

@@ -108,5 +108,15 @@ def test_disk_tier_blocks_are_indexed_scored_evicted_and_reannounced(
         blocks, failures = restarted.ctx.llm.engine.core.transfer_stats()
         assert blocks[("received", "disk")] >= 4
         assert set(failures) <= {"offload_dropped"}  # six blocks a prompt, four host slots: the tail dropped
+        m = restarted.metrics()  # the per-tier series: hits, bytes, blocks held, load latency
+        disk = blocks[("received", "disk")]
+        assert m['kvferry_kv_tier_hit_tokens_total{tier="disk"}'] == disk * 16
+        block_bytes = restarted.ctx.llm.engine.core.kv_block_bytes
+        assert m['kvferry_kv_transfer_bytes_total{direction="received",path="disk"}'] == disk * block_bytes
+        assert m['kvferry_kv_tier_blocks{tier="disk"}'] == 12 and m['kvferry_kv_tier_blocks{tier="cpu"}'] >= 4
+        assert m['kvferry_kv_tier_load_seconds_count{tier="disk"}'] >= 1
+        assert m['kvferry_kv_tier_load_seconds_bucket{le="+Inf",tier="disk"}'] >= 1
+        assert m['kvferry_kv_tier_load_seconds_count{tier="kvstore"}'] == 0  # exported at 0: no store
+        assert m['kvferry_kv_transfer_failures_total{reason="offload_queue_full"}'] == 0
     finally:
         restarted.stop()
