@@ -254,9 +254,26 @@ end
 return {0, out}
 """
 
+# KEYS: registry. ARGV: key prefix. Per live engine, how many blocks it holds in each tier (the pool page):
+# "url\0n_gpu\0n_cpu\0n_kvstore\0n_disk" (TIERS' order). One SCARD per engine and tier: a page poll's cost.
+OCCUPANCY_TEMPLATE = """
+local TIERS = @TIERS@
+local prefix, out = ARGV[1], {}
+for _, e in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local url = redis.call('GET', prefix .. 'hb:' .. e)
+  if url then
+    local row = {url}
+    for c, t in ipairs(TIERS) do row[c + 1] = redis.call('SCARD', prefix .. 'blk:' .. e .. ':' .. t) end
+    out[#out + 1] = table.concat(row, '\0')
+  end
+end
+return out
+"""
+
 # This version's scripts. An engine of the previous version ran APPLY_TEMPLATE with tiers gpu, cpu, kvstore
 # (and three block-set KEYS): tests play one with ``with_tiers(APPLY_TEMPLATE, ("gpu", "cpu", "kvstore"))``.
 APPLY_LUA = with_tiers(APPLY_TEMPLATE)
 DEREGISTER_LUA = with_tiers(DEREGISTER_TEMPLATE)
 ROUTED_LUA = with_tiers(ROUTED_TEMPLATE)
 LOOKUP_LUA = with_tiers(LOOKUP_TEMPLATE)
+OCCUPANCY_LUA = with_tiers(OCCUPANCY_TEMPLATE)
