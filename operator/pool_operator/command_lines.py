@@ -105,6 +105,8 @@ class CommandLines:
         if offload.disk is not None:
             args += ["--kv-offload-disk-path", KV_OFFLOAD_MOUNT]
             args += ["--kv-offload-disk-bytes", str(int(parse_quantity(offload.disk)))]
+        if offload.policy is not None:
+            args += ["--kv-offload-policy", offload.policy.lower()]
         return args
 
     def speculative_args(self, role: EnginePodRole) -> list[str]:
