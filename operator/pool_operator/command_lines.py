@@ -107,6 +107,8 @@ class CommandLines:
         if offload.disk is not None:
             args += ["--kv-offload-disk-path", KV_OFFLOAD_MOUNT]
             args += ["--kv-offload-disk-bytes", str(int(parse_quantity(offload.disk)))]
+        if offload.policy is not None:
+            args += ["--kv-offload-policy", offload.policy.lower()]
         return args
 
     def speculative_args(self, role: EnginePodRole) -> list[str]:
@@ -183,6 +185,8 @@ class CommandLines:
             "--weights",
             f"prefix={weights.prefix:g},queue={weights.queue:g},kv={weights.kv:g}",
         ]
+        if router.tier_weights.flag():
+            args += ["--tier-weights", router.tier_weights.flag()]
         args += ["--engine-api-key-file", pool_secret.SECRET_FILE]  # the engines' pool-internal key
         if router.api_key_secret_ref is not None:
             args += ["--api-key-file", f"{API_KEY_MOUNT}/{router.api_key_secret_ref.key}"]

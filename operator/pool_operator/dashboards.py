@@ -230,6 +230,33 @@ def transfers() -> GrafanaDashboard:
             "s",
             width=24,
         ),
+        Panel(
+            "KV tier hits (prompt tokens / s)",
+            (Query(rate("kvferry_kv_tier_hit_tokens_total", "tier"), "{{tier}}"),),
+            "short",
+            description="Prompt tokens loaded from a KV tier (host memory, disk, kvstore) instead of recomputed.",
+        ),
+        Panel(
+            "KV tier load time",
+            quantiles("kvferry_kv_tier_load_seconds", "tier", "{{tier}}"),
+            "s",
+            description="A load from a tier, lookup to usable blocks (one reading any block from disk is disk).",
+        ),
+        Panel(
+            "KV tier blocks held",
+            (Query(f"sum by (tier) (kvferry_kv_tier_blocks{sel()})", "{{tier}}"),),
+            "short",
+            description="Blocks the engines' own tiers hold (host memory, disk), summed over the pool.",
+        ),
+        Panel(
+            "KV bytes moved / s",
+            (
+                Query(
+                    rate("kvferry_kv_transfer_bytes_total", "direction, path"), "{{direction}} via {{path}}"
+                ),
+            ),
+            "Bps",
+        ),
     )
 
 

@@ -46,6 +46,11 @@ class KVOffloadSpec(CrdModel):
             "kvOffload.disk holds what the host tier evicts: set kvOffload.hostMemory too",
             lambda s: s.disk is None or s.host_memory is not None,
         ),
+        CelRule(
+            "!has(self.policy) || has(self.hostMemory)",
+            "kvOffload.policy is the host tier's eviction policy: set kvOffload.hostMemory too",
+            lambda s: s.policy is None or s.host_memory is not None,
+        ),
     )
 
     host_memory: Quantity | None = Field(
@@ -56,6 +61,11 @@ class KVOffloadSpec(CrdModel):
     disk: Quantity | None = Field(
         None,
         description="local disk (an emptyDir of this size) for a third tier (--kv-offload-disk-bytes)",
+    )
+    policy: Literal["LRU", "ARC"] | None = Field(
+        None,
+        description="which block the host tier evicts (--kv-offload-policy; default LRU): ARC keeps prefixes "
+        "used again over a scan of one-off prompts",
     )
 
 

@@ -156,6 +156,20 @@ class RouterWeights(CrdModel):
     kv: float = Field(1.0, ge=0)
 
 
+class RouterTierWeights(CrdModel):
+    """What a prompt block an engine holds in a KV tier is worth against one in its primary pool (unset: the
+    router's defaults, derived from measured load and recompute times)."""
+
+    cpu: float | None = Field(None, ge=0, le=1, description="the engine's host-memory tier")
+    disk: float | None = Field(None, ge=0, le=1, description="the engine's local-disk tier")
+    kvstore: float | None = Field(None, ge=0, le=1, description="the pool's shared kvstore")
+    routed: float | None = Field(None, ge=0, le=1, description="a router's hint that a prompt was just sent there")
+
+    def flag(self) -> str:
+        """``--tier-weights``' value (empty when nothing is set)."""
+        return ",".join(f"{k}={v:g}" for k, v in self.model_dump(exclude_none=True).items())
+
+
 class ServiceSpec(CrdModel):
     """The router's Service."""
 
@@ -195,6 +209,9 @@ class RouterSpec(CrdModel):
     replicas: int = Field(1, ge=0)
     strategy: Literal["PrefixAware", "LeastLoad", "RoundRobin"] = "PrefixAware"
     weights: RouterWeights = Field(default_factory=RouterWeights, json_schema_extra={"default": {}})
+    tier_weights: RouterTierWeights = Field(
+        default_factory=RouterTierWeights, json_schema_extra={"default": {}}
+    )
     pd_threshold: int = Field(
         256, ge=0, description="uncached prompt tokens above which prefill is split off"
     )

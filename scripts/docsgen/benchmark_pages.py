@@ -104,6 +104,16 @@ BENCHMARKS: dict[str, Benchmark] = {
         "python benchmarks/kv_tiers.py",
         "a multi-turn agentic workload (sessions round robin, growing histories, a shared system prompt) whose working set is 4x the primary KV pool: primary only, + the host-memory tier, + host and disk.",
     ),
+    "tier_weights": Benchmark(
+        "KV tier weights",
+        "python benchmarks/tier_weights.py",
+        "per KV block, loading it back from each tier (host memory, disk with a cold page cache, the kvstore) against recomputing it, on the same engine (SmolLM2-135M fp32, one-token requests of 32-block prompts, medians of 7 paired runs); the router's default tier weights are 1 - load / recompute.",
+    ),
+    "kv_tier_policy": Benchmark(
+        "Host KV tier eviction: LRU vs ARC",
+        "python benchmarks/kv_tier_policy.py",
+        "the real host tier (slots, pins, worker, copies; no model) replaying one trace per row under each policy: 24 shared prefixes of 8 blocks (Zipf) plus 2 blocks of each request's own, mixed with a share of one-off 32-block scans; a 256-block tier; the share of prompt blocks found in the tier.",
+    ),
     "sliding_window": Benchmark(
         "Sliding-window attention",
         "python benchmarks/sliding_window.py",

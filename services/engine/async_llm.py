@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from services.common.kv.kv_transfer import KVTransferParams
 from services.engine.core.config import EngineConfig
 from services.engine.core.engine_request import EngineRequest
+from services.engine.core.latency_histogram import LatencyHistogram
 from services.engine.core.mm_input import MMInput
 from services.engine.core.pooling_params import PoolingParams
 from services.engine.core.sampling_params import SamplingParams
@@ -100,6 +101,9 @@ class EngineStats:
     spec: SpecDecodingStats | None = None  # engines with --speculative-config (a copy)
     moe_expert_tokens: list[tuple[int, list[int]]] = field(default_factory=list)  # (layer, per expert)
     mm_cache: tuple[int, int] | None = None  # vision models: encoder-cache (queries, hits) since start
+    block_bytes: int = 0  # one KV block of this rank's cache (blocks moved x this = bytes moved)
+    kv_tier_blocks: dict[str, int] = field(default_factory=dict)  # tier -> blocks it holds now
+    kv_tier_loads: dict[str, LatencyHistogram] = field(default_factory=dict)  # tier -> load latency
 
 
 class AsyncLLM:
@@ -133,7 +137,8 @@ class AsyncLLM:
     def stats(self) -> EngineStats:
         core = self.engine.core
         kv = core.kv_manager
-        blocks, failures = core.transfer_stats()
+        transfers = core.kv_transfer_stats()
+        blocks, failures = dict(transfers.blocks), dict(transfers.failures)
         return EngineStats(
             core.scheduler.num_running,
             core.scheduler.num_waiting,
@@ -152,6 +157,9 @@ class AsyncLLM:
             _spec_stats(core),
             core.moe_expert_tokens(),
             _mm_cache(core),
+            core.kv_block_bytes,
+            dict(transfers.held),
+            dict(transfers.loads),
         )
 
     async def generate(

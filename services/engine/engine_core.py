@@ -10,7 +10,7 @@ from services.common.kv.hashing import HASH_VERSION, BlockHasher
 from services.common.kv.kv_transfer import KVCompat, block_major_layout
 from services.engine.core.config import EngineConfig
 from services.engine.core.kv_cache_manager import KVCacheManager
-from services.engine.core.kv_connector import KVConnector, compose
+from services.engine.core.kv_connector import KVConnector, TransferStats, compose
 from services.engine.core.outputs import EngineCoreOutput
 from services.engine.core.request import Request, RequestStatus
 from services.engine.core.scheduler import Scheduler, SchedulerConfig
@@ -69,6 +69,8 @@ class EngineCore:
             sliding_window=self.model_config.kv_window,
         )
         self._build_connector(self.runner.kv_cache, connectors)
+        kv = self.runner.kv_cache
+        self.kv_block_bytes = kv[0].numel() * kv.element_size()  # one block of this rank's cache
         self.scheduler = self._build_scheduler()
         self.last_step_tokens = 0
         # attached by LLMEngine (it owns the tokenizer)
@@ -175,6 +177,10 @@ class EngineCore:
         """Blocks moved by (direction, path) and failures by reason, over every connector."""
         stats = self.connector.stats()
         return dict(stats.blocks), dict(stats.failures)
+
+    def kv_transfer_stats(self) -> TransferStats:
+        """Every connector's counters, merged: moves, failures, what each KV tier holds, load latencies."""
+        return self.connector.stats()
 
     def worker_stats(self) -> WorkerStats:
         """Rank 0's resident weights, KV cache, layer kinds and feature counters."""

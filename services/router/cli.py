@@ -23,6 +23,7 @@ from services.router.epp.epp_settings import EppSettings
 from services.router.migration.migration_settings import add_migration_flags, migration_settings
 from services.router.responses.responses_settings import add_responses_flags, responses_settings
 from services.router.scheduling import SchedulingConfig, ScorerWeights
+from services.router.scheduling.scorers import DEFAULT_TIER_WEIGHTS, TIER_WEIGHT_NAMES
 from services.router.sessions.session_settings import add_session_flags, session_settings
 from services.router.settings import RouterSettings
 
@@ -44,6 +45,25 @@ def parse_weights(text: str) -> ScorerWeights:
         return ScorerWeights(**values)
     except (ValueError, TypeError) as exc:  # pydantic ValidationError is a ValueError
         raise argparse.ArgumentTypeError(f"invalid weights {text!r}: {exc}") from exc
+
+
+def parse_tier_weights(text: str) -> dict[str, float]:
+    """``cpu=0.9,disk=0.5`` (any subset of cpu, kvstore, disk, routed) -> overrides of the measured weights."""
+    values: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep:
+            raise argparse.ArgumentTypeError(f"expected tier=weight, got {part!r}")
+        if key not in TIER_WEIGHT_NAMES or key == "gpu":
+            raise argparse.ArgumentTypeError(f"{key!r}: not a tier (cpu, kvstore, disk, routed)")
+        try:
+            values[key] = float(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{key}: not a number: {value!r}") from exc
+        if not 0 <= values[key] <= 1:
+            raise argparse.ArgumentTypeError(f"{key}={value}: a weight is in [0, 1] (the primary pool is 1)")
+    return values
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -138,6 +158,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="scorer weights, e.g. prefix=2,queue=1,kv=1",
     )
     add(
+        "--tier-weights",
+        type=parse_tier_weights,
+        default={},
+        help="what a prompt block held in a tier is worth against one in an engine's primary pool, e.g. "
+        "cpu=0.95,disk=0.8 (default: derived from measured load and recompute times, "
+        "services/router/scheduling/tier_weights.py)",
+    )
+    add(
         "--pd-threshold", type=int, default=256, help="disaggregate when this many prompt tokens are uncached"
     )
     add("--poll-interval", type=float, default=2.0, help="seconds between polls of each engine")
@@ -225,7 +253,10 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         salt_from_api_key=args.salt_from_api_key,
         engine_api_key=_engine_api_key(args),
         scheduling=SchedulingConfig(
-            strategy=args.strategy, weights=args.weights, pd_threshold=args.pd_threshold
+            strategy=args.strategy,
+            weights=args.weights,
+            tier_weights=dict(DEFAULT_TIER_WEIGHTS) | args.tier_weights,
+            pd_threshold=args.pd_threshold,
         ),
         poller=PollerSettings(interval_s=args.poll_interval),
         index_budget_s=args.index_budget_ms / 1000,

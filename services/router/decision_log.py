@@ -19,7 +19,13 @@ from services.router.scheduling import Endpoint, RequestContext, RouteDecision
 from services.router.scheduling.strategies import Choice
 
 DECISIONS_KEPT = 100
-_TIERS: tuple[Literal["gpu", "cpu", "kvstore", "routed"], ...] = ("gpu", "cpu", "kvstore", "routed")
+_TIERS: tuple[Literal["gpu", "cpu", "kvstore", "disk", "routed"], ...] = (
+    "gpu",
+    "cpu",
+    "kvstore",
+    "disk",
+    "routed",
+)
 Mode = Literal["aggregated", "disaggregated", "decode_only"]
 
 
@@ -30,7 +36,9 @@ class Candidate(BaseModel):
     total: float | None = None
     parts: dict[str, float] = {}
     cached_tokens: int = 0  # leading prompt tokens it holds in any tier
-    tiers: dict[str, int] = {}  # leading prompt blocks it holds per tier (gpu, cpu, kvstore, routed), nonzero
+    tiers: dict[
+        str, int
+    ] = {}  # leading prompt blocks it holds per tier (gpu, cpu, kvstore, disk, routed), nonzero
     chosen: bool = False
 
 

@@ -15,6 +15,8 @@ from services.common.kv.kv_events import KVEvent
 from services.common.kv.prefix_index import EngineRef, IndexSettings, PrefixMatch, encode_events
 from services.common.kv.prefix_index_keys import TIERS
 
+V1_TIERS = ("gpu", "cpu", "kvstore")  # the tiers the previous versions knew (the disk tier came later)
+
 # KEYS: registry, hb, meta, blk:gpu, blk:cpu, blk:kvstore
 # ARGV: engine_id, instance, url, seq, force(0|1), ttl_ms, reap_ms, ops...
 APPLY_LUA = """
@@ -124,7 +126,7 @@ def apply_v1(
     """One batch written the previous version's way (forward sets only, no holder sets)."""
     k = settings.keys
     keys = [k.registry, k.heartbeat(engine.engine_id), k.meta(engine.engine_id)]
-    keys += [k.blocks(engine.engine_id, t) for t in TIERS]
+    keys += [k.blocks(engine.engine_id, t) for t in V1_TIERS]
     args = [engine.engine_id, engine.instance_id, engine.url, seq, int(force)]
     args += [int(settings.heartbeat_ttl_s * 1000), int(settings.reap_after_s * 1000), *encode_events(events)]
     status = client.evalsha(client.script_load(APPLY_LUA), len(keys), *keys, *args)
@@ -146,3 +148,30 @@ def lookup_v1(
         if m.longest or m.gpu or m.cpu or m.kvstore or m.routed:
             out[m.engine_id] = m
     return out
+
+
+def lookup_scan(
+    client: redis.Redis, settings: IndexSettings, block_hashes: Sequence[bytes]
+) -> dict[str, PrefixMatch]:
+    """The per-engine scan in Python over every tier of this version (the disk tier too): the forward sets
+    of each live engine, the longest leading run per tier, in any tier, and of its routed hints."""
+    k, out = settings.keys, {}
+    for raw in client.zrange(k.registry, 0, -1):
+        eid = raw.decode()
+        url = client.get(k.heartbeat(eid))
+        if url is None:
+            continue
+        held = {t: client.smembers(k.blocks(eid, t)) for t in TIERS}
+        runs = {t: _run(block_hashes, held[t]) for t in TIERS}
+        longest = _run(block_hashes, set().union(*held.values()))
+        routed = _run(block_hashes, client.smembers(k.routed(eid)))
+        if longest or routed:
+            out[eid] = PrefixMatch(eid, url.decode(), longest=longest, routed=routed, **runs)
+    return out
+
+
+def _run(hashes: Sequence[bytes], held: set[bytes]) -> int:
+    n = 0
+    while n < len(hashes) and hashes[n] in held:
+        n += 1
+    return n

@@ -201,7 +201,7 @@ def test_async_lookup_and_its_time_budget(redis_server: RedisServer) -> None:
 def test_bad_tier_is_rejected(index: PrefixIndex) -> None:
     register(index, E1)
     with pytest.raises(redis.ResponseError):
-        index.apply(E1, 1, [stored(PROMPT, "disk")])
+        index.apply(E1, 1, [stored(PROMPT, "tape")])  # type: ignore[arg-type]
 
 
 def test_routed_hint_is_shared_and_expires(redis_server: RedisServer) -> None:
@@ -226,4 +226,24 @@ def test_routed_hint_is_shared_and_expires(redis_server: RedisServer) -> None:
     assert seen_by_b["e2"] == PrefixMatch("e2", E2.url, routed=5)  # a hint, not a held block: longest stays 0
     assert "e1" not in seen_by_b  # holds nothing, no hint: absent (a zero match)
     assert "e2" not in expired and dead is None
+    sync.close()
+
+
+def test_occupancy_counts_each_live_engines_blocks_per_tier(redis_server: RedisServer) -> None:
+    """The pool page's view of the index: per live engine (by url), its blocks in each tier, zeros left out."""
+    sync = PrefixIndex.from_url(redis_server.url)
+    register(sync, E1)
+    register(sync, E2)
+    sync.apply(E1, 1, [stored(PROMPT[:3]), stored(PROMPT[:2], "cpu"), stored(PROMPT, "disk")])
+    sync.apply(E2, 1, [stored(PROMPT[:1])])
+    redis_server.client().delete(sync.keys.heartbeat("e2"))  # e2 is dead: not listed
+
+    async def occupancy() -> object:
+        router = AsyncPrefixIndex.from_url(redis_server.url)
+        try:
+            return await router.occupancy()
+        finally:
+            await router.aclose()
+
+    assert asyncio.run(occupancy()) == {E1.url: {"gpu": 3, "cpu": 2, "disk": 10}}
     sync.close()

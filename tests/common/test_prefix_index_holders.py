@@ -12,9 +12,17 @@ import pytest
 import redis
 
 from services.common.kv.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from services.common.kv.prefix_index import AsyncPrefixIndex, EngineRef, IndexSettings, PrefixIndex
+from services.common.kv.prefix_index import (
+    AsyncPrefixIndex,
+    EngineRef,
+    IndexSettings,
+    PrefixIndex,
+    PrefixMatch,
+    encode_events,
+)
 from services.common.kv.prefix_index_keys import TIERS
-from tests.common.prefix_index_v1 import apply_v1, lookup_v1
+from services.common.kv.prefix_index_lua import APPLY_TEMPLATE, with_tiers
+from tests.common.prefix_index_v1 import V1_TIERS, apply_v1, lookup_scan, lookup_v1
 from tests.redis_server import RedisServer
 
 SETTINGS = IndexSettings()
@@ -100,7 +108,7 @@ def test_random_streams_answer_as_the_previous_lookup(redis_server: RedisServer)
                     rng.choice(fleet.refs).engine_id, rng.choice(docs)[:6], ttl_ms=60_000
                 )
             for prompt in docs:
-                expected = lookup_v1(r, SETTINGS, prompt)
+                expected = lookup_scan(r, SETTINGS, prompt)  # every tier, the disk tier too
                 assert await router.lookup(prompt) == expected, n
                 compared += bool(expected)
         await router.aclose()
@@ -211,4 +219,43 @@ def test_an_index_of_mixed_versions_is_refused_until_upgraded(
     assert index.lookup(prompt)["old"].gpu == 6
     assert index.lookup(prompt)["new"].gpu == 2
     assert not index.outage.down
+    index.close()
+
+
+def _apply_previous(r: redis.Redis, settings: IndexSettings, ref: EngineRef, events: list[KVEvent]) -> str:
+    """One forced batch written by an engine of the previous version (holder sets, no disk tier)."""
+    k = settings.keys
+    keys = [k.registry, k.heartbeat(ref.engine_id), k.meta(ref.engine_id)]
+    keys += [k.blocks(ref.engine_id, t) for t in V1_TIERS] + [k.registry_v2]
+    args = [ref.engine_id, ref.instance_id, ref.url, 0, 1, int(settings.heartbeat_ttl_s * 1000)]
+    args += [int(settings.reap_after_s * 1000), k.prefix, *encode_events(events)]
+    status = r.register_script(with_tiers(APPLY_TEMPLATE, V1_TIERS))(keys=keys, args=args)
+    return status.decode()
+
+
+def test_an_engine_without_the_disk_tier_is_read_as_it_reports(redis_server: RedisServer) -> None:
+    """An engine of the previous version (no disk tier: demotions reported as removals) is not refused and
+    is scored by what it reports; its reaper leaves a dead engine's disk entries, which are never scored
+    and go when that engine id writes again."""
+    prompt = [os.urandom(32) for _ in range(6)]
+    r = redis_server.client()
+    index = PrefixIndex.from_url(redis_server.url, SETTINGS)
+    old, new = EngineRef("old", "o", "http://old"), EngineRef("new", "n", "http://new")
+    assert _apply_previous(r, SETTINGS, old, [stored(prompt[:3]), stored(prompt, "cpu")]) == "ok"
+    index.replace(new, 0, {"disk": prompt, "gpu": prompt[:1]})
+    got = index.lookup(prompt)
+    assert got is not None  # not a mixed-version refusal: the previous schema lists every tier it has
+    assert (got["old"].gpu, got["old"].cpu, got["old"].disk, got["old"].longest) == (3, 6, 0, 6)
+    assert (got["new"].gpu, got["new"].disk, got["new"].longest) == (1, 6, 6)
+    r.delete(SETTINGS.keys.heartbeat("new"))  # new dies silently; old's next write reaps it
+    reaper = IndexSettings(reap_after_s=0.001)
+    time.sleep(0.01)
+    assert _apply_previous(r, reaper, old, [stored(prompt[:4])]) == "ok"
+    assert r.zscore(SETTINGS.keys.registry, "new") is None
+    assert r.sismember(SETTINGS.keys.holders("disk", prompt[0]), "new")  # left behind by the old script
+    assert set(index.lookup(prompt) or {}) == {"old"}  # but never scored: no heartbeat
+    index.replace(EngineRef("new", "n2", "http://new"), 0, {"gpu": prompt[:2]})  # the id comes back
+    assert not r.exists(SETTINGS.keys.holders("disk", prompt[0]))
+    assert index.lookup(prompt)["new"] == PrefixMatch("new", "http://new", gpu=2, longest=2)
+    transpose_holds(r, SETTINGS.keys.prefix)
     index.close()

@@ -68,6 +68,10 @@ def test_every_shipped_query_names_only_exported_metrics(scraped: set[str]) -> N
         "kvferry_router_self_check_ok",
         "kvferry_kvstore_gets_total",
         "kvferry_time_to_first_token_seconds_bucket",
+        "kvferry_kv_tier_hit_tokens_total",
+        "kvferry_kv_tier_load_seconds_bucket",
+        "kvferry_kv_tier_blocks",
+        "kvferry_kv_transfer_bytes_total",
     ):
         assert name in used and name in scraped
 

@@ -33,6 +33,7 @@ FIELDS: dict[type, tuple[str, dict[str, Any]]] = {
             "replicas": 3,
             "strategy": "LeastLoad",
             "weights": {"prefix": 5, "queue": 1, "kv": 1},
+            "tierWeights": {"disk": 0.5, "routed": 0.8},
             "pdThreshold": 64,
             "service": {"type": "NodePort", "port": 81},
             "apiKeySecretRef": SECRET_REF,

@@ -242,9 +242,10 @@ def test_router_session_affinity_and_the_responses_key():
 def test_kv_offload_tiers_reach_the_engines() -> None:
     """spec.engine.kvOffload: the host tier's bytes on every engine, the disk tier on an emptyDir of its size."""
     body = load_example("aggregated-pool.yaml")
-    body["spec"]["engine"]["kvOffload"] = {"hostMemory": "2Gi", "disk": "20Gi"}
+    body["spec"]["engine"]["kvOffload"] = {"hostMemory": "2Gi", "disk": "20Gi", "policy": "ARC"}
     (pod,) = _engines(body)
     args = pod["containers"][0]["args"]
+    assert args[args.index("--kv-offload-policy") + 1] == "arc"
     assert args[args.index("--kv-offload-cpu-bytes") + 1] == str(2 * 2**30)
     assert args[args.index("--kv-offload-disk-bytes") + 1] == str(20 * 2**30)
     path = args[args.index("--kv-offload-disk-path") + 1]
@@ -253,6 +254,9 @@ def test_kv_offload_tiers_reach_the_engines() -> None:
     assert {"name": "kv-offload", "emptyDir": {"sizeLimit": "20Gi"}} in pod["volumes"]
     body["spec"]["engine"]["kvOffload"] = {"disk": "20Gi"}
     with pytest.raises(ValueError, match="kvOffload.disk holds what the host tier evicts"):
+        parse_pool(body)
+    body["spec"]["engine"]["kvOffload"] = {"policy": "ARC"}
+    with pytest.raises(ValueError, match="kvOffload.policy is the host tier's eviction policy"):
         parse_pool(body)
     body["spec"]["engine"] |= {"kvOffload": {"hostMemory": "1Gi"}, "tensorParallelSize": 2, "device": "cpu"}
     with pytest.raises(ValueError, match="kvOffload does not run with tensor or pipeline parallelism"):

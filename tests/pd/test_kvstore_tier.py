@@ -76,6 +76,9 @@ def test_second_engine_gets_the_prefix_from_the_store(
         assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == (len(prompt) - 1) // 16 * 16
         assert _blocks(b, "received", "kvstore") == (len(prompt) - 1) // 16
         assert _blocks(a, "sent", "kvstore") >= (len(prompt) - 1) // 16
+        m = b.metrics()  # one kvstore load, its latency observed; its tokens counted as tier hits
+        assert m['kvferry_kv_tier_load_seconds_count{tier="kvstore"}'] == 1
+        assert m['kvferry_kv_tier_hit_tokens_total{tier="kvstore"}'] == (len(prompt) - 1) // 16 * 16
     finally:
         a.stop()
         b.stop()

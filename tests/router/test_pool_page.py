@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -84,6 +85,13 @@ def test_the_page_shows_both_engines_and_a_live_request(
     # The engine that served it gets a TTFT point in its sparkline at the router's next poll.
     ttft = f"document.querySelector('[data-engine={json.dumps(served)}] .spark-box b').innerText"
     assert page.wait_for(f"(() => {{ const t = {ttft}; return t !== '–' && t; }})()").endswith("ms")
+
+    # ... and the index's blocks per tier: the prompt's blocks in its primary pool (gpu)
+    held = f"document.querySelector('[data-engine={json.dumps(served)}] [data-tiers]')"
+    assert "holds gpu" in page.wait_for(f"(() => {{ const t = {held}; return t && t.innerText; }})()")
+    state = httpx.get(f"{stack.url}/ui/state", timeout=10).json()
+    [row] = [e for e in state["engines"] if e["url"] == served]
+    assert row["tier_blocks"]["gpu"] >= 1 and set(row["tier_blocks"]) <= {"gpu", "cpu", "kvstore", "disk"}
 
     shot = page.screenshot(tmp_path / "pool.png")
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000

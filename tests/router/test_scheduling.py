@@ -57,7 +57,8 @@ def test_scorers() -> None:
             "http://b": PrefixMatch("b", "http://b", gpu=2, cpu=10, longest=10),
         },
     )
-    assert PrefixScorer().score(pool, c) == pytest.approx([0.8, 0.8, 0.0])  # b's cpu blocks weigh 0.8
+    cpu = {"gpu": 1.0, "cpu": 0.8}
+    assert PrefixScorer(cpu).score(pool, c) == pytest.approx([0.8, 0.8, 0.0])  # b's cpu blocks weigh 0.8
     assert PrefixScorer({"gpu": 1.0}).score(pool, c) == pytest.approx([0.8, 0.2, 0.0])
     assert PrefixScorer().score(pool, RequestContext(160, BS, None)) == [0.0, 0.0, 0.0]  # index down
     assert QueueScorer().score(pool, c) == [0.0, 1.0, 0.5]

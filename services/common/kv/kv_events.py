@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Tier = Literal["gpu", "cpu", "kvstore"]
+Tier = Literal["gpu", "cpu", "kvstore", "disk"]  # disk: an engine's local-disk tier behind its host tier
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,13 @@ from pydantic import BaseModel, Field
 
 from services.common.kv.kv_events import AllBlocksCleared, BlockStored, KVEvent, Tier
 from services.common.kv.prefix_index_keys import TIERS, IndexKeys
-from services.common.kv.prefix_index_lua import APPLY_LUA, DEREGISTER_LUA, LOOKUP_LUA, ROUTED_LUA
+from services.common.kv.prefix_index_lua import (
+    APPLY_LUA,
+    DEREGISTER_LUA,
+    LOOKUP_LUA,
+    OCCUPANCY_LUA,
+    ROUTED_LUA,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +57,9 @@ class PrefixMatch:
     kvstore: int = 0
     longest: int = 0
     routed: int = 0  # leading blocks a router just sent there (a hint until the engine's events land)
+    disk: int = (
+        0  # the engine's local-disk tier (behind its host tier); last: positional callers keep working
+    )
 
     def blocks(self, tier: Tier | Literal["routed"]) -> int:
         return int(getattr(self, tier))
@@ -119,8 +128,9 @@ def decode_lookup(reply: Sequence[Any]) -> dict[str, PrefixMatch]:
         raise MixedVersionsError(legacy)
     out = {}
     for row in rows:
-        eid, url, gpu, cpu, kvstore, longest, routed = row.decode().split("\0")
-        out[eid] = PrefixMatch(eid, url, int(gpu), int(cpu), int(kvstore), int(longest), int(routed))
+        eid, url, *runs = row.decode().split("\0")
+        gpu, cpu, kvstore, disk, longest, routed = (int(x) for x in runs)  # TIERS' order, then any, routed
+        out[eid] = PrefixMatch(eid, url, gpu, cpu, kvstore, longest, routed, disk)
     return out
 
 
@@ -205,6 +215,7 @@ class AsyncPrefixIndex:
         self.outage = OutageLog("prefix index")
         self._lookup = client.register_script(LOOKUP_LUA)
         self._routed = client.register_script(ROUTED_LUA)
+        self._occupancy = client.register_script(OCCUPANCY_LUA)
 
     @classmethod
     def from_url(
@@ -255,6 +266,21 @@ class AsyncPrefixIndex:
             await asyncio.wait_for(self._routed(keys=keys, args=args), self.budget_s * 10)
         except (redis.RedisError, OSError, TimeoutError) as exc:
             self.outage.failed(exc)
+
+    async def occupancy(self, timeout_s: float = 1.0) -> dict[str, dict[str, int]] | None:
+        """Blocks each live engine holds per tier (nonzero tiers), by the url it registered; ``None`` when
+        Redis cannot answer in ``timeout_s`` (never raises: the pool page shows the rest)."""
+        call = self._occupancy(keys=[self.keys.registry], args=[self.keys.prefix])
+        try:
+            rows = await asyncio.wait_for(call, timeout_s)
+        except (redis.RedisError, OSError, TimeoutError) as exc:
+            self.outage.failed(exc)
+            return None
+        out: dict[str, dict[str, int]] = {}
+        for row in rows:
+            url, *counts = row.decode().split("\0")
+            out[url] = {t: int(n) for t, n in zip(TIERS, counts, strict=True) if int(n)}
+        return out
 
     async def aclose(self) -> None:
         await self.client.aclose()

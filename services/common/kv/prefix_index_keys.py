@@ -12,7 +12,7 @@ Redis Cluster hash tag: all keys of one pool live in one slot, so the scripts ma
     {ns}:eng:{engine_id}       HASH  instance (random id per process start), seq (last applied batch),
                                      url (the engine's HTTP address), seen_ms. PX ``reap_ms``.
     {ns}:blk:{engine_id}:{tier}  SET  raw 32-byte block hashes (services.common.kv.hashing) the engine holds
-                                     in tier gpu|cpu|kvstore (the forward map: what to undo on a clear).
+                                     in tier gpu|cpu|kvstore|disk (the forward map: what to undo on a clear).
     {ns}:h:{tier}:{hash}       SET   engine ids holding block ``hash`` in ``tier`` (the reverse map the
                                      lookup walks). Always the exact transpose of the blk sets: every
                                      script that changes one changes the other; empty sets vanish.
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 from services.common.kv.kv_events import Tier
 
-TIERS: tuple[Tier, ...] = ("gpu", "cpu", "kvstore")
+TIERS: tuple[Tier, ...] = ("gpu", "cpu", "kvstore", "disk")  # the Lua scripts' order (lookup rows too)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,13 +27,22 @@ NUM_PREEMPTIONS: Final = "kvferry_num_preemptions"
 REQUEST_SUCCESS: Final = "kvferry_request_success"  # {finish_reason}
 KV_TRANSFER_BLOCKS: Final = "kvferry_kv_transfer_blocks"  # {direction, path}
 KV_TRANSFER_FAILURES: Final = "kvferry_kv_transfer_failures"  # {reason}
+KV_TRANSFER_BYTES: Final = "kvferry_kv_transfer_bytes"  # {direction, path}: blocks moved x block bytes
+KV_TIER_HIT_TOKENS: Final = "kvferry_kv_tier_hit_tokens"  # {tier}: prompt tokens loaded from a KV tier
 # Every (direction, path) and reason engines count: exported from the start at 0 (dashboards, alerts).
+# Paths: nixl (P/D), kvstore (the shared tier), cpu and disk (the engine's host-memory and disk tiers).
 KV_TRANSFER_ROUTES: Final = (
     ("received", "nixl"),
     ("sent", "nixl"),
     ("received", "kvstore"),
     ("sent", "kvstore"),
+    ("received", "cpu"),
+    ("sent", "cpu"),
+    ("received", "disk"),
+    ("sent", "disk"),
 )
+KV_TIERS: Final = ("cpu", "disk", "kvstore")  # the KV tiers a prompt's blocks are loaded from
+KV_LOCAL_TIERS: Final = ("cpu", "disk")  # ... of which the engine's own (it knows what they hold)
 KV_TRANSFER_FAILURE_REASONS: Final = (
     "handshake_failed",
     "unknown_peer",
@@ -45,8 +54,15 @@ KV_TRANSFER_FAILURE_REASONS: Final = (
     "no_transfer_path",
     "kvstore_unavailable",
     "adapter_mismatch",
+    "offload_dropped",  # a store the host tier dropped: every slot pinned, or its queue full
+    "offload_queue_full",  # a load the host tier's queue had no room for (recomputed)
+    "offload_load_failed",  # a host or disk tier load that failed (recomputed)
+    "offload_disk_corrupt",  # a disk-tier block file that failed its checks (dropped, never served)
 )
+# Gauges of the engine's own KV tiers.
+KV_TIER_BLOCKS: Final = "kvferry_kv_tier_blocks"  # {tier}: blocks the tier holds now
 # Histograms.
+KV_TIER_LOAD_SECONDS: Final = "kvferry_kv_tier_load_seconds"  # {tier}: a load, lookup to usable blocks
 TIME_TO_FIRST_TOKEN_SECONDS: Final = "kvferry_time_to_first_token_seconds"
 INTER_TOKEN_LATENCY_SECONDS: Final = "kvferry_inter_token_latency_seconds"
 E2E_REQUEST_LATENCY_SECONDS: Final = "kvferry_e2e_request_latency_seconds"

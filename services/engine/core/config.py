@@ -57,6 +57,7 @@ class EngineConfig(BaseModel):
     kv_offload_cpu_bytes: int = Field(0, ge=0)  # this engine's host-memory KV tier (0: none)
     kv_offload_disk_path: str | None = None  # a local-disk tier behind the host tier: its folder
     kv_offload_disk_bytes: int = Field(0, ge=0)  # ... and its budget
+    kv_offload_policy: Literal["lru", "arc"] = "lru"  # which block the host tier evicts (eviction_policy.py)
     use_nixl: bool = True  # False: KV moves between engines through the kvstore only
     # The pool's side-channel token (--pool-secret-file): required on this engine's /kv/ routes, sent to
     # prefill's and to the kvstore. None: side channels are open, as without the flag.
@@ -81,6 +82,8 @@ class EngineConfig(BaseModel):
             raise ValueError(
                 "kv_offload_disk_path: the disk tier holds what the host tier evicts; set kv_offload_cpu_bytes"
             )
+        if self.kv_offload_policy != "lru" and not self.kv_offload_cpu_bytes:
+            raise ValueError("kv_offload_policy: the host tier's eviction policy; set kv_offload_cpu_bytes")
         return self
 
     @property

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from services.common.kv.kv_transfer import KVTransferParams
+from services.engine.core.latency_histogram import LatencyHistogram
 from services.engine.core.request import Request
 
 Match = tuple[int, bool]  # (num_external_tokens, load_async)
@@ -34,10 +35,13 @@ Match = tuple[int, bool]  # (num_external_tokens, load_async)
 
 @dataclass
 class TransferStats:
-    """Counters for /metrics: blocks moved by (direction, path) and failures by reason (thread-safe)."""
+    """Counters for /metrics: blocks moved by (direction, path), failures by reason, and per KV tier the
+    blocks it holds now and how long its loads took (thread-safe)."""
 
     blocks: Counter[tuple[str, str]] = field(default_factory=Counter)
     failures: Counter[str] = field(default_factory=Counter)
+    held: Counter[str] = field(default_factory=Counter)  # tier -> blocks it holds (a gauge)
+    loads: dict[str, LatencyHistogram] = field(default_factory=dict)  # tier -> load latency
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add_blocks(self, direction: str, path: str, n: int) -> None:
@@ -48,13 +52,22 @@ class TransferStats:
         with self._lock:
             self.failures[reason] += 1
 
+    def observe_load(self, tier: str, seconds: float) -> None:
+        """A load from ``tier`` took ``seconds`` (from its lookup to the blocks being usable)."""
+        with self._lock:
+            self.loads.setdefault(tier, LatencyHistogram()).observe(seconds)
+
     def merge(self, other: TransferStats) -> None:
         """Add ``other``'s counts to this one."""
         with other._lock:
-            blocks, failures = Counter(other.blocks), Counter(other.failures)
+            blocks, failures, held = Counter(other.blocks), Counter(other.failures), Counter(other.held)
+            loads = {t: LatencyHistogram(list(h.counts), h.total) for t, h in other.loads.items()}
         with self._lock:
             self.blocks.update(blocks)
             self.failures.update(failures)
+            self.held.update(held)
+            for tier, hist in loads.items():
+                self.loads.setdefault(tier, LatencyHistogram()).merge(hist)
 
 
 @dataclass(frozen=True)

@@ -174,6 +174,7 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerSettings]:
         kv_offload_cpu_bytes=args.kv_offload_cpu_bytes,
         kv_offload_disk_path=args.kv_offload_disk_path,
         kv_offload_disk_bytes=args.kv_offload_disk_bytes,
+        kv_offload_policy=args.kv_offload_policy,
         use_nixl=args.use_nixl,
         pool_secret=read_pool_secret(args.pool_secret_file),
         enable_lora=args.enable_lora,

@@ -6,12 +6,13 @@ import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, Info, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from services.common.kv.hashing import HASH_VERSION
 from services.common.pool import load_report as lr
 from services.engine.async_llm import EngineStats, LoRAStats
+from services.engine.core.latency_histogram import LatencyHistogram
 from services.engine.core.spec_stats import SpecDecodingStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -130,6 +131,7 @@ class _EngineCollector(Collector):
         for reason, n in sorted(failed.items()):
             failures.add_metric([reason], n)
         yield failures
+        yield from _tier_metrics(s, moved)
         yield CounterMetricFamily(
             "kvferry_structured_output_requests",
             "Requests with an output constraint (JSON schema, regex, choice, grammar, tool schema).",
@@ -318,3 +320,34 @@ class RequestTimer:
         self._m.e2e.observe(time.monotonic() - self._arrival)
         self._m.prompt_tokens.inc(self._prompt_tokens)
         self._m.request_success.labels(finish_reason=finish_reason).inc()
+
+
+def _tier_metrics(s: EngineStats, moved: dict[tuple[str, str], int]) -> Iterator[Metric]:
+    """Per KV tier: bytes moved, prompt tokens loaded, blocks held (the engine's own tiers), load latency."""
+    moved_bytes = CounterMetricFamily(
+        lr.KV_TRANSFER_BYTES,
+        "KV bytes moved (blocks moved x the block's bytes).",
+        labels=["direction", "path"],
+    )
+    for (direction, path), n in sorted(moved.items()):
+        moved_bytes.add_metric([direction, path], n * s.block_bytes)
+    yield moved_bytes
+    hits = CounterMetricFamily(
+        lr.KV_TIER_HIT_TOKENS, "Prompt tokens loaded from a KV tier instead of recomputed.", labels=["tier"]
+    )
+    for tier in lr.KV_TIERS:
+        hits.add_metric([tier], moved.get(("received", tier), 0) * s.block_size)
+    yield hits
+    held = GaugeMetricFamily(lr.KV_TIER_BLOCKS, "KV blocks the engine's own tier holds now.", labels=["tier"])
+    for tier in lr.KV_LOCAL_TIERS:
+        held.add_metric([tier], s.kv_tier_blocks.get(tier, 0))
+    yield held
+    loads = HistogramMetricFamily(
+        lr.KV_TIER_LOAD_SECONDS,
+        "A load from a KV tier: lookup to usable blocks (a load reading any block from disk counts as disk).",
+        labels=["tier"],
+    )
+    for tier in lr.KV_TIERS:
+        hist = s.kv_tier_loads.get(tier) or LatencyHistogram()
+        loads.add_metric([tier], [(le, float(n)) for le, n in hist.cumulative()], hist.total)
+    yield loads

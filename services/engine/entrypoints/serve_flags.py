@@ -137,6 +137,13 @@ def add_pool_flags(add: Callable[..., object]) -> None:
     )
     add("--kv-offload-disk-bytes", type=int, default=0, help="the disk KV tier's budget in bytes")
     add(
+        "--kv-offload-policy",
+        choices=["lru", "arc"],
+        default="lru",
+        help="which block the host tier evicts: lru (least recently used) or arc (adaptive replacement: "
+        "prefixes used again are kept over a scan of one-off prompts)",
+    )
+    add(
         "--no-nixl",
         dest="use_nixl",
         action="store_false",

@@ -95,7 +95,7 @@ class KVTransferContext:
             disk = DiskKVTier(
                 self.config.kv_offload_disk_path, self.config.kv_offload_disk_bytes, layout, per_block
             )
-        tier = HostKVTier(self.kv_cache, budget // per_block, disk=disk)
+        tier = HostKVTier(self.kv_cache, budget // per_block, disk=disk, policy=self.config.kv_offload_policy)
         return [OffloadConnector(tier, self.block_size, self.emit)]
 
     def kvstore(self, offload: bool = True) -> list[KVConnector]:

@@ -16,6 +16,8 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
+from services.engine.kv_transfer.tier_log import TierLog
+
 log = logging.getLogger(__name__)
 
 MAGIC = b"KVFB1\n"
@@ -34,7 +36,9 @@ class DiskKVTier:
         self.used = 0
         self.corrupt = self.evicted = 0
         self._lock = threading.Lock()
+        self.log = TierLog("disk")  # what the tier holds, as it changes (the KV events of tier "disk")
         self._scan()
+        self.log.stored(list(self.index))  # a restart re-announces the blocks kept (after the trim)
 
     def _path(self, block_hash: bytes) -> Path:
         return self.root / f"{block_hash.hex()}.kvb"
@@ -85,6 +89,7 @@ class DiskKVTier:
         with self._lock:
             self.index[block_hash] = len(data)
             self.used += len(data)
+        self.log.stored((block_hash,))
         self._trim()
 
     def read(self, block_hash: bytes) -> bytes | None:
@@ -123,6 +128,7 @@ class DiskKVTier:
         with self._lock:
             self.used -= self.index.pop(block_hash, 0)
         path.unlink(missing_ok=True)
+        self.log.removed((block_hash,))
 
     def _trim(self) -> None:
         """Least recently used files removed until the tier fits its budget."""
@@ -134,3 +140,4 @@ class DiskKVTier:
                 self.used -= size
                 self.evicted += 1
             self._path(victim).unlink(missing_ok=True)
+            self.log.removed((victim,))

@@ -1,5 +1,6 @@
-"""HostKVTier: an engine's own second KV tier in host memory: block copies by hash, LRU, moved off the step;
-with a local-disk tier behind it, the blocks it evicts are demoted to disk and found there later.
+"""HostKVTier: an engine's own second KV tier in host memory: block copies by hash, moved off the step, evicted
+by a pluggable policy (LRU, or ARC: eviction_policy.py); with a local-disk tier behind it, the blocks it
+evicts are demoted to disk and found there later.
 
 Its budget is separate from the primary KV pool's (on a CPU engine both are RAM; on a GPU the tier is
 pinned host memory). Stores and loads are jobs for one worker thread through a bounded queue: a store
@@ -13,13 +14,15 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections import OrderedDict
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from services.engine.kv_transfer.disk_tier import DiskKVTier
+from services.engine.kv_transfer.eviction_policy import make_policy
+from services.engine.kv_transfer.tier_log import TierLog
 
 log = logging.getLogger(__name__)
 
@@ -37,24 +40,31 @@ class TierJob:
     ready: torch.cuda.Event | None = None  # a GPU engine's step that wrote the blocks (stores)
     disk_hashes: tuple[bytes, ...] = ()  # a load's blocks after its slots' ones, read from disk
     demote: bool = False
+    queued: float = 0.0  # time.monotonic() when a load was submitted (its latency, for /metrics)
 
 
 class HostKVTier:
     """``num_slots`` blocks of host memory shaped like the KV cache's blocks, indexed by block hash."""
 
     def __init__(
-        self, kv_cache: torch.Tensor, num_slots: int, queue_depth: int = 64, disk: DiskKVTier | None = None
+        self,
+        kv_cache: torch.Tensor,
+        num_slots: int,
+        queue_depth: int = 64,
+        disk: DiskKVTier | None = None,
+        policy: str = "lru",
     ) -> None:
         if num_slots < 1:
             raise ValueError(f"kv_offload_cpu_bytes: holds no block ({num_slots} slots)")
         self.kv_cache, self.disk = kv_cache, disk
         self._demotions: list[tuple[bytes, int]] = []  # slots evicted to disk, written before their reuse
-        self._evicted: list[bytes] = []  # hashes evicted since take_evicted (the KV events' removals)
+        self.log = TierLog("cpu")  # what the tier holds, as it changes (the KV events of tier "cpu")
         pin = kv_cache.device.type == "cuda"
         self.slots = torch.empty(
             (num_slots, *kv_cache.shape[1:]), dtype=kv_cache.dtype, device="cpu", pin_memory=pin
         )  # host memory on purpose: the tier's whole point
-        self.index: OrderedDict[bytes, int] = OrderedDict()  # hash -> slot, least recently used first
+        self.index: dict[bytes, int] = {}  # hash -> slot
+        self.policy = make_policy(policy, num_slots)  # which held block a store evicts
         self.free = list(range(num_slots - 1, -1, -1))
         self.busy: dict[int, int] = {}  # slot -> jobs reading or writing it (never reused meanwhile)
         self._lock = threading.Lock()
@@ -77,7 +87,7 @@ class HostKVTier:
                 slot = self.index.get(h)
                 if slot is None:
                     break
-                self.index.move_to_end(h)
+                self.policy.hit(h)
                 found.append(slot)
             for slot in found:
                 self.busy[slot] = self.busy.get(slot, 0) + 1
@@ -98,7 +108,15 @@ class HostKVTier:
     ) -> bool:
         """Copy pinned ``slots``, then the disk files of ``disk_hashes``, into the KV cache's ``blocks`` off
         the engine thread (unpinned when done); False (and unpinned) if the queue is full."""
-        job = TierJob(request_id, False, tuple(blocks), tuple(slots), (), disk_hashes=tuple(disk_hashes))
+        job = TierJob(
+            request_id,
+            False,
+            tuple(blocks),
+            tuple(slots),
+            (),
+            disk_hashes=tuple(disk_hashes),
+            queued=time.monotonic(),
+        )
         if self._submit(job):
             return True
         self.unpin(slots)
@@ -111,7 +129,7 @@ class HostKVTier:
         with self._lock:
             todo = [(b, h) for b, h in zip(blocks, hashes, strict=True) if h not in self.index]
             slots: list[int] = []
-            while len(slots) < len(todo) and (slot := self._take_slot()) is not None:
+            while len(slots) < len(todo) and (slot := self._take_slot(todo[len(slots)][1])) is not None:
                 slots.append(slot)
             demoted, self._demotions = self._demotions, []
         if demoted:  # ahead of the store that reuses their slots (one worker, first in first out)
@@ -145,12 +163,6 @@ class HostKVTier:
             except queue.Empty:
                 return out
 
-    def take_evicted(self) -> list[bytes]:
-        """The block hashes evicted since the last call."""
-        with self._lock:
-            gone, self._evicted = self._evicted, []
-        return gone
-
     @property
     def used(self) -> int:
         """Blocks the tier holds."""
@@ -167,19 +179,19 @@ class HostKVTier:
         except queue.Full:
             return False
 
-    def _take_slot(self) -> int | None:
-        """A free slot, else the least recently used one no job is using (its block evicted); lock held."""
+    def _take_slot(self, incoming: bytes) -> int | None:
+        """A free slot, else the slot of the block the policy evicts among those no job is using; lock held."""
         if self.free:
             return self.free.pop()
-        for h, slot in self.index.items():
-            if slot not in self.busy:
-                del self.index[h]
-                self.evicted += 1
-                self._evicted.append(h)
-                if self.disk is not None:
-                    self._demotions.append((h, slot))
-                return slot
-        return None
+        h = self.policy.evict(lambda key: self.index[key] in self.busy, incoming)
+        if h is None:
+            return None
+        slot = self.index.pop(h)
+        self.evicted += 1
+        self.log.removed((h,))
+        if self.disk is not None:
+            self._demotions.append((h, slot))
+        return slot
 
     def _release(self, slots: Sequence[int]) -> None:
         with self._lock:
@@ -201,6 +213,8 @@ class HostKVTier:
                 if job.store and ok:
                     for h, slot in zip(job.hashes, job.slots, strict=True):
                         self.index[h] = slot
+                        self.policy.admit(h)
+                    self.log.stored(job.hashes)
                 elif job.store:
                     self.free.extend(job.slots)
             if not job.store:

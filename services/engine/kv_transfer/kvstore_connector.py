@@ -9,6 +9,7 @@ request's prompt blocks that it computed itself are offloaded (copied now, sent 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 
 from services.common.kv.kv_transfer import KVTransferParams
@@ -33,6 +34,7 @@ class KVStoreConnector:
         self._checked: set[str] = set()  # asked once per request: never again (preemption, a failed read)
         self._matched: dict[str, Fetch] = {}  # the part of an answer offered this step, until allocated
         self._failed: set[str] = set()  # reads that could not start, reported at the next get_finished
+        self._asked: dict[str, float] = {}  # request id -> when its lookup started (load latency)
 
     def get_num_new_matched_tokens(self, request: Request, num_local_computed: int) -> Match | None:
         rid, bs = request.request_id, self.block_size
@@ -45,6 +47,7 @@ class KVStoreConnector:
             toks = request.all_token_ids
             keys = [(request.block_hashes[i], toks[i * bs : (i + 1) * bs]) for i in range(first, last)]
             self._lookups[rid] = _IN_FLIGHT
+            self._asked[rid] = time.monotonic()
             self.tier.fetch(rid, first, keys)
             return None
         fetch = self._lookups[rid]
@@ -53,6 +56,7 @@ class KVStoreConnector:
         skip = num_local_computed // bs - fetch.first_block
         if skip < 0 or skip >= fetch.num_blocks:  # nothing found, or the local hit grew past it meanwhile
             del self._lookups[rid]
+            self._asked.pop(rid, None)
             self._checked.add(rid)
             return 0, False
         part = self._matched[rid] = fetch.skip(skip)  # the answer stays until blocks are allocated
@@ -68,14 +72,17 @@ class KVStoreConnector:
         if part.slots:
             if not self.tier.read_in(ids, part.take(n)):
                 self._failed.add(rid)  # counted by the tier; the request computes those blocks itself
+                self._asked.pop(rid, None)
         else:
             self.tier.copy_in(ids, part.payloads[:n])
+            self._loaded(rid)
 
     def request_finished(
         self, request: Request, block_ids: Sequence[int]
     ) -> tuple[bool, KVTransferParams | None]:
         rid = request.request_id
         self._checked.discard(rid)
+        self._asked.pop(rid, None)
         self._matched.pop(rid, None)
         self._lookups.pop(rid, None)  # an answer still on its way is dropped when it arrives
         if self.offload and request.status.completed:
@@ -105,9 +112,19 @@ class KVStoreConnector:
         failed, self._failed = self._failed, set()
         for rid, num_blocks in self.tier.finished_reads():
             (received if num_blocks else failed).add(rid)
+            if num_blocks:
+                self._loaded(rid)
+            else:
+                self._asked.pop(rid, None)
         if not received and not failed:
             return FinishedTransfers()
         return FinishedTransfers(received=frozenset(received), failed=frozenset(failed))
+
+    def _loaded(self, rid: str) -> None:
+        """The request's blocks from the store are usable: its lookup to now is one kvstore load."""
+        asked = self._asked.pop(rid, None)
+        if asked is not None:
+            self._stats.observe_load("kvstore", time.monotonic() - asked)
 
     def stats(self) -> TransferStats:
         out = TransferStats()

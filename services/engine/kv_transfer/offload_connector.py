@@ -1,5 +1,8 @@
 """OffloadConnector: the host KV tier as a KV connector: prefixes found there are loaded back while the request
 waits (WAITING_FOR_REMOTE_KV, as P/D does); a finished request's full blocks are stored off the step.
+Its KV events say what each tier holds: tier "cpu" for host memory, "disk" for the disk tier behind it
+(a block the host tier demotes is removed from "cpu" and stored in "disk"; one the disk tier evicts or
+finds damaged is removed from "disk"; blocks a disk tier kept across a restart are announced at start).
 
 A finished request keeps its blocks (a delayed free) until the tier's worker has copied them; a store the
 tier drops (queue full, every slot in use) frees them at once, and outputs never change: the tier is only
@@ -8,9 +11,10 @@ ever a second chance at a prefix hit. Under tensor parallelism the tier is refus
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
-from services.common.kv.kv_events import BlockRemoved, BlockStored, KVEvent, Tier
+from services.common.kv.kv_events import KVEvent, Tier
 from services.common.kv.kv_transfer import KVTransferParams
 from services.engine.core.kv_connector import FinishedTransfers, Match, TransferStats
 from services.engine.core.request import Request
@@ -25,8 +29,8 @@ class OffloadConnector:
     def __init__(
         self, tier: HostKVTier, block_size: int, emit: Callable[[KVEvent], None] | None = None
     ) -> None:
-        """``emit``: the engine's KV events: blocks the host tier holds and evicts, as tier "cpu" (what it
-        demotes to disk is reported removed: the index under-predicts, never over-predicts)."""
+        """``emit``: the engine's KV events: blocks the host tier and the disk tier behind it hold and drop,
+        as tiers "cpu" and "disk", in the order they changed."""
         self.tier, self.block_size, self._emit = tier, block_size, emit
         # request id -> (first block, pinned host slots, the block hashes after them found on disk)
         self._matched: dict[str, tuple[int, list[int], list[bytes]]] = {}
@@ -76,8 +80,6 @@ class OffloadConnector:
         failed, self._failed_now = self._failed_now, set()
         self._report()
         for job, ok in self.tier.finished():
-            if job.store and not job.demote and ok and self._emit is not None:
-                self._emit(BlockStored(job.hashes, None, (), self.block_size, MEDIUM))
             if job.demote:
                 self._stats.add_blocks("sent", "disk", len(job.slots) if ok else 0)
             elif job.store:
@@ -87,6 +89,8 @@ class OffloadConnector:
                 received.add(job.request_id)
                 self._stats.add_blocks("received", MEDIUM, len(job.slots))
                 self._stats.add_blocks("received", "disk", len(job.disk_hashes))
+                # a load that reads any block from disk is a disk load (it waits for its slowest part)
+                self._stats.observe_load("disk" if job.disk_hashes else MEDIUM, time.monotonic() - job.queued)
             else:
                 self._stats.add_failure("offload_load_failed")
                 failed.add(job.request_id)
@@ -95,10 +99,12 @@ class OffloadConnector:
         return FinishedTransfers(frozenset(sent), frozenset(received), frozenset(failed))
 
     def _report(self) -> None:
-        """Blocks the host tier evicted since the last step, as removed from tier "cpu"."""
-        gone = self.tier.take_evicted()
-        if gone and self._emit is not None:
-            self._emit(BlockRemoved(tuple(gone), MEDIUM))
+        """What the host and disk tiers stored and dropped since the last step, as KV events."""
+        logs = [self.tier.log] if self.tier.disk is None else [self.tier.log, self.tier.disk.log]
+        for log in logs:
+            for event in log.take(self.block_size):
+                if self._emit is not None:
+                    self._emit(event)
 
     def stats(self) -> TransferStats:
         out = TransferStats()
@@ -107,6 +113,9 @@ class OffloadConnector:
             out.failures["offload_dropped"] += self.tier.dropped
         if self.tier.disk is not None and self.tier.disk.corrupt:
             out.failures["offload_disk_corrupt"] += self.tier.disk.corrupt
+        out.held[MEDIUM] += self.tier.used
+        if self.tier.disk is not None:
+            out.held["disk"] += len(self.tier.disk.index)
         return out
 
     def close(self) -> None:

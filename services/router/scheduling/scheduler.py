@@ -7,13 +7,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from services.router.scheduling.context import RequestContext
 from services.router.scheduling.decider import PDDecider
 from services.router.scheduling.endpoint import Endpoint
 from services.router.scheduling.filters import DECODE_ROLES, PREFILL_ROLES, eligible
-from services.router.scheduling.scorers import DEFAULT_TIER_WEIGHTS
+from services.router.scheduling.scorers import DEFAULT_TIER_WEIGHTS, TIER_WEIGHT_NAMES
 from services.router.scheduling.strategies import Choice, ScorerWeights, StrategyName, make_strategy
 
 
@@ -24,6 +24,16 @@ class SchedulingConfig(BaseModel):
     weights: ScorerWeights = ScorerWeights()
     tier_weights: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_TIER_WEIGHTS))
     pd_threshold: int = Field(256, ge=0)
+
+    @field_validator("tier_weights")
+    @classmethod
+    def _known_tiers(cls, value: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(value) - TIER_WEIGHT_NAMES)
+        if unknown:
+            raise ValueError(f"tier_weights: unknown tier(s) {unknown} (known: {sorted(TIER_WEIGHT_NAMES)})")
+        if any(w < 0 for w in value.values()):
+            raise ValueError("tier_weights: weights are >= 0")
+        return value
 
 
 @dataclass(frozen=True, slots=True)

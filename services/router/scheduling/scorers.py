@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Protocol
 
 from services.router.scheduling.context import RequestContext
 from services.router.scheduling.endpoint import Endpoint
+from services.router.scheduling.tier_weights import derived_tier_weights
 
-# "routed": a prompt another request just took there (the engine's events have not landed yet)
-DEFAULT_TIER_WEIGHTS: Mapping[str, float] = {"gpu": 1.0, "routed": 0.9, "cpu": 0.8, "kvstore": 0.5}
+# from measured load and recompute times (tier_weights.py); "routed": a prompt another request just took
+# there (the engine's events have not landed yet)
+DEFAULT_TIER_WEIGHTS: Mapping[str, float] = MappingProxyType(derived_tier_weights())
+TIER_WEIGHT_NAMES = frozenset(("gpu", "cpu", "kvstore", "disk", "routed"))  # PrefixMatch's runs
 
 
 class Scorer(Protocol):

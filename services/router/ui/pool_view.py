@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel
@@ -12,6 +13,7 @@ from services.router.decision_log import DecisionRecord
 from services.router.engine_history import HistoryPoint
 from services.router.router_state import RouterState
 from services.router.scheduling import Endpoint
+from services.router.scheduling.endpoint import normalize_url
 
 DECISIONS_SHOWN = 30
 
@@ -42,6 +44,7 @@ class EngineView(BaseModel):
     ttft_ms: float | None = None  # the latest interval's mean
     itl_ms: float | None = None
     series: Series = Series()
+    tier_blocks: dict[str, int] = {}  # blocks it holds per KV tier (gpu, cpu, disk), as the prefix index says
 
 
 class RouterView(BaseModel):
@@ -102,8 +105,10 @@ def _last(values: list[float | None]) -> float | None:
     return next((v for v in reversed(values) if v is not None), None)
 
 
-def engine_view(state: RouterState, endpoint: Endpoint) -> EngineView:
-    """One engine's row: the poller's snapshot and the history of its polls."""
+def engine_view(
+    state: RouterState, endpoint: Endpoint, tier_blocks: Mapping[str, int] | None = None
+) -> EngineView:
+    """One engine's row: the poller's snapshot, the history of its polls, and what the index says it holds."""
     health: Literal["healthy", "draining", "down"] = "down"
     if endpoint.healthy:
         health = "draining" if endpoint.draining else "healthy"
@@ -125,6 +130,7 @@ def engine_view(state: RouterState, endpoint: Endpoint) -> EngineView:
         ttft_ms=_last(series.ttft_ms),
         itl_ms=_last(series.itl_ms),
         series=series,
+        tier_blocks=dict(tier_blocks or {}),
     )
 
 
@@ -139,8 +145,13 @@ def _weights(state: RouterState) -> dict[str, float]:
     return {name: w for name, w in weights.items() if w > 0}
 
 
-def pool_view(state: RouterState, decisions: int = DECISIONS_SHOWN) -> PoolView:
-    """The page's state now: engines in url order, the last ``decisions`` routing decisions."""
+def pool_view(
+    state: RouterState,
+    decisions: int = DECISIONS_SHOWN,
+    occupancy: Mapping[str, Mapping[str, int]] | None = None,
+) -> PoolView:
+    """The page's state now: engines in url order, the last ``decisions`` routing decisions; ``occupancy``:
+    the index's blocks per tier by engine url (``AsyncPrefixIndex.occupancy``)."""
     s = state.settings
     scheduling = s.scheduling
     router = RouterView(
@@ -154,7 +165,10 @@ def pool_view(state: RouterState, decisions: int = DECISIONS_SHOWN) -> PoolView:
         problems=state.self_check.problems(),
         decisions_by_mode=dict(state.decisions.counts),
     )
-    engines = [engine_view(state, e) for e in sorted(state.poller.endpoints(), key=lambda e: e.url)]
+    held = {normalize_url(url): tiers for url, tiers in (occupancy or {}).items()}
+    engines = [
+        engine_view(state, e, held.get(e.url)) for e in sorted(state.poller.endpoints(), key=lambda e: e.url)
+    ]
     return PoolView(
         now=time.time(),
         router=router,

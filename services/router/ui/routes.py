@@ -74,7 +74,8 @@ def ui_routes(state: RouterState) -> APIRouter:
             raise HTTPException(
                 400, f"unknown query parameter(s) {', '.join(unknown)}; /ui/state takes decisions=N"
             )
-        view = pool_view(state, decisions)
+        occupancy = await state.index.occupancy() if state.index is not None else None
+        view = pool_view(state, decisions, occupancy)
         if keys and not key_allowed(presented_key(request.headers), admins):
             view.decisions = [d.model_copy(update={"request_id": ""}) for d in view.decisions]
             if view.queue is not None:  # other tenants' names and load are an admin's to see

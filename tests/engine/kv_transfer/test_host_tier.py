@@ -30,12 +30,14 @@ def baseline(llama_dir: Path) -> LLM:
     return LLM(model=str(llama_dir), dtype="float32", num_kv_blocks=256)
 
 
-def test_evicted_prefixes_come_back_from_host_memory(llama_dir: Path, baseline: LLM) -> None:
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_evicted_prefixes_come_back_from_host_memory(llama_dir: Path, baseline: LLM, policy: str) -> None:
     """16 primary blocks of 16 tokens: a 100-token prompt's 6 full blocks are evicted by the next prompts,
-    then found in the host tier (loaded back, not recomputed), with the same tokens."""
+    then found in the host tier (loaded back, not recomputed), with the same tokens, under either policy."""
     llm = LLM(
-        model=str(llama_dir), dtype="float32", num_kv_blocks=16, max_num_seqs=2, kv_offload_cpu_bytes=2**22
-    )
+        model=str(llama_dir), dtype="float32", num_kv_blocks=16, max_num_seqs=2, kv_offload_cpu_bytes=2**22,
+        kv_offload_policy=policy,
+    )  # fmt: skip
     first, others = _prompts(1, 1, 100), _prompts(2, 6, 100)
     assert _tokens(llm, first) == _tokens(baseline, first)
     for prompt in others:  # one at a time: each fills the primary pool
@@ -147,3 +149,61 @@ def test_a_damaged_block_file_is_never_served(
     _, failures = again.engine.core.transfer_stats()
     assert failures["offload_disk_corrupt"] >= 1
     again.shutdown()
+
+
+def test_tier_log_keeps_the_order_of_changes() -> None:
+    """A block stored then evicted between two steps ends removed; one evicted then stored again ends held."""
+    from services.common.kv.kv_events import BlockRemoved, BlockStored
+    from services.engine.kv_transfer.tier_log import TierLog
+
+    log = TierLog("disk")
+    log.stored([b"a", b"b"])
+    log.removed([b"a"])
+    log.removed([b"c"])
+    log.stored([b"c"])
+    assert log.take(16) == [
+        BlockStored((b"a", b"b"), None, (), 16, "disk"),
+        BlockRemoved((b"a", b"c"), "disk"),
+        BlockStored((b"c",), None, (), 16, "disk"),
+    ]
+    assert log.take(16) == []
+
+
+@pytest.mark.parametrize(("policy", "kept"), [("lru", 0), ("arc", 2)])
+def test_arc_keeps_a_reused_prefix_through_a_scan(policy: str, kept: int) -> None:
+    """Four slots: a prefix used twice, then a scan of six one-off blocks. LRU flushes the prefix; ARC
+    evicts only among the blocks seen once (and keeps the reused ones)."""
+    kv = torch.arange(8 * 4, dtype=torch.float32).view(8, 4)
+    tier = HostKVTier(kv, num_slots=4, queue_depth=8, policy=policy)
+    try:
+        assert tier.store("hot", [0, 1], [b"h0", b"h1"])
+        _wait(tier, 1)
+        tier.unpin(tier.lookup([b"h0", b"h1"]))  # used again
+        for i in range(6):
+            assert tier.store(f"scan{i}", [2 + i], [b"s%d" % i])
+            _wait(tier, 1)
+        slots = tier.lookup([b"h0", b"h1"])
+        tier.unpin(slots)
+        assert len(slots) == kept and tier.used == 4
+        assert tier.lookup([b"s5"])  # the scan's latest block is held either way
+    finally:
+        tier.close()
+
+
+def test_a_policy_needs_the_host_tier(llama_dir: Path) -> None:
+    with pytest.raises(ValueError, match="kv_offload_policy: the host tier's eviction policy"):
+        LLM(model=str(llama_dir), dtype="float32", num_kv_blocks=16, kv_offload_policy="arc")
+
+
+def test_arc_adapts_to_blocks_stored_again_after_their_eviction() -> None:
+    """A block evicted from the seen-once list and stored again soon after goes to the reused list and grows
+    the seen-once target; pinned blocks are never chosen."""
+    from services.engine.kv_transfer.arc_policy import ARCPolicy
+
+    arc = ARCPolicy(capacity=2)
+    arc.admit(b"a")
+    arc.admit(b"b")
+    assert arc.evict(lambda k: k == b"a") == b"b"  # a is pinned: b goes (to the ghosts)
+    assert arc.evict(lambda k: True) is None  # every held block pinned: nothing to evict
+    arc.admit(b"b")  # back soon after its eviction
+    assert arc.p == 1.0 and list(arc.t2) == [b"b"] and list(arc.t1) == [b"a"]

@@ -108,6 +108,7 @@ function engineCard(e) {
       e.num_blocks ? `${e.num_blocks} KV blocks` : null,
       e.max_model_len ? ` · context ${e.max_model_len}` : null,
       e.lora_adapters.length ? ` · LoRA ${e.lora_adapters.join(", ")}` : null,
+      Object.keys(e.tier_blocks).length ? el("span", { "data-tiers": "" }, ` · holds ${tiers(e.tier_blocks)}`) : null,
       e.load_only ? " · routed by load only: the index mispredicts its cache" : null));
   return card;
 }
