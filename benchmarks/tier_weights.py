@@ -107,7 +107,9 @@ def measure(llm: LLM, tier: str, blocks: int, reps: int, rng: random.Random, fol
     m, h, t = (statistics.median(x) * 1e3 for x in (miss, hit, load))
     timing = TierTiming(  # paired per prompt (each against its own hit), then the median
         load_ms_per_block=statistics.median(b - a for a, b in zip(hit, load, strict=True)) * 1e3 / blocks,
-        recompute_ms_per_block=statistics.median(b - a for a, b in zip(hit, miss, strict=True)) * 1e3 / blocks,
+        recompute_ms_per_block=statistics.median(b - a for a, b in zip(hit, miss, strict=True))
+        * 1e3
+        / blocks,
     )
     return {
         "tier": tier,
@@ -154,7 +156,9 @@ def main() -> None:
             llm.shutdown()
     shutil.rmtree(folder, ignore_errors=True)
     print(f"SmolLM2-135M fp32, {args.blocks} blocks of {BS} tokens per prompt, medians of {args.reps}")
-    print(f"{'tier':<9}{'miss ms':>9}{'hit ms':>8}{'tier ms':>9}{'load/blk':>10}{'recompute/blk':>15}{'weight':>8}")
+    print(
+        f"{'tier':<9}{'miss ms':>9}{'hit ms':>8}{'tier ms':>9}{'load/blk':>10}{'recompute/blk':>15}{'weight':>8}"
+    )
     for r in rows:
         print(
             f"{r['tier']:<9}{r['miss_ms']:>9.1f}{r['hit_ms']:>8.1f}{r['tier_ms']:>9.1f}"

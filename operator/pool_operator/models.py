@@ -163,7 +163,9 @@ class RouterTierWeights(CrdModel):
     cpu: float | None = Field(None, ge=0, le=1, description="the engine's host-memory tier")
     disk: float | None = Field(None, ge=0, le=1, description="the engine's local-disk tier")
     kvstore: float | None = Field(None, ge=0, le=1, description="the pool's shared kvstore")
-    routed: float | None = Field(None, ge=0, le=1, description="a router's hint that a prompt was just sent there")
+    routed: float | None = Field(
+        None, ge=0, le=1, description="a router's hint that a prompt was just sent there"
+    )
 
     def flag(self) -> str:
         """``--tier-weights``' value (empty when nothing is set)."""
