@@ -119,6 +119,12 @@ async def _load(
     return results
 
 
+async def _running(client: httpx.AsyncClient, engine: str) -> float:
+    text = (await client.get(f"{engine}/metrics")).text
+    found = re.search(r"^kvferry_num_requests_running (\S+)", text, re.M)
+    return float(found.group(1)) if found else -1.0
+
+
 async def _disturber(
     up: subprocess.Popen[str],
     url: str,
@@ -127,8 +133,9 @@ async def _disturber(
     times: list[float],
     busy: list[float],
 ) -> None:
-    """Every ``args.every`` s: SIGKILL or SIGTERM the next engine; ``busy``: its running requests just before."""
-    victim, prefix = 0, "decode" if args.pd else "engine"
+    """Every ``args.every`` s: SIGKILL or SIGTERM the busiest engine (the next one on a tie), as a disruption
+    that matters would; ``busy``: its running requests just before."""
+    turn, prefix = 0, "decode" if args.pd else "engine"
     sig = signal.SIGKILL if args.disturb == "kill" else signal.SIGTERM
     healthy = f"kvferry_router_healthy_endpoints {3.0 if args.pd else 2.0}"
     async with httpx.AsyncClient(timeout=10) as client:
@@ -136,15 +143,15 @@ async def _disturber(
             await asyncio.sleep(args.every)
             while healthy not in (await client.get(f"{url}/metrics")).text:  # the last victim serves again
                 await asyncio.sleep(0.5)
-            pid, engine = _engine_pids(up)[f"{prefix}-{victim % 2}"]
-            running = re.search(
-                r"^kvferry_num_requests_running (\S+)", (await client.get(f"{engine}/metrics")).text, re.M
-            )
-            os.kill(pid, sig)
+            engines = {n: e for n, e in _engine_pids(up).items() if n.startswith(prefix)}
+            load = {n: await _running(client, e[1]) for n, e in engines.items()}
+            order = sorted(load, key=lambda n: (-load[n], (int(n.rsplit("-", 1)[1]) - turn) % len(load)))
+            name = order[0]
+            os.kill(engines[name][0], sig)
             times.append(time.monotonic())
-            busy.append(float(running.group(1)) if running else -1.0)
-            print(f"{args.disturb}: {prefix}-{victim % 2} (pid {pid}, {busy[-1]:g} running)", flush=True)
-            victim += 1
+            busy.append(load[name])
+            print(f"{args.disturb}: {name} (pid {engines[name][0]}, {load[name]:g} running)", flush=True)
+            turn += 1
 
 
 def _pct(values: list[float], q: float) -> float | None:

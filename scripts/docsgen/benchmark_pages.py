@@ -54,10 +54,15 @@ BENCHMARKS: dict[str, Benchmark] = {
         "python benchmarks/recovery.py --duration 90 --kill-every 30 --concurrency 3",
         "greedy streams through `kvferry up` (2 aggregated SmolLM2 engines, no kvstore) while one engine is killed with SIGKILL every 30 s (after the previous one is back); each stream compared with the undisturbed run of the same prompt. A short run on 2 CPU cores shared with other work: noisy, few requests.",
     ),
+    "recovery-pd": Benchmark(
+        "Recovery: decode engines killed under load (P/D)",
+        "python benchmarks/recovery.py --pd --disturb kill --duration 90 --every 30 --concurrency 3 --out benchmarks/results/recovery-pd.json",
+        "greedy streams through `kvferry up --prefill 1 --decode 2` (SmolLM2 fp32, no kvstore) while the busiest decode engine is killed with SIGKILL every 30 s (after the previous one is back): its streams are replayed on the other decode (`resumed`: prompt + tokens so far recomputed); each stream compared with the undisturbed run of the same prompt. The kill twin of the drain run below. A short run on 2 CPU cores shared with other work: noisy, few requests.",
+    ),
     "recovery-pd-drain": Benchmark(
         "Recovery: decode engines drained under load (KV migration)",
         "python benchmarks/recovery.py --pd --disturb drain --duration 90 --every 30 --concurrency 3",
-        "greedy streams through `kvferry up --prefill 1 --decode 2` (SmolLM2, no kvstore) while one decode engine gets SIGTERM every 30 s (after the previous one is back): the draining decode leases its streams' KV and the router continues each on the other decode, which READs it over NIXL (`moved`) instead of recomputing (`resumed`); each stream compared with the undisturbed run of the same prompt. A short run on 2 CPU cores shared with other work: noisy, few requests.",
+        "greedy streams through `kvferry up --prefill 1 --decode 2` (SmolLM2 fp32, no kvstore) while the busiest decode engine gets SIGTERM every 30 s (after the previous one is back): the draining decode leases its streams' KV and the router continues each on the other decode, which READs it over NIXL (`moved`) instead of recomputing (`resumed`); each stream compared with the undisturbed run of the same prompt. A short run on 2 CPU cores shared with other work: noisy, few requests.",
     ),
     "flow_control": Benchmark(
         "Flow control under a burst",
