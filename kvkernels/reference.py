@@ -34,11 +34,19 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> t
 
 
 def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, first_pos: int, window: int = 0
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    first_pos: int,
+    window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal GQA attention in fp32: q [Q, Hq, D] at positions first_pos.., k/v [L, Hkv, D] -> [Q, Hq, D].
 
-    window > 0: a query at position p sees only positions (p - window, p] (sliding-window attention)."""
+    window > 0: a query at position p sees only positions (p - window, p] (sliding-window attention).
+    sinks [Hq]: gpt-oss attention sinks, the softmax of head h runs over [scores, sinks[h]] and the sink's
+    column is dropped (it only adds to the denominator)."""
     group = q.shape[1] // k.shape[1]
     k = k.float().repeat_interleave(group, dim=1)
     v = v.float().repeat_interleave(group, dim=1)
@@ -49,7 +57,11 @@ def _attend(
     if window > 0:
         hidden |= k_pos[None, :] <= q_pos[:, None] - window
     scores = scores.masked_fill(hidden, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v)
+    if sinks is None:
+        return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v)
+    sink = sinks.float().to(q.device)[:, None, None].expand(-1, q.shape[0], 1)
+    probs = torch.cat((scores, sink), dim=-1).softmax(dim=-1)[..., :-1]
+    return torch.einsum("hqk,khd->qhd", probs, v)
 
 
 def ref_paged_decode_attention(
@@ -61,9 +73,10 @@ def ref_paged_decode_attention(
     scale: float,
     num_splits: int | None = None,
     window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query token per sequence over its first seq_lens[b] cached positions (the last ``window`` of
-    them when window > 0); a row with seq_len 0 is 0."""
+    them when window > 0; sinks [Hq]: per-head attention-sink logits); a row with seq_len 0 is 0."""
     del num_splits  # a scheduling choice of the kernel; the math is the same
     out = torch.zeros_like(query)
     for b, seq_len in enumerate(seq_lens.tolist()):
@@ -71,7 +84,7 @@ def ref_paged_decode_attention(
             continue
         k = gather_kv(key_cache, block_tables[b], seq_len)
         v = gather_kv(value_cache, block_tables[b], seq_len)
-        out[b] = _attend(query[b : b + 1], k, v, scale, seq_len - 1, window)[0].to(query.dtype)
+        out[b] = _attend(query[b : b + 1], k, v, scale, seq_len - 1, window, sinks)[0].to(query.dtype)
     return out
 
 
@@ -84,9 +97,10 @@ def ref_paged_prefill_attention(
     seq_lens: torch.Tensor,
     scale: float,
     window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's packed queries (its LAST q_len positions) over its paged K/V
-    (window > 0: each query over its last ``window`` positions only)."""
+    (window > 0: each query over its last ``window`` positions only; sinks [Hq]: attention sinks)."""
     out = torch.zeros_like(query)
     starts = query_start_loc.tolist()
     for b, seq_len in enumerate(seq_lens.tolist()):
@@ -96,7 +110,9 @@ def ref_paged_prefill_attention(
         k = gather_kv(key_cache, block_tables[b], seq_len)
         v = gather_kv(value_cache, block_tables[b], seq_len)
         first_pos = seq_len - (q_end - q_start)
-        out[q_start:q_end] = _attend(query[q_start:q_end], k, v, scale, first_pos, window).to(query.dtype)
+        out[q_start:q_end] = _attend(query[q_start:q_end], k, v, scale, first_pos, window, sinks).to(
+            query.dtype
+        )
     return out
 
 
