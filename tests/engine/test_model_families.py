@@ -140,3 +140,21 @@ def test_gemma3_options_it_cannot_serve_are_named(family_dir, tmp_path: Path) ->
     (model / "config.json").write_text(json.dumps({**cfg, "attn_logit_softcapping": 50.0}))
     with pytest.raises(ValueError, match="attn_logit_softcapping=50.0: soft-capped attention scores"):
         LLM(model=str(model), dtype="float32", num_kv_blocks=64)
+
+
+def test_gpt_oss_options_it_cannot_serve_are_named(family_dir, tmp_path: Path) -> None:
+    """gpt-oss (its parity with HF runs in test_parity): a rotary type without a table here is refused
+    naming the field; it declares no tensor-parallel plan or LoRA targets, so both are refused by name."""
+    from services.engine.worker.models.capabilities import ModelCapabilities
+
+    model = tmp_path / "gpt_oss"
+    shutil.copytree(family_dir("gpt_oss"), model)
+    cfg = json.loads((model / "config.json").read_text())
+    rope = {**cfg["rope_parameters"], "rope_type": "longrope"}
+    (model / "config.json").write_text(json.dumps({**cfg, "rope_parameters": rope}))
+    with pytest.raises(ValueError, match="rope_parameters.rope_type='longrope' is not supported"):
+        LLM(model=str(model), dtype="float32", num_kv_blocks=64)
+    caps = ModelCapabilities.of(get_model_class("GptOssForCausalLM"))
+    assert caps.tp_plan is None and caps.lora is None and caps.pipeline and caps.logits
+    with pytest.raises(ValueError, match="GptOssForCausalLM"):
+        LLM(model=str(family_dir("gpt_oss")), dtype="float32", num_kv_blocks=64, enable_lora=True)

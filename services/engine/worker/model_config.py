@@ -78,6 +78,10 @@ class ModelConfig(BaseModel):
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: a shared expert with a sigmoid gate
     decoder_sparse_step: int = 1  # every this-many-th layer is MoE (the others dense)
     mlp_only_layers: tuple[int, ...] = ()  # layers that stay dense
+    # gpt-oss: per-head attention sinks, and its experts' clamped SwiGLU (None: the plain one)
+    attention_sinks: bool = False
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float | None = None
     vision: VisionTower | None = None  # a vision-language model (LLaVA): its tower and projector
     # BERT-family encoders only (Llama ignores them)
     layer_norm_eps: float = 1e-12
@@ -138,6 +142,9 @@ class ModelConfig(BaseModel):
             attn_logit_softcapping=cfg.get("attn_logit_softcapping"),
             sliding_window=_window(cfg),
             windowed_layers=_windowed_layers(cfg),
+            attention_sinks=arch in _SINKS,
+            swiglu_alpha=cfg.get("swiglu_alpha", 1.702),
+            swiglu_limit=cfg.get("swiglu_limit"),
             **_moe_fields(cfg, arch),
         )
 
@@ -177,6 +184,7 @@ class ModelConfig(BaseModel):
 
 
 _QK_NORM = frozenset({"Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"})
+_SINKS = frozenset({"GptOssForCausalLM"})
 
 
 def _window(cfg: dict[str, Any]) -> int | None:
@@ -220,11 +228,11 @@ def _vision(cfg: dict[str, Any]) -> VisionTower:
 
 
 def _moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
-    """The expert layout of a Mixtral / Qwen2-MoE / Qwen3-MoE config (nothing for dense models)."""
+    """The expert layout of a Mixtral / Qwen2-MoE / Qwen3-MoE / gpt-oss config (nothing for dense models)."""
     experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
     if not experts:
         return {}
-    mixtral = arch == "MixtralForCausalLM"
+    mixtral = arch in ("MixtralForCausalLM", "GptOssForCausalLM")  # experts as wide as intermediate_size
     return {
         "num_experts": experts,
         "num_experts_per_tok": cfg["num_experts_per_tok"],
@@ -246,5 +254,6 @@ _ARCH_BY_TYPE = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
     "bert": "BertModel",
 }
