@@ -82,6 +82,7 @@ class ModelConfig(BaseModel):
     attention_sinks: bool = False
     swiglu_alpha: float = 1.702
     swiglu_limit: float | None = None
+    mxfp4_experts: bool = False  # gpt-oss checkpoints: experts stored as MXFP4 blocks + scales
     vision: VisionTower | None = None  # a vision-language model (LLaVA): its tower and projector
     # BERT-family encoders only (Llama ignores them)
     layer_norm_eps: float = 1e-12
@@ -145,6 +146,7 @@ class ModelConfig(BaseModel):
             attention_sinks=arch in _SINKS,
             swiglu_alpha=cfg.get("swiglu_alpha", 1.702),
             swiglu_limit=cfg.get("swiglu_limit"),
+            mxfp4_experts=_mxfp4(cfg, arch),
             **_moe_fields(cfg, arch),
         )
 
@@ -185,6 +187,17 @@ class ModelConfig(BaseModel):
 
 _QK_NORM = frozenset({"Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"})
 _SINKS = frozenset({"GptOssForCausalLM"})
+
+
+def _mxfp4(cfg: dict[str, Any], arch: str) -> bool:
+    """Whether the checkpoint stores its experts as MXFP4 (``quantization_config.quant_method``); only
+    gpt-oss's experts are read that way."""
+    method = str((cfg.get("quantization_config") or {}).get("quant_method", "")).lower()
+    if method == "mxfp4" and arch not in _SINKS:
+        raise ValueError(
+            f"quantization_config.quant_method=mxfp4: only gpt-oss experts are read as MXFP4, not {arch}"
+        )
+    return method == "mxfp4"
 
 
 def _window(cfg: dict[str, Any]) -> int | None:

@@ -16,6 +16,7 @@ from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from services.engine.worker.parallel.pp_stage import PPStage
 from services.engine.worker.parallel.tp_group import TPGroup
+from services.engine.worker.quantization.mxfp4 import BLOCK, dequantize_mxfp4
 
 
 class GptOssRouter(nn.Module):
@@ -27,22 +28,36 @@ class GptOssRouter(nn.Module):
         self.bias = nn.Parameter(torch.empty(num_experts), requires_grad=False)
 
 
+def _frozen(*shape: int, dtype: torch.dtype | None = None) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+
 class GptOssMoE(nn.Module):
     """Routed experts. ``w13 [E, 2I, H]`` keeps the checkpoint's interleaved rows (2j: gate j, 2j + 1: up
-    j) with bias ``b13 [E, 2I]``; ``w2 [E, H, I]`` with bias ``b2 [E, H]``. Tokens are sorted by expert
-    once and each expert with tokens runs its two matmuls over its rows (as grouped_moe does)."""
+    j) with bias ``b13 [E, 2I]``; ``w2 [E, H, I]`` with bias ``b2 [E, H]``. MXFP4 checkpoints: the same
+    rows as uint8 blocks ``w13_blocks [E, 2I, H/32, 16]`` and scales ``w13_scales [E, 2I, H/32]`` (w2's
+    likewise), kept packed and decoded one expert at a time as it runs. Tokens are sorted by expert once
+    and each expert with tokens runs its two matmuls over its rows (as grouped_moe does)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
         if cfg.swiglu_limit is None:
             raise ValueError("swiglu_limit: gpt-oss's experts need the clamp limit of their SwiGLU")
-        self.top_k, self.alpha, self.limit = cfg.num_experts_per_tok, cfg.swiglu_alpha, cfg.swiglu_limit
+        self.num_experts, self.top_k = e, cfg.num_experts_per_tok
+        self.alpha, self.limit = cfg.swiglu_alpha, cfg.swiglu_limit
         self.router = GptOssRouter(e, h)
-        self.w13 = nn.Parameter(torch.empty(e, 2 * i, h), requires_grad=False)
-        self.b13 = nn.Parameter(torch.empty(e, 2 * i), requires_grad=False)
-        self.w2 = nn.Parameter(torch.empty(e, h, i), requires_grad=False)
-        self.b2 = nn.Parameter(torch.empty(e, h), requires_grad=False)
+        self.packed = cfg.mxfp4_experts
+        if self.packed:
+            if h % BLOCK or i % BLOCK:
+                raise ValueError(f"MXFP4 experts need hidden_size and intermediate_size multiples of {BLOCK}")
+            self.w13_blocks = _frozen(e, 2 * i, h // BLOCK, BLOCK // 2, dtype=torch.uint8)
+            self.w13_scales = _frozen(e, 2 * i, h // BLOCK, dtype=torch.uint8)
+            self.w2_blocks = _frozen(e, h, i // BLOCK, BLOCK // 2, dtype=torch.uint8)
+            self.w2_scales = _frozen(e, h, i // BLOCK, dtype=torch.uint8)
+        else:
+            self.w13, self.w2 = _frozen(e, 2 * i, h), _frozen(e, h, i)
+        self.b13, self.b2 = _frozen(e, 2 * i), _frozen(e, h)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights, expert ids) [T, K]: the top-k router logits and their softmax (in x's dtype, as HF)."""
@@ -57,15 +72,21 @@ class GptOssMoE(nn.Module):
         return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
 
     def expert_weights(self, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Expert ``expert``'s (w13, w2) as float matrices."""
-        return self.w13[expert], self.w2[expert]
+        """Expert ``expert``'s (w13 [2I, H], w2 [H, I]) as float matrices (decoded from MXFP4 if packed)."""
+        if not self.packed:
+            return self.w13[expert], self.w2[expert]
+        dtype = self.b13.dtype
+        return (
+            dequantize_mxfp4(self.w13_blocks[expert], self.w13_scales[expert], dtype),
+            dequantize_mxfp4(self.w2_blocks[expert], self.w2_scales[expert], dtype),
+        )
 
     def forward(self, x: torch.Tensor, backend: Backend) -> torch.Tensor:
         weights, ids = self.route(x)
         k = ids.shape[1]
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.w13.shape[0]).tolist()
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
         flat_weights = weights.reshape(-1)
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         start = 0
@@ -89,12 +110,17 @@ class GptOssDecoderLayer(LlamaDecoderLayer):
         return GptOssMoE(cfg)
 
 
-# HF expert tensors -> (our parameter, whether it is stored transposed: HF keeps x @ W layouts)
+# HF expert tensors -> (our parameter, whether it is stored transposed: HF's float experts are x @ W
+# layouts, its MXFP4 blocks and scales are already [E, out, in / 32, ...])
 _EXPERTS = {
     "mlp.experts.gate_up_proj": ("mlp.w13", True),
     "mlp.experts.gate_up_proj_bias": ("mlp.b13", False),
+    "mlp.experts.gate_up_proj_blocks": ("mlp.w13_blocks", False),
+    "mlp.experts.gate_up_proj_scales": ("mlp.w13_scales", False),
     "mlp.experts.down_proj": ("mlp.w2", True),
     "mlp.experts.down_proj_bias": ("mlp.b2", False),
+    "mlp.experts.down_proj_blocks": ("mlp.w2_blocks", False),
+    "mlp.experts.down_proj_scales": ("mlp.w2_scales", False),
 }
 
 
