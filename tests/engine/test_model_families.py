@@ -158,3 +158,24 @@ def test_gpt_oss_options_it_cannot_serve_are_named(family_dir, tmp_path: Path) -
     assert caps.tp_plan is None and caps.lora is None and caps.pipeline and caps.logits
     with pytest.raises(ValueError, match="GptOssForCausalLM"):
         LLM(model=str(family_dir("gpt_oss")), dtype="float32", num_kv_blocks=64, enable_lora=True)
+
+
+def test_gpt_oss_norm_rounds_like_hf_in_bf16() -> None:
+    """gpt-oss's norms keep an fp32 weight through .to(bf16) and round once after the product, as HF's
+    GptOssRMSNorm (kept in fp32) does; Llama's norm rounds before it, which differs in bf16."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRMSNorm as HFNorm
+
+    from services.engine.worker.attention.torch_backend import TorchBackend
+    from services.engine.worker.models.gpt_oss import GptOssRMSNorm
+
+    torch.manual_seed(0)
+    weight = torch.randn(64)
+    ours, hf = GptOssRMSNorm(64, 1e-5).to(torch.bfloat16), HFNorm(64, 1e-5)
+    assert ours.weight.dtype == torch.float32
+    ours.weight.data.copy_(weight)
+    hf.weight.data.copy_(weight)
+    x, residual = torch.randn(9, 64, dtype=torch.bfloat16), torch.randn(9, 64, dtype=torch.bfloat16)
+    out, summed = ours(x, TorchBackend(), residual)
+    assert torch.equal(summed, x + residual) and torch.equal(out, hf(x + residual))
+    llama, _ = TorchBackend.rms_norm(x, weight.to(torch.bfloat16), 1e-5, residual)
+    assert not torch.equal(llama, out)

@@ -5,7 +5,7 @@ and up rows interleaved, and a clamped SwiGLU ``(up + 1) * gate * sigmoid(alpha 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -13,10 +13,31 @@ from torch import nn
 
 from services.engine.worker.attention import ComputeBackend as Backend
 from services.engine.worker.model_config import ModelConfig
-from services.engine.worker.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+from services.engine.worker.models.llama import LlamaDecoderLayer, LlamaForCausalLM, OtherStage, RMSNorm
+from services.engine.worker.models.moe import ExpertCounted
 from services.engine.worker.parallel.pp_stage import PPStage
 from services.engine.worker.parallel.tp_group import TPGroup
 from services.engine.worker.quantization.mxfp4 import BLOCK, dequantize_mxfp4
+
+
+class GptOssRMSNorm(RMSNorm):
+    """gpt-oss's RMSNorm: an fp32 weight (HF keeps these norms in fp32) times the fp32-normalised input,
+    rounded to the input's dtype once, after the product (Llama's norm rounds before it); the residual
+    add is rounded to the model's dtype first, as HF adds it."""
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> GptOssRMSNorm:
+        super()._apply(fn, recurse)  # .to(dtype) / .to(device) / to_empty, then back to fp32
+        self.weight = nn.Parameter(self.weight.detach().float(), requires_grad=False)
+        return self
+
+    def forward(
+        self, x: torch.Tensor, backend: Backend, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is not None:
+            x = x + residual
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight * h).to(x.dtype), x
 
 
 class GptOssRouter(nn.Module):
@@ -32,7 +53,7 @@ def _frozen(*shape: int, dtype: torch.dtype | None = None) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
 
 
-class GptOssMoE(nn.Module):
+class GptOssMoE(ExpertCounted):
     """Routed experts. ``w13 [E, 2I, H]`` keeps the checkpoint's interleaved rows (2j: gate j, 2j + 1: up
     j) with bias ``b13 [E, 2I]``; ``w2 [E, H, I]`` with bias ``b2 [E, H]``. MXFP4 checkpoints: the same
     rows as uint8 blocks ``w13_blocks [E, 2I, H/32, 16]`` and scales ``w13_scales [E, 2I, H/32]`` (w2's
@@ -40,7 +61,7 @@ class GptOssMoE(nn.Module):
     and each expert with tokens runs its two matmuls over its rows (as grouped_moe does)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
+        super().__init__(cfg.num_experts)
         e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
         if cfg.swiglu_limit is None:
             raise ValueError("swiglu_limit: gpt-oss's experts need the clamp limit of their SwiGLU")
@@ -83,6 +104,7 @@ class GptOssMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, backend: Backend) -> torch.Tensor:
         weights, ids = self.route(x)
+        self.count(ids)
         k = ids.shape[1]
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
@@ -104,7 +126,15 @@ class GptOssMoE(nn.Module):
 
 
 class GptOssDecoderLayer(LlamaDecoderLayer):
-    """Llama's layer (its attention takes the biases and sinks from the config) with gpt-oss's experts."""
+    """Llama's layer (its attention takes the biases and sinks from the config) with gpt-oss's norms and
+    experts."""
+
+    def __init__(
+        self, cfg: ModelConfig, layer_idx: int, tp: TPGroup | None = None, cache_idx: int | None = None
+    ) -> None:
+        super().__init__(cfg, layer_idx, tp, cache_idx)
+        self.input_layernorm = GptOssRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = GptOssRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def make_mlp(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup | None) -> nn.Module:
         return GptOssMoE(cfg)
@@ -154,6 +184,8 @@ class GptOssForCausalLM(LlamaForCausalLM):
         if cfg.num_experts <= 0 or not cfg.attention_sinks:
             raise ValueError("GptOssForCausalLM: the config declares no num_local_experts / sinks")
         super().__init__(cfg, max_positions, dtype, tp, pp)
+        if not isinstance(self.norm, OtherStage):
+            self.norm = GptOssRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         super().load_weights(_expert_names(weights))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
@@ -231,7 +231,7 @@ class LlamaForCausalLM(nn.Module):
         A pipeline stage before the last returns its hidden states after sending them on."""
         pp, residual = self.pp, None
         if pp is not None and not pp.is_first:
-            like = cast(LlamaDecoderLayer, self.layers[pp.start]).input_layernorm.weight
+            like = self.cos_sin_cache  # the model's dtype and device (a norm weight may be kept in fp32)
             x, residual = pp.recv_hidden(input_ids.shape[0], self.cfg.hidden_size, like.dtype, like.device)
         else:
             x = self.embed_ids(input_ids) if inputs_embeds is None else inputs_embeds

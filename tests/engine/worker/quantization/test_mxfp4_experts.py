@@ -47,5 +47,11 @@ def test_mxfp4_experts_stay_packed_and_match_hf(family_dir, tmp_path: Path) -> N
         str(path), dtype=torch.float32, quantization_config=Mxfp4Config(dequantize=True)
     ).eval()
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    before = llm.engine.core.moe_expert_tokens()
     for prompt, out in zip(PROMPTS, llm.generate(PROMPTS, greedy), strict=True):
         assert out.outputs[0].token_ids == hf_greedy(hf, prompt)
+    after = llm.engine.core.moe_expert_tokens()
+    fed = sum(len(p) for p in PROMPTS) + 11 * len(PROMPTS)  # prompts, then all but the last token sampled
+    assert [layer for layer, _ in after] == [0, 1]  # the expert counters of /metrics cover gpt-oss
+    for (_, old), (_, new) in zip(before, after, strict=True):
+        assert sum(new) - sum(old) == 2 * fed  # top-2
