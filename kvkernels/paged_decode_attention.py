@@ -18,6 +18,7 @@ from kvkernels._common import (
 )
 
 LOG2E = math.log2(math.e)
+LOG2E_JIT: tl.constexpr = tl.constexpr(LOG2E)  # sink logits (natural log) into the kernels' base 2
 
 
 @triton.jit
@@ -28,6 +29,7 @@ def _decode_split_kernel(
     block_tables_ptr,
     seq_lens_ptr,
     out_ptr,
+    sinks_ptr,
     part_out_ptr,
     part_lse_ptr,
     qk_scale,
@@ -56,10 +58,12 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     SINGLE_SPLIT: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """Program (b, kv_head, split): all query heads of the group over one slice of the context."""
+    """Program (b, kv_head, split): all query heads of the group over one slice of the context. With
+    sinks, split 0 starts its softmax at (max = sink, sum = 1): the sink's mass joins one split only."""
     b, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + b)
     first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)  # sliding window: the last `window`
@@ -76,6 +80,10 @@ def _decode_split_kernel(
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + heads, mask=g < group, other=0.0).to(tl.float32) * LOG2E_JIT
+        m = tl.where(split == 0, sink, m)
+        denom = tl.where(split == 0, 1.0, denom)
     for start_n in range(start, end, BLOCK_N):
         n = start_n + tl.arange(0, BLOCK_N)
         n_mask = n < end
@@ -154,9 +162,11 @@ def paged_decode_attention(
     *,
     max_seq_len: int | None = None,
     window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """out [B, Hq, D]: query [B, Hq, D] attends to its first seq_lens[b] cached positions (GQA, split-K);
-    window > 0: to the last ``window`` of them only (sliding-window attention).
+    window > 0: to the last ``window`` of them only (sliding-window attention); sinks [Hq]: per-head
+    attention-sink logits added to the softmax denominator (gpt-oss).
 
     With num_splits=None it is chosen from the longest context; pass max_seq_len to avoid a host sync.
     """
@@ -181,6 +191,7 @@ def paged_decode_attention(
         block_tables,
         seq_lens,
         out,
+        query if sinks is None else sinks.float().contiguous(),
         part_out,
         part_lse,
         scale * LOG2E,
@@ -199,6 +210,7 @@ def paged_decode_attention(
         BLOCK_N=block_n,
         BLOCK_D=block_d,
         SINGLE_SPLIT=num_splits == 1,
+        HAS_SINKS=sinks is not None,
         UPCAST=upcast_loads(query.dtype),
         PRECISION=dot_precision(query.dtype),
         num_warps=4,

@@ -18,6 +18,7 @@ from kvkernels._common import (
 )
 
 LOG2E = math.log2(math.e)
+LOG2E_JIT: tl.constexpr = tl.constexpr(LOG2E)  # sink logits (natural log) into the kernels' base 2
 
 
 @triton.jit
@@ -29,6 +30,7 @@ def _prefill_kernel(
     query_start_loc_ptr,
     seq_lens_ptr,
     out_ptr,
+    sinks_ptr,
     qk_scale,
     head_dim,
     group,
@@ -53,10 +55,12 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """Program (b, tile, kv_head): rows are q_per_tile query tokens x the group's query heads."""
+    """Program (b, tile, kv_head): rows are q_per_tile query tokens x the group's query heads. With sinks
+    each row's softmax starts at (max = its head's sink, sum = 1)."""
     b, tile, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_start = tl.load(query_start_loc_ptr + b)
     q_len = tl.load(query_start_loc_ptr + b + 1) - q_start
@@ -80,6 +84,9 @@ def _prefill_kernel(
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if HAS_SINKS:
+        m = tl.load(sinks_ptr + heads, mask=row_ok, other=0.0).to(tl.float32) * LOG2E_JIT
+        denom = tl.full([BLOCK_M], 1.0, tl.float32)
     kv_end = context + tl.minimum((tile + 1) * q_per_tile, q_len)  # one past the tile's last position
     kv_start = tl.where(window > 0, tl.maximum(context + tile * q_per_tile - window + 1, 0), 0)
     for start_n in range(kv_start, kv_end, BLOCK_N):
@@ -120,9 +127,11 @@ def paged_prefill_attention(
     *,
     max_query_len: int | None = None,
     window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """out [T, Hq, D]: each sequence's packed queries are its last q_len of seq_lens[b] positions; causal,
-    and with window > 0 each query sees only its last ``window`` positions (sliding window).
+    and with window > 0 each query sees only its last ``window`` positions (sliding window); sinks [Hq]:
+    per-head attention-sink logits added to the softmax denominator (gpt-oss).
 
     Pass max_query_len to avoid a host sync (it sizes the grid).
     """
@@ -148,6 +157,7 @@ def paged_prefill_attention(
         query_start_loc,
         seq_lens,
         out,
+        query if sinks is None else sinks.float().contiguous(),
         scale * LOG2E,
         head_dim,
         group,
@@ -162,6 +172,7 @@ def paged_prefill_attention(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_D=block_d,
+        HAS_SINKS=sinks is not None,
         UPCAST=upcast_loads(query.dtype),
         PRECISION=dot_precision(query.dtype),
         num_warps=num_warps,

@@ -34,11 +34,19 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> t
 
 
 def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, first_pos: int, window: int = 0
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    first_pos: int,
+    window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal GQA attention in fp32: q [Q, Hq, D] at positions first_pos.., k/v [L, Hkv, D] -> [Q, Hq, D].
 
-    window > 0: a query at position p sees only positions (p - window, p] (sliding-window attention)."""
+    window > 0: a query at position p sees only positions (p - window, p] (sliding-window attention).
+    sinks [Hq]: gpt-oss attention sinks, the softmax of head h runs over [scores, sinks[h]] and the sink's
+    column is dropped (it only adds to the denominator)."""
     group = q.shape[1] // k.shape[1]
     k = k.float().repeat_interleave(group, dim=1)
     v = v.float().repeat_interleave(group, dim=1)
@@ -49,7 +57,11 @@ def _attend(
     if window > 0:
         hidden |= k_pos[None, :] <= q_pos[:, None] - window
     scores = scores.masked_fill(hidden, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v)
+    if sinks is None:
+        return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v)
+    sink = sinks.float().to(q.device)[:, None, None].expand(-1, q.shape[0], 1)
+    probs = torch.cat((scores, sink), dim=-1).softmax(dim=-1)[..., :-1]
+    return torch.einsum("hqk,khd->qhd", probs, v)
 
 
 def ref_paged_decode_attention(
@@ -61,9 +73,10 @@ def ref_paged_decode_attention(
     scale: float,
     num_splits: int | None = None,
     window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query token per sequence over its first seq_lens[b] cached positions (the last ``window`` of
-    them when window > 0); a row with seq_len 0 is 0."""
+    them when window > 0; sinks [Hq]: per-head attention-sink logits); a row with seq_len 0 is 0."""
     del num_splits  # a scheduling choice of the kernel; the math is the same
     out = torch.zeros_like(query)
     for b, seq_len in enumerate(seq_lens.tolist()):
@@ -71,7 +84,7 @@ def ref_paged_decode_attention(
             continue
         k = gather_kv(key_cache, block_tables[b], seq_len)
         v = gather_kv(value_cache, block_tables[b], seq_len)
-        out[b] = _attend(query[b : b + 1], k, v, scale, seq_len - 1, window)[0].to(query.dtype)
+        out[b] = _attend(query[b : b + 1], k, v, scale, seq_len - 1, window, sinks)[0].to(query.dtype)
     return out
 
 
@@ -84,9 +97,10 @@ def ref_paged_prefill_attention(
     seq_lens: torch.Tensor,
     scale: float,
     window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's packed queries (its LAST q_len positions) over its paged K/V
-    (window > 0: each query over its last ``window`` positions only)."""
+    (window > 0: each query over its last ``window`` positions only; sinks [Hq]: attention sinks)."""
     out = torch.zeros_like(query)
     starts = query_start_loc.tolist()
     for b, seq_len in enumerate(seq_lens.tolist()):
@@ -96,7 +110,9 @@ def ref_paged_prefill_attention(
         k = gather_kv(key_cache, block_tables[b], seq_len)
         v = gather_kv(value_cache, block_tables[b], seq_len)
         first_pos = seq_len - (q_end - q_start)
-        out[q_start:q_end] = _attend(query[q_start:q_end], k, v, scale, first_pos, window).to(query.dtype)
+        out[q_start:q_end] = _attend(query[q_start:q_end], k, v, scale, first_pos, window, sinks).to(
+            query.dtype
+        )
     return out
 
 
@@ -160,6 +176,38 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     return torch.where(is_medium_freq, smoothed, inv_freq_llama)
 
 
+def _yarn_inv_freq(
+    inv_freq: torch.Tensor, head_dim: int, base: float, scaling: dict
+) -> tuple[torch.Tensor, float]:
+    """HF transformers' YaRN frequencies and attention factor (gpt-oss): extrapolated (original) frequencies
+    for the fast dimensions, interpolated (divided by ``factor``) for the slow ones, a linear ramp between,
+    and cos/sin scaled by 0.1 * ln(factor) + 1 unless ``attention_factor`` is given."""
+    for field in ("factor", "original_max_position_embeddings"):
+        if scaling.get(field) is None:
+            raise ValueError(f"rope_parameters.{field} is required for rope_type 'yarn'")
+    for field in ("mscale", "mscale_all_dim"):
+        if scaling.get(field):
+            raise ValueError(f"rope_parameters.{field}: YaRN's mscale variants are not supported")
+    factor, original = float(scaling["factor"]), scaling["original_max_position_embeddings"]
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+    def correction_dim(rotations: float) -> float:
+        return (head_dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(scaling.get("beta_fast") or 32), correction_dim(scaling.get("beta_slow") or 1)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # HF's guard against a zero-width ramp
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1 - ramp
+    inv_freq = (inv_freq / factor) * (1 - extrapolation) + inv_freq * extrapolation
+    return inv_freq, float(attention_factor)
+
+
 def build_cos_sin_cache(
     head_dim: int,
     max_pos: int,
@@ -167,18 +215,28 @@ def build_cos_sin_cache(
     rope_scaling: dict | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """[max_pos, head_dim] cache (cos half, then sin half) equal to HF LlamaRotaryEmbedding's cos/sin."""
+    """[max_pos, head_dim] cache (cos half, then sin half) equal to HF LlamaRotaryEmbedding's cos/sin (YaRN:
+    both times its attention factor, as HF's rotary embedding multiplies them)."""
     scaling = rope_scaling or {}
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    attention_factor = 1.0
     if rope_type == "linear":
         inv_freq = inv_freq / scaling["factor"]
     elif rope_type == "llama3":
         inv_freq = _llama3_inv_freq(inv_freq, scaling)
+    elif rope_type == "yarn":
+        inv_freq, attention_factor = _yarn_inv_freq(inv_freq, head_dim, base, scaling)
     elif rope_type != "default":
-        raise ValueError(f"unsupported rope_scaling type {rope_type!r} (have: default, linear, llama3)")
+        raise ValueError(
+            f"rope_scaling / rope_parameters.rope_type={rope_type!r} is not supported "
+            "(have: default, linear, llama3, yarn)"
+        )
     freqs = torch.arange(max_pos, dtype=torch.int64).float()[:, None] * inv_freq[None, :]
-    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
+    cos, sin = freqs.cos(), freqs.sin()
+    if rope_type == "yarn":
+        cos, sin = cos * attention_factor, sin * attention_factor
+    return torch.cat((cos, sin), dim=-1).to(dtype)
 
 
 def ref_silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -163,11 +163,13 @@ def build_checkpoint(
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name:
                 p.add_(torch.randn_like(p) * 0.1)  # biases start at 0 and norms at 1: make them matter
+            if name.endswith("sinks"):  # gpt-oss: sinks the size of the attention scores
+                p.normal_(0.0, 1.0)
     model.save_pretrained(str(out), safe_serialization=True)
     return out
 
 
-FAMILY_KINDS = ("qwen3", "phi3", "qwen2_sw", "mixtral", "qwen2_moe", "qwen3_moe", "gemma3")
+FAMILY_KINDS = ("qwen3", "phi3", "qwen2_sw", "mixtral", "qwen2_moe", "qwen3_moe", "gemma3", "gpt_oss")
 
 
 def _family_config(kind: str, common: dict) -> tuple[object, type]:
@@ -210,6 +212,17 @@ def _family_config(kind: str, common: dict) -> tuple[object, type]:
             **common,
         )  # fmt: skip
         return cfg, tf.Gemma3ForCausalLM
+    if kind == "gpt_oss":  # sliding (24) / full layers, sinks, biases, YaRN, 8 experts top-2, clamped SwiGLU
+        cfg = tf.GptOssConfig(
+            num_key_value_heads=2, head_dim=16, num_local_experts=8, num_experts_per_tok=2, sliding_window=24,
+            swiglu_limit=1.5,  # low enough that the clamps cut activations of this tiny model
+            rope_parameters={
+                "rope_type": "yarn", "rope_theta": 150000.0, "factor": 16.0, "beta_fast": 32.0,
+                "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64,
+            },
+            **common,
+        )  # fmt: skip
+        return cfg, tf.GptOssForCausalLM
     if kind == "qwen3_moe":
         cfg = tf.Qwen3MoeConfig(
             num_key_value_heads=2, head_dim=16, num_experts=8, norm_topk_prob=True, **moe, **common

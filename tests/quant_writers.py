@@ -146,3 +146,36 @@ def write_fp8(src: Path, out: Path, scheme: str, block: int = 32) -> dict[str, t
     cfg["quantization_config"] = qc
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     return twin
+
+
+def write_mxfp4_experts(src: Path, out: Path) -> dict[str, torch.Tensor]:
+    """``src`` (a float gpt-oss checkpoint) with its experts stored as real gpt-oss checkpoints store them:
+    MXFP4 ``*_blocks`` / ``*_scales`` [E, out, in / 32, ...]; returns the dequantized twin tensors (HF names
+    and layouts)."""
+    from safetensors.torch import load_file, save_file
+
+    from services.engine.worker.quantization.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+
+    shutil.copytree(src, out)
+    saved, twin = {}, {}
+    for name, t in load_file(str(src / "model.safetensors")).items():
+        if not name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+            saved[name] = t
+            continue
+        blocks, scales = quantize_mxfp4(t.transpose(1, 2))  # HF's float experts are [E, in, out]
+        saved[f"{name}_blocks"], saved[f"{name}_scales"] = blocks, scales
+        twin[name] = dequantize_mxfp4(blocks, scales, torch.float32).transpose(1, 2).contiguous()
+    (out / "model.safetensors").unlink()
+    save_file(saved, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": [
+            "model.layers.*.self_attn",
+            "model.layers.*.mlp.router",
+            "model.embed_tokens",
+            "lm_head",
+        ],
+    }
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return twin

@@ -79,6 +79,7 @@ def paged_attention(
     split_tokens: int = 0,
     window: int = 0,
     cascade: bool | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of a mixed batch into out [T, Hq, D]; sequence b owns query rows
     query_start_loc[b]:query_start_loc[b+1], its last positions of seq_lens[b]. Caches are
@@ -88,7 +89,9 @@ def paged_attention(
     cascade: decode rows whose tables share a prefix attend it together (False: each row alone); None
     (the default): only for bf16 caches where the AMX decode kernel runs. Without AMX the dot products
     per (row, key) cost the same either way, and on a Zen 4 (AVX512-BF16) the cascade items were 7%
-    slower in the engine (12-layer h768 model, 64 rows over a 512-token shared prefix)."""
+    slower in the engine (12-layer h768 model, 64 rows over a 512-token shared prefix).
+    sinks: [Hq] attention-sink logits (gpt-oss): each head's softmax runs over its scores and its sink,
+    whose column is then dropped (the sink only adds exp(sink) to the denominator)."""
     ops = _ops()
     if cascade is None:
         cascade = key_cache.dtype == torch.bfloat16 and bool(ops.has_amx_decode)
@@ -104,6 +107,7 @@ def paged_attention(
         int(split_tokens),
         int(window),
         bool(cascade),
+        *(() if sinks is None else (sinks.float().contiguous(),)),  # a prebuilt without sinks still serves
     )
     return out
 

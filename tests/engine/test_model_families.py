@@ -140,3 +140,79 @@ def test_gemma3_options_it_cannot_serve_are_named(family_dir, tmp_path: Path) ->
     (model / "config.json").write_text(json.dumps({**cfg, "attn_logit_softcapping": 50.0}))
     with pytest.raises(ValueError, match="attn_logit_softcapping=50.0: soft-capped attention scores"):
         LLM(model=str(model), dtype="float32", num_kv_blocks=64)
+
+
+def test_gpt_oss_options_it_cannot_serve_are_named(family_dir, tmp_path: Path) -> None:
+    """gpt-oss (its parity with HF runs in test_parity): a rotary type without a table here is refused
+    naming the field; it declares no tensor-parallel plan or LoRA targets, so both are refused by name."""
+    from services.engine.worker.models.capabilities import ModelCapabilities
+
+    model = tmp_path / "gpt_oss"
+    shutil.copytree(family_dir("gpt_oss"), model)
+    cfg = json.loads((model / "config.json").read_text())
+    rope = {**cfg["rope_parameters"], "rope_type": "longrope"}
+    (model / "config.json").write_text(json.dumps({**cfg, "rope_parameters": rope}))
+    with pytest.raises(ValueError, match="rope_parameters.rope_type='longrope' is not supported"):
+        LLM(model=str(model), dtype="float32", num_kv_blocks=64)
+    caps = ModelCapabilities.of(get_model_class("GptOssForCausalLM"))
+    assert caps.tp_plan is None and caps.lora is None and caps.pipeline and caps.logits
+    with pytest.raises(ValueError, match="GptOssForCausalLM"):
+        LLM(model=str(family_dir("gpt_oss")), dtype="float32", num_kv_blocks=64, enable_lora=True)
+
+
+def test_gpt_oss_norm_rounds_like_hf_in_bf16() -> None:
+    """gpt-oss's norms keep an fp32 weight through .to(bf16) and round once after the product, as HF's
+    GptOssRMSNorm (kept in fp32) does; Llama's norm rounds before it, which differs in bf16."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRMSNorm as HFNorm
+
+    from services.engine.worker.attention.torch_backend import TorchBackend
+    from services.engine.worker.models.gpt_oss import GptOssRMSNorm
+
+    torch.manual_seed(0)
+    weight = torch.randn(64)
+    ours, hf = GptOssRMSNorm(64, 1e-5).to(torch.bfloat16), HFNorm(64, 1e-5)
+    assert ours.weight.dtype == torch.float32
+    ours.weight.data.copy_(weight)
+    hf.weight.data.copy_(weight)
+    x, residual = torch.randn(9, 64, dtype=torch.bfloat16), torch.randn(9, 64, dtype=torch.bfloat16)
+    out, summed = ours(x, TorchBackend(), residual)
+    assert torch.equal(summed, x + residual) and torch.equal(out, hf(x + residual))
+    llama, _ = TorchBackend.rms_norm(x, weight.to(torch.bfloat16), 1e-5, residual)
+    assert not torch.equal(llama, out)
+
+
+def test_a_released_gpt_oss_config_reads_as_its_architecture() -> None:
+    """openai/gpt-oss-20b's config.json (transformers 4.55 style: rope_scaling, MXFP4 experts) gives the
+    facts the model is built from (the released checkpoint itself is not run here)."""
+    from services.engine.worker.model_config import ModelConfig
+
+    layers = 24
+    cfg = ModelConfig.from_hf_dict(
+        {
+            "architectures": ["GptOssForCausalLM"], "attention_bias": True, "eos_token_id": 200002,
+            "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880,
+            "initial_context_length": 4096, "intermediate_size": 2880,
+            "layer_types": ["sliding_attention", "full_attention"] * (layers // 2),
+            "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64,
+            "num_experts_per_tok": 4, "num_hidden_layers": layers, "num_key_value_heads": 8,
+            "num_local_experts": 32, "pad_token_id": 199999, "rms_norm_eps": 1e-05,
+            "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn"], "quant_method": "mxfp4"},
+            "rope_scaling": {
+                "beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
+                "rope_type": "yarn", "truncate": False,
+            },
+            "rope_theta": 150000, "sliding_window": 128, "swiglu_limit": 7.0, "vocab_size": 201088,
+        }
+    )  # fmt: skip
+    assert (cfg.qkv_bias, cfg.o_bias, cfg.attention_sinks, cfg.mxfp4_experts) == (True, True, True, True)
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == (32, 4, 2880)
+    assert (cfg.swiglu_limit, cfg.swiglu_alpha, cfg.rope_theta) == (7.0, 1.702, 150000)
+    assert cfg.rope_scaling is not None and cfg.rope_scaling["rope_type"] == "yarn"
+    assert [cfg.window_of(i) for i in range(4)] == [128, 0, 128, 0] and cfg.kv_window is None
+    assert all(cfg.is_moe_layer(i) for i in range(layers))
+    from services.engine.worker.models.gpt_oss import GptOssForCausalLM
+
+    with torch.device("meta"):  # the shapes of the released tensors, nothing allocated
+        moe = GptOssForCausalLM(cfg, 4096, torch.bfloat16).layers[0].mlp
+    assert moe.w13_blocks.shape == (32, 5760, 90, 16) and moe.w13_scales.shape == (32, 5760, 90)
+    assert moe.w2_blocks.shape == (32, 2880, 90, 16) and moe.b13.shape == (32, 5760)

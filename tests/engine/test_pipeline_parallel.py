@@ -79,10 +79,11 @@ def test_pp2_equals_pp1_under_preemption(llama_dir: Path) -> None:
         assert staged.engine.core.scheduler.num_preemptions > 0
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "mixtral", "phi3"])
+@pytest.mark.parametrize("kind", ["qwen2", "mixtral", "phi3", "gpt_oss"])
 def test_pp2_equals_pp1_across_families(kind: str, family_dir, qwen2_dir: Path) -> None:
     """Qwen2: tied embeddings (the last stage's LM head reads the embedding tensor); Mixtral: experts;
-    Phi-3: fused checkpoint tensors and a sliding window that frees blocks."""
+    Phi-3: fused checkpoint tensors and a sliding window that frees blocks; gpt-oss: sinks, its own
+    experts and norms."""
     model = qwen2_dir if kind == "qwen2" else family_dir(kind)
     for one, staged in _pair(model, num_kv_blocks=256, max_num_batched_tokens=61):
         assert _tokens(staged, _prompts(8)) == _tokens(one, _prompts(8))

@@ -39,11 +39,13 @@ def check_attention(
     split_tokens: int = 0,
     extra_rows: int = 0,
     window: int = 0,
+    sinks: bool = False,
 ) -> None:
     """batch: (q_len, seq_len) per sequence, packed in order; extra_rows trailing rows belong to none.
 
     window > 0: sliding-window attention; the blocks no query of the batch may see are NaN-poisoned
-    (a freed block can hold anything), so reading one fails the comparison."""
+    (a freed block can hold anything), so reading one fails the comparison. sinks: random gpt-oss
+    attention sinks [Hq] (fp32 logits, whatever the cache dtype)."""
     torch.manual_seed(seed)
     kv = make_paged_kv([n for _, n in batch], bs, hkv, d, dtype, "cpu")
     starts = [0]
@@ -53,8 +55,9 @@ def check_attention(
     query = torch.randn(starts[-1] + extra_rows, hq, d, dtype=dtype)
     out = torch.empty_like(query)  # NaN-poisoned by conftest: every element must be written
     scale = d**-0.5
+    sink = torch.randn(hq) * 2 if sinks else None
     expected = ref_paged_prefill_attention(
-        query, kv.key_cache, kv.value_cache, kv.block_tables, qsl, kv.seq_lens, scale, window
+        query, kv.key_cache, kv.value_cache, kv.block_tables, qsl, kv.seq_lens, scale, window, sink
     )
     if window > 0:
         poison_outside_window(kv.key_cache, kv.value_cache, kv.block_tables, batch, bs, window)
@@ -69,6 +72,7 @@ def check_attention(
         scale,
         split_tokens,
         window,
+        sinks=sink,
     )
     assert_close(out, expected, dtype, scale=ATTN_TOL[dtype] / TOLERANCE[dtype])
 
@@ -328,13 +332,23 @@ def run_inputs(
 
 
 def check_runs(
-    groups: list[tuple[int, list[int]]], hq: int, hkv: int, d: int, dtype: torch.dtype, seed: int
+    groups: list[tuple[int, list[int]]],
+    hq: int,
+    hkv: int,
+    d: int,
+    dtype: torch.dtype,
+    seed: int,
+    sinks: torch.Tensor | None = None,
 ) -> None:
-    """The cascade path on run_inputs' batch equals the reference."""
+    """The cascade path on run_inputs' batch equals the reference (sinks: with these attention sinks)."""
     query, key_cache, value_cache, table, qsl, seq_lens = run_inputs(groups, hq, hkv, d, dtype, seed)
     out = torch.empty_like(query)
-    kc.paged_attention(out, query, key_cache, value_cache, table, qsl, seq_lens, d**-0.5, cascade=True)
-    expected = ref_paged_prefill_attention(query, key_cache, value_cache, table, qsl, seq_lens, d**-0.5)
+    kc.paged_attention(
+        out, query, key_cache, value_cache, table, qsl, seq_lens, d**-0.5, cascade=True, sinks=sinks
+    )
+    expected = ref_paged_prefill_attention(
+        query, key_cache, value_cache, table, qsl, seq_lens, d**-0.5, sinks=sinks
+    )
     assert_close(out, expected, dtype, scale=ATTN_TOL[dtype] / TOLERANCE[dtype])
 
 
@@ -429,3 +443,38 @@ def test_paged_attention_rejects_bad_metadata() -> None:
             kv.seq_lens,
             0.125,
         )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_attention_sinks(dtype: torch.dtype, decode_kernel: str) -> None:
+    """gpt-oss attention sinks ([Hq] logits in each head's softmax denominator) through every path the
+    planner picks, with each decode kernel: mixed decode / prefill batches (GQA 1, 3, 4, head dims 64, 80,
+    128), decode rows split into kv ranges (the sink joins the reduce once), sliding windows (NaN blocks
+    before them), cascade runs over shared prefixes (their partials reduce with each row's own)."""
+    rng = random.Random(7)
+    for i, (hq, hkv, d, bs) in enumerate([(4, 4, 64, 16), (9, 3, 64, 16), (8, 2, 128, 16), (12, 3, 80, 32)]):
+        batch = mixed_batch(rng, 6, 150) + [(1, n) for n in (1, 17, 65, 700)]
+        check_attention(batch, hq, hkv, d, bs, dtype, 100 + i, sinks=True)
+        check_attention(batch, hq, hkv, d, bs, dtype, 110 + i, split_tokens=48, sinks=True)
+        check_attention(batch, hq, hkv, d, bs, dtype, 120 + i, window=33, sinks=True)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        check_runs([(8, [1, 33, 0, 200]), (5, [16, 7])], 12, 2, 64, dtype, 131, torch.randn(12) * 2)
+        check_runs([(4, [9, 90, 3])], 9, 3, 80, dtype, 132, torch.randn(9) * 2)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_paged_attention_sinks_change_the_output_and_minus_inf_sinks_do_not() -> None:
+    """A sink at -inf adds exp(-inf) = 0: bit-equal to no sinks; finite sinks shrink every output row."""
+    torch.manual_seed(5)
+    query, key_cache, value_cache, table, qsl, seq_lens = run_inputs(
+        [(4, [9, 90, 3])], 8, 2, 64, torch.float32, 5
+    )
+    outs = []
+    for sinks in (None, torch.full((8,), float("-inf")), torch.full((8,), 3.0)):
+        outs.append(torch.empty_like(query))
+        kc.paged_attention(outs[-1], query, key_cache, value_cache, table, qsl, seq_lens, 0.125, sinks=sinks)
+    assert torch.equal(outs[0], outs[1])
+    assert (outs[2].norm(dim=-1) < outs[0].norm(dim=-1)).all()

@@ -91,3 +91,25 @@ def test_decode_sliding_window(window: int, num_splits: int | None) -> None:
         kv.key_cache[dead] = float("nan")
         kv.value_cache[dead] = float("nan")
     assert_close(paged_decode_attention(*args, num_splits, window=window), expected, torch.float32)
+
+
+@pytest.mark.parametrize("window", [0, 5])
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("group", [1, 4])
+def test_decode_attention_sinks(window: int, num_splits: int, group: int) -> None:
+    """gpt-oss sinks ([Hq] logits in each head's softmax denominator) with GQA, split-K (the sink joins
+    one split's partial only), a sliding window, a one-token row and NaN blocks before the window."""
+    seq_lens = [1, 17, 40, 130]
+    kv = make_paged_kv(seq_lens, 8, 2, 16, torch.float32, device())
+    query = torch.randn(len(seq_lens), 2 * group, 16, device=device())
+    sinks = torch.randn(2 * group, device=device()) * 2
+    args = (query, kv.key_cache, kv.value_cache, kv.block_tables, kv.seq_lens, 0.25)
+    expected = ref_paged_decode_attention(*args, window=window, sinks=sinks)
+    plain = ref_paged_decode_attention(*args, window=window)
+    assert (expected - plain).norm() > 1e-2 * plain.norm()  # the sinks change the result
+    for b, n in enumerate(seq_lens):
+        dead = kv.block_tables[b, : max(0, n - window) // 8 if window else 0].long()
+        kv.key_cache[dead] = float("nan")
+        kv.value_cache[dead] = float("nan")
+    out = paged_decode_attention(*args, num_splits, window=window, sinks=sinks)
+    assert_close(out, expected, torch.float32)

@@ -83,3 +83,22 @@ def test_prefill_sliding_window(window: int) -> None:
         kv.key_cache[dead] = float("nan")
         kv.value_cache[dead] = float("nan")
     assert_close(paged_prefill_attention(*args, window=window), expected, torch.float32)
+
+
+@pytest.mark.parametrize("window", [0, 6])
+@pytest.mark.parametrize("group", [1, 4])
+def test_prefill_attention_sinks(window: int, group: int) -> None:
+    """gpt-oss sinks ([Hq] logits in each head's softmax denominator): packed prompts, a chunk over a
+    cached prefix, a decode row, GQA, with and without a sliding window."""
+    seqs = [(1, 1), (23, 23), (40, 11), (9, 1)]
+    kv = make_paged_kv([s for s, _ in seqs], 4, 2, 16, torch.float32, device())
+    q_lens = torch.tensor([0] + [q for _, q in seqs])
+    qsl = q_lens.cumsum(0).to(torch.int32).to(device())
+    query = torch.randn(int(q_lens.sum()), 2 * group, 16, device=device())
+    sinks = torch.randn(2 * group, device=device()) * 2
+    args = (query, kv.key_cache, kv.value_cache, kv.block_tables, qsl, kv.seq_lens, 0.25)
+    expected = ref_paged_prefill_attention(*args, window=window, sinks=sinks)
+    plain = ref_paged_prefill_attention(*args, window=window)
+    assert (expected - plain).norm() > 1e-2 * plain.norm()  # the sinks change the result
+    out = paged_prefill_attention(*args, window=window, sinks=sinks)
+    assert_close(out, expected, torch.float32)

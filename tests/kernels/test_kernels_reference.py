@@ -162,3 +162,40 @@ def test_ref_silu_and_mul_equals_hf_activation() -> None:
 
     x = torch.randn(5, 2 * 24)
     assert torch.equal(ref_silu_and_mul(x), ACT2FN["silu"](x[:, :24]) * x[:, 24:])
+
+
+@pytest.mark.parametrize("window", [0, 5])
+def test_ref_sinks_equal_hf_gpt_oss_eager_attention(window: int) -> None:
+    """The sink semantics of the references are HF transformers' gpt-oss eager attention: softmax over
+    [scores, sink] per head, the sink's column dropped (dense causal, sliding-window mask)."""
+    from types import SimpleNamespace
+
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    seq, hkv, group, d = 23, 2, 3, 16
+    kv = make_paged_kv([seq], 8, hkv, d, torch.float32, "cpu")
+    query = torch.randn(seq, hkv * group, d)
+    sinks = torch.randn(hkv * group) * 2
+    qsl = torch.tensor([0, seq], dtype=torch.int32)
+    args = (query, kv.key_cache, kv.value_cache, kv.block_tables, qsl, kv.seq_lens, 0.25)
+    out = ref_paged_prefill_attention(*args, window=window, sinks=sinks)
+    pos = torch.arange(seq)
+    hidden = pos[None, :] > pos[:, None]
+    if window:
+        hidden |= pos[None, :] <= pos[:, None] - window
+    mask = torch.zeros(seq, seq).masked_fill(hidden, float("-inf"))[None, None]
+    module = SimpleNamespace(num_key_value_groups=group, sinks=sinks, training=False)
+    k, v = (c.transpose(0, 1)[None] for c in (kv.keys[0], kv.values[0]))
+    hf, _ = eager_attention_forward(module, query.transpose(0, 1)[None], k, v, mask, scaling=0.25)
+    torch.testing.assert_close(out, hf[0], rtol=1e-5, atol=1e-6)
+    decode = ref_paged_decode_attention(
+        query[-1:],
+        kv.key_cache,
+        kv.value_cache,
+        kv.block_tables,
+        kv.seq_lens,
+        0.25,
+        window=window,
+        sinks=sinks,
+    )
+    torch.testing.assert_close(decode, hf[0, -1:], rtol=1e-5, atol=1e-6)

@@ -27,7 +27,7 @@ void reduce_splits(const Attn<T>& a, const Plan::Reduce& r, const Partials& part
     for (int s = 0; s < r.count; ++s) m = std::max(m, parts.m[(r.first + s) * G + g]);
     float l = 0.f;
     for (int s = 0; s < r.count; ++s) l += std::exp(parts.m[(r.first + s) * G + g] - m) * parts.l[(r.first + s) * G + g];
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float inv = a.norm(m, l, r.head * G + g);  // with a sink: its exp(s - m) joins l
     T* out = a.out_row(r.row, r.head * G + g);
     for (int x = 0; x < D; x += W) {
       Vec acc(0.f);
@@ -77,11 +77,11 @@ void run(const Attn<T>& a, const Plan& plan) {
 
 template <typename T>
 Attn<T> make_attn(const at::Tensor& out, const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc,
-                  const at::Tensor& bt, double scale, int window) {
+                  const at::Tensor& bt, double scale, int window, const float* sinks) {
   return Attn<T>{q.data_ptr<T>(), q.stride(0), q.stride(1), out.data_ptr<T>(), out.stride(0), out.stride(1),
                  kc.data_ptr<T>(), kc.stride(0), kc.stride(1), kc.stride(2), vc.data_ptr<T>(), vc.stride(0),
                  vc.stride(1), vc.stride(2), bt.data_ptr<int32_t>(), bt.stride(0), int(q.size(1) / kc.size(2)),
-                 int(q.size(2)), int(kc.size(1)), static_cast<float>(scale), window};
+                 int(q.size(2)), int(kc.size(1)), static_cast<float>(scale), window, sinks};
 }
 
 }  // namespace
@@ -89,7 +89,8 @@ Attn<T> make_attn(const at::Tensor& out, const at::Tensor& q, const at::Tensor& 
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                      const at::Tensor& value_cache, const at::Tensor& block_tables,
                      const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale,
-                     int64_t split_tokens, int64_t window, bool cascade) {
+                     int64_t split_tokens, int64_t window, bool cascade,
+                     const c10::optional<at::Tensor>& sinks) {
   TORCH_CHECK(window >= 0 && window < (int64_t(1) << 30), "window must be in [0, 2^30)");
   TORCH_CHECK(query.dim() == 3 && out.sizes() == query.sizes(), "query and out must be [T, Hq, D]");
   TORCH_CHECK(key_cache.dim() == 4 && value_cache.sizes() == key_cache.sizes(),
@@ -114,13 +115,20 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                               int(query.size(2)), int(key_cache.size(1)), key_cache.element_size(),
                               split_tokens, window, cascade);
   const int win = static_cast<int>(window);
+  const float* sk = nullptr;
+  if (sinks.has_value()) {
+    TORCH_CHECK(sinks->scalar_type() == at::kFloat && sinks->dim() == 1 && sinks->size(0) == query.size(1) &&
+                    sinks->is_contiguous() && sinks->device().is_cpu(),
+                "sinks must be a contiguous fp32 CPU tensor [Hq]");
+    sk = sinks->data_ptr<float>();
+  }
   for (const auto& [r0, r1] : plan.zero_rows) out.narrow(0, r0, r1 - r0).zero_();
   switch (dtype) {
-    case at::kFloat: run(make_attn<float>(out, query, key_cache, value_cache, bt, scale, win), plan); break;
+    case at::kFloat: run(make_attn<float>(out, query, key_cache, value_cache, bt, scale, win, sk), plan); break;
     case at::kBFloat16:
-      run(make_attn<c10::BFloat16>(out, query, key_cache, value_cache, bt, scale, win), plan);
+      run(make_attn<c10::BFloat16>(out, query, key_cache, value_cache, bt, scale, win, sk), plan);
       break;
-    case at::kHalf: run(make_attn<c10::Half>(out, query, key_cache, value_cache, bt, scale, win), plan); break;
+    case at::kHalf: run(make_attn<c10::Half>(out, query, key_cache, value_cache, bt, scale, win, sk), plan); break;
     default: TORCH_CHECK(false, "paged_attention: unsupported dtype ", dtype);
   }
 }

@@ -16,6 +16,8 @@
 #include "decode_kernels.h"
 #include "vec.h"
 
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 namespace kvf {
@@ -35,6 +37,17 @@ struct Attn {
   int group, head_dim, block_size;
   float scale;
   int window;  // > 0: a query at position p sees only positions (p - window, p]
+  const float* sinks;  // [Hq] or nullptr: a per-head logit added to each softmax's denominator only
+
+  // Normalizer of a row's online softmax (max m, sum l) for query head qh: out = acc * returned value.
+  // With a sink s the denominator gains exp(s) (gpt-oss: softmax over [scores, s], the s column dropped),
+  // taken at the larger of m and s so that neither exp overflows.
+  float norm(float m, float l, int qh) const {
+    if (sinks == nullptr) return l > 0.f ? 1.f / l : 0.f;
+    if (!(l > 0.f)) return 0.f;
+    const float s = sinks[qh], mf = std::max(m, s), keep = std::exp(m - mf);
+    return keep / (l * keep + std::exp(s - mf));
+  }
 
   int dp() const { return static_cast<int>(round_up(head_dim, W)); }
   const int32_t* table(int seq) const { return block_tables + seq * bt_stride; }

@@ -238,7 +238,7 @@ void decode_item(const Attn<T>& a, const WorkItem& it, DecodeScratch<T>& s, cons
       std::copy(row, row + D, parts.o + slot * parts.dp);
       continue;
     }
-    const Vec inv(l[r] > 0.f ? 1.f / l[r] : 0.f);
+    const Vec inv(a.norm(m[r], l[r], it.head * G + r));
     T* o = a.out_row(it.row0, it.head * G + r);
     for (int x = 0; x < D; x += W) store_f(o + x, Vec::loadu(row + x) * inv, std::min(W, D - x));
   }

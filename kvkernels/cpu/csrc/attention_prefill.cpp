@@ -237,7 +237,7 @@ void prefill_item(const Attn<T>& a, const WorkItem& it, PrefillScratch<T>& s) {
       const auto st = s.head(h);
       for (int g = 0; g < G; ++g) {
         const int r = i * G + g;
-        const Vec inv(1.f / st.l[r]);
+        const Vec inv(a.sinks == nullptr ? 1.f / st.l[r] : a.norm(st.m[r], st.l[r], (it.head + h) * G + g));
         T* out = a.out_row(it.row0 + i, (it.head + h) * G + g);
         for (int x = 0; x < D; x += W) store_f(out + x, Vec::loadu(st.o + r * dp + x) * inv, std::min(W, D - x));
       }

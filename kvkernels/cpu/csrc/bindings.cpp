@@ -17,7 +17,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("fp32_lanes") = kvf::W;
   m.def("paged_attention", &kvf::paged_attention, arg("out"), arg("query"), arg("key_cache"),
         arg("value_cache"), arg("block_tables"), arg("query_start_loc"), arg("seq_lens"), arg("scale"),
-        arg("split_tokens") = 0, arg("window") = 0, arg("cascade") = true, nogil);
+        arg("split_tokens") = 0, arg("window") = 0, arg("cascade") = true, arg("sinks") = py::none(), nogil);
   m.attr("has_bf16_dot_decode") = kvf::has_bf16_dot_decode();
   m.attr("has_amx_decode") = kvf::has_amx_decode();
   m.def("_set_decode_kernel", &kvf::set_decode_kernel, arg("name"));

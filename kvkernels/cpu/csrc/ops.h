@@ -10,10 +10,12 @@ namespace kvf {
 // Mixed decode + prefill attention of packed queries over a paged K/V cache (in place into out).
 // window > 0: sliding-window attention, a query at position p sees positions (p - window, p].
 // cascade: decode rows sharing a prefix attend it together (off: each row alone; tests, comparisons).
+// sinks: fp32 [Hq] attention-sink logits (gpt-oss), each added to its head's softmax denominator only.
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                      const at::Tensor& value_cache, const at::Tensor& block_tables,
                      const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale,
-                     int64_t split_tokens, int64_t window, bool cascade);
+                     int64_t split_tokens, int64_t window, bool cascade,
+                     const c10::optional<at::Tensor>& sinks);
 
 // Which tile kernels decode attention uses for bf16 caches: "auto" (AMX tile products for the scores
 // where built in and granted, else "avx512_bf16"), "avx512_bf16" (AVX512-BF16 dot products where built

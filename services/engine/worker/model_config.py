@@ -78,6 +78,11 @@ class ModelConfig(BaseModel):
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: a shared expert with a sigmoid gate
     decoder_sparse_step: int = 1  # every this-many-th layer is MoE (the others dense)
     mlp_only_layers: tuple[int, ...] = ()  # layers that stay dense
+    # gpt-oss: per-head attention sinks, and its experts' clamped SwiGLU (None: the plain one)
+    attention_sinks: bool = False
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float | None = None
+    mxfp4_experts: bool = False  # gpt-oss checkpoints: experts stored as MXFP4 blocks + scales
     vision: VisionTower | None = None  # a vision-language model (LLaVA): its tower and projector
     # BERT-family encoders only (Llama ignores them)
     layer_norm_eps: float = 1e-12
@@ -138,6 +143,10 @@ class ModelConfig(BaseModel):
             attn_logit_softcapping=cfg.get("attn_logit_softcapping"),
             sliding_window=_window(cfg),
             windowed_layers=_windowed_layers(cfg),
+            attention_sinks=arch in _SINKS,
+            swiglu_alpha=cfg.get("swiglu_alpha", 1.702),
+            swiglu_limit=cfg.get("swiglu_limit"),
+            mxfp4_experts=_mxfp4(cfg, arch),
             **_moe_fields(cfg, arch),
         )
 
@@ -177,6 +186,18 @@ class ModelConfig(BaseModel):
 
 
 _QK_NORM = frozenset({"Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"})
+_SINKS = frozenset({"GptOssForCausalLM"})
+
+
+def _mxfp4(cfg: dict[str, Any], arch: str) -> bool:
+    """Whether the checkpoint stores its experts as MXFP4 (``quantization_config.quant_method``); only
+    gpt-oss's experts are read that way."""
+    method = str((cfg.get("quantization_config") or {}).get("quant_method", "")).lower()
+    if method == "mxfp4" and arch not in _SINKS:
+        raise ValueError(
+            f"quantization_config.quant_method=mxfp4: only gpt-oss experts are read as MXFP4, not {arch}"
+        )
+    return method == "mxfp4"
 
 
 def _window(cfg: dict[str, Any]) -> int | None:
@@ -220,11 +241,11 @@ def _vision(cfg: dict[str, Any]) -> VisionTower:
 
 
 def _moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
-    """The expert layout of a Mixtral / Qwen2-MoE / Qwen3-MoE config (nothing for dense models)."""
+    """The expert layout of a Mixtral / Qwen2-MoE / Qwen3-MoE / gpt-oss config (nothing for dense models)."""
     experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
     if not experts:
         return {}
-    mixtral = arch == "MixtralForCausalLM"
+    mixtral = arch in ("MixtralForCausalLM", "GptOssForCausalLM")  # experts as wide as intermediate_size
     return {
         "num_experts": experts,
         "num_experts_per_tok": cfg["num_experts_per_tok"],
@@ -246,5 +267,6 @@ _ARCH_BY_TYPE = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
     "bert": "BertModel",
 }

@@ -72,9 +72,12 @@ class ComputeBackend(Protocol):
         meta: AttentionMetadata,
         scale: float,
         window: int = 0,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Write this step's k/v [T, Hkv, D] into the paged cache, then attend: q [T, Hq, D] -> [T, Hq, D].
 
         window > 0: sliding-window attention, a query at position p sees positions (p - window, p] and
-        nothing before them is read (those blocks may already be freed and reused)."""
+        nothing before them is read (those blocks may already be freed and reused).
+        sinks [Hq] (fp32): gpt-oss attention sinks, each head's softmax runs over [scores, sinks[h]] and the
+        sink's column is dropped (it only adds exp(sinks[h]) to the denominator); None: plain softmax."""
         ...

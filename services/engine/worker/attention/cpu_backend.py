@@ -77,6 +77,7 @@ class CpuBackend:
         meta: AttentionMetadata,
         scale: float,
         window: int = 0,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Write this step's K/V into the layer's blocks, then attend every query row of the batch."""
         key_cache, value_cache = self._layer_caches(kv_cache, layer)
@@ -92,6 +93,7 @@ class CpuBackend:
             meta.seq_lens,
             scale,
             window=window,
+            sinks=sinks,
         )
 
     def _layer_caches(self, kv_cache: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:

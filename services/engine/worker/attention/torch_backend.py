@@ -99,6 +99,23 @@ def _window_plan(meta: AttentionMetadata, window: int) -> WindowPlan:
     return WindowPlan(ids.to(device), bias.to(device), prefills)
 
 
+def _with_sinks(
+    keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, sinks: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention sinks as one more key: K = V = 0 (score 0, nothing added to the output) with the head's
+    sink as its additive bias, so each head's softmax runs over [scores, sink] and the sink's share of the
+    probability mass is dropped. keys / values [..., L, Hkv, D]; bias [..., 1 | Hq, Q, L] (0 / -inf)."""
+    extra = keys.new_zeros((*keys.shape[:-3], 1, *keys.shape[-2:]))
+    hq = sinks.shape[0]
+    bias = bias.expand(*bias.shape[:-3], hq, *bias.shape[-2:])
+    column = sinks.to(bias.dtype)[:, None, None].expand(*bias.shape[:-1], 1)
+    return (
+        torch.cat((keys, extra), dim=-3),
+        torch.cat((values, extra), dim=-3),
+        torch.cat((bias, column), dim=-1),
+    )
+
+
 class TorchBackend:
     """RMSNorm (HF semantics), rotary, SiLU-and-mul and paged attention in torch."""
 
@@ -185,9 +202,10 @@ class TorchBackend:
         meta: AttentionMetadata,
         scale: float,
         window: int = 0,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q [T,Hq,D], k/v [T,Hkv,D] of this step (window > 0: each query sees its last ``window``
-        positions). Returns [T,Hq,D]."""
+        positions; sinks [Hq]: attention-sink logits, see ``_with_sinks``). Returns [T,Hq,D]."""
         if not isinstance(meta, TorchAttentionMetadata):
             raise TypeError("TorchBackend.attention needs the metadata its own build_metadata made")
         n_blocks, n_layers, _, bs, hkv, d = kv_cache.shape
@@ -201,11 +219,14 @@ class TorchBackend:
             keys = self._gather(block_rows, base, "k").view(bd, nb * bs, hkv, d)
             values = self._gather(block_rows, base + 1, "v").view(bd, nb * bs, hkv, d)
             qd = q.index_select(0, meta.decode_token_idx)[:, :, None, :]  # [Bd, Hq, 1, D]
+            bias: torch.Tensor = plan.decode_bias
+            if sinks is not None:
+                keys, values, bias = _with_sinks(keys, values, bias, sinks)
             o = F.scaled_dot_product_attention(
                 qd,
                 keys.transpose(1, 2),
                 values.transpose(1, 2),
-                attn_mask=plan.decode_bias,
+                attn_mask=bias,
                 scale=scale,
                 enable_gqa=True,
             )
@@ -216,11 +237,17 @@ class TorchBackend:
             keys = self._gather(block_rows, base, "k").view(-1, hkv, d)[:span]
             values = self._gather(block_rows, base + 1, "v").view(-1, hkv, d)[:span]
             qs = q[seq.token_start : seq.token_end].transpose(0, 1)
+            mask = seq.mask
+            if sinks is not None:
+                bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(
+                    ~mask, float("-inf")
+                )
+                keys, values, mask = _with_sinks(keys, values, bias, sinks)
             o = F.scaled_dot_product_attention(
                 qs,
                 keys.transpose(0, 1),
                 values.transpose(0, 1),
-                attn_mask=seq.mask,
+                attn_mask=mask,
                 scale=scale,
                 enable_gqa=True,
             )

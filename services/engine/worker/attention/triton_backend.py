@@ -78,6 +78,7 @@ class TritonBackend:
         meta: AttentionMetadata,
         scale: float,
         window: int = 0,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Write this step's K/V, then decode attention (all queries 1 token) or prefill attention."""
         key_cache, value_cache = kv_cache[:, layer, 0], kv_cache[:, layer, 1]
@@ -92,6 +93,7 @@ class TritonBackend:
                 scale,
                 max_seq_len=meta.max_seq_len,
                 window=window,
+                sinks=sinks,
             )
         return self._prefill(
             q,
@@ -103,4 +105,5 @@ class TritonBackend:
             scale,
             max_query_len=meta.max_query_len,
             window=window,
+            sinks=sinks,
         )

@@ -224,7 +224,9 @@ def random_weights(model: nn.Module) -> None:
     """load_format='dummy': every parameter random on its own device (std 0.02; norm weights 1, biases 0)."""
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith("norm.weight") or ".norm" in name and name.endswith("weight"):
+            if not param.is_floating_point():  # packed codes (gpt-oss's MXFP4 experts): zeros
+                param.zero_()
+            elif name.endswith("norm.weight") or ".norm" in name and name.endswith("weight"):
                 param.fill_(1.0)
             elif name.endswith("bias"):
                 param.zero_()

@@ -10,6 +10,7 @@ from torch import nn
 from services.engine.worker.models.bert import BertModel
 from services.engine.worker.models.capabilities import ModelCapabilities
 from services.engine.worker.models.gemma3 import Gemma3ForCausalLM
+from services.engine.worker.models.gpt_oss import GptOssForCausalLM
 from services.engine.worker.models.idefics3 import Idefics3ForConditionalGeneration
 from services.engine.worker.models.llama import LlamaForCausalLM
 from services.engine.worker.models.llava import LlavaForConditionalGeneration
@@ -25,6 +26,7 @@ _REGISTRY: MappingProxyType[str, type[nn.Module]] = MappingProxyType(
         "Qwen2MoeForCausalLM": LlamaForCausalLM,
         "Qwen3MoeForCausalLM": LlamaForCausalLM,
         "Gemma3ForCausalLM": Gemma3ForCausalLM,
+        "GptOssForCausalLM": GptOssForCausalLM,
         "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
         "Idefics3ForConditionalGeneration": Idefics3ForConditionalGeneration,
         "SmolVLMForConditionalGeneration": Idefics3ForConditionalGeneration,

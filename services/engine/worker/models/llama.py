@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
@@ -48,6 +48,8 @@ class LlamaAttention(nn.Module):
         self.window = cfg.window_of(layer_idx)
         self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
+        # gpt-oss: a learned logit per query head in its softmax denominator (backend.attention's sinks)
+        self.sinks = nn.Parameter(torch.empty(self.hq), requires_grad=False) if cfg.attention_sinks else None
 
     def forward(
         self, x: torch.Tensor, rope: Any, kv_cache: torch.Tensor, meta: AttentionMetadata, backend: Backend
@@ -59,7 +61,12 @@ class LlamaAttention(nn.Module):
             k = self.k_norm(k.reshape(t * self.hkv, self.d), backend)[0]
         q, k = backend.rotary(q.reshape(t, self.hq, self.d), k.reshape(t, self.hkv, self.d), rope)
         v = v.view(t, self.hkv, self.d)
-        out = backend.attention(q, k, v, kv_cache, self.cache_idx, meta, self.scale, self.window)
+        if self.sinks is None:
+            out = backend.attention(q, k, v, kv_cache, self.cache_idx, meta, self.scale, self.window)
+        else:
+            out = backend.attention(
+                q, k, v, kv_cache, self.cache_idx, meta, self.scale, self.window, self.sinks
+            )
         return self.o_proj(out.reshape(t, self.q_size))
 
 
@@ -85,10 +92,14 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = LlamaAttention(cfg, layer_idx, cache_idx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp: nn.Module = LlamaMLP(cfg)
+        self.mlp = self.make_mlp(cfg, layer_idx, tp)
+
+    def make_mlp(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup | None) -> nn.Module:
+        """The layer's MLP: SwiGLU, or routed experts (with Qwen2-MoE's shared expert) in MoE layers."""
         if cfg.is_moe_layer(layer_idx):
             shared = cfg.shared_expert_intermediate_size
-            self.mlp = MoEBlock(cfg, LlamaMLP(cfg, shared) if shared else None, tp)
+            return MoEBlock(cfg, LlamaMLP(cfg, shared) if shared else None, tp)
+        return LlamaMLP(cfg)
 
     def forward(
         self,
@@ -163,9 +174,10 @@ class LlamaForCausalLM(nn.Module):
     """The Llama family. Weights use HF names except fused qkv_proj / gate_up_proj (see load_weights)."""
 
     cos_sin_cache: torch.Tensor
+    decoder_layer: type[LlamaDecoderLayer] = LlamaDecoderLayer  # a family with other layers names its own
     packed_modules_mapping = PACKED_MODULES
-    tp_plan = LLAMA_TP_PLAN
-    lora_targets = LLAMA_LORA_TARGETS
+    tp_plan: TPPlan | None = LLAMA_TP_PLAN
+    lora_targets: LoRATargets | None = LLAMA_LORA_TARGETS
 
     def __init__(
         self,
@@ -187,7 +199,7 @@ class LlamaForCausalLM(nn.Module):
         owned = stage_layers(cfg.num_hidden_layers, pp)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size) if first else OtherStage()
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, i, tp, i - owned.start) if i in owned else OtherStage()
+            self.decoder_layer(cfg, i, tp, i - owned.start) if i in owned else OtherStage()
             for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if last else OtherStage()
@@ -219,7 +231,7 @@ class LlamaForCausalLM(nn.Module):
         A pipeline stage before the last returns its hidden states after sending them on."""
         pp, residual = self.pp, None
         if pp is not None and not pp.is_first:
-            like = cast(LlamaDecoderLayer, self.layers[pp.start]).input_layernorm.weight
+            like = self.cos_sin_cache  # the model's dtype and device (a norm weight may be kept in fp32)
             x, residual = pp.recv_hidden(input_ids.shape[0], self.cfg.hidden_size, like.dtype, like.device)
         else:
             x = self.embed_ids(input_ids) if inputs_embeds is None else inputs_embeds

@@ -41,16 +41,30 @@ class RouterGate(nn.Module):
         return self
 
 
-class MoEBlock(nn.Module):
-    """``forward(x)`` -> routed experts (+ the gated shared expert where there is one)."""
+class ExpertCounted(nn.Module):
+    """A routed-experts module: counts the tokens each expert gets (``expert_tokens``, for /metrics); the
+    engine finds its MoE layers by this class (and keeps CUDA graphs off for them: routing syncs)."""
 
     expert_tokens: torch.Tensor
+
+    def __init__(self, num_experts: int) -> None:
+        super().__init__()
+        self.register_buffer("expert_tokens", torch.zeros(num_experts, dtype=torch.int64), persistent=False)
+
+    def count(self, ids: torch.Tensor) -> None:
+        """Add one step's routing (expert ids [T, K])."""
+        self.expert_tokens += torch.bincount(ids.reshape(-1), minlength=self.expert_tokens.shape[0])
+
+
+class MoEBlock(ExpertCounted):
+    """``forward(x)`` -> routed experts (+ the gated shared expert where there is one)."""
+
     w13_scale: torch.Tensor | None
     w2_scale: torch.Tensor | None
 
     def __init__(self, cfg: ModelConfig, shared_mlp: nn.Module | None, tp: TPGroup | None = None) -> None:
         """``tp``: the experts hold this rank's shard (w13 its rows, w2 its input columns)."""
-        super().__init__()
+        super().__init__(cfg.num_experts)
         self.tp = tp
         e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
         self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
@@ -59,7 +73,6 @@ class MoEBlock(nn.Module):
         self.w2 = nn.Parameter(torch.empty(e, h, i), requires_grad=False)
         self.shared_expert = shared_mlp
         self.shared_expert_gate = nn.Linear(h, 1, bias=False) if shared_mlp is not None else None
-        self.register_buffer("expert_tokens", torch.zeros(e, dtype=torch.int64), persistent=False)
         self.register_buffer("w13_scale", None, persistent=False)  # int8 experts: a scale per (expert, row)
         self.register_buffer("w2_scale", None, persistent=False)
 
@@ -82,7 +95,7 @@ class MoEBlock(nn.Module):
         weights, ids = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
         if self.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        self.expert_tokens += torch.bincount(ids.reshape(-1), minlength=self.expert_tokens.shape[0])
+        self.count(ids)
         out = backend.fused_moe(x, self.w13, self.w2, weights, ids, self.w13_scale, self.w2_scale)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             shared = self.shared_expert(x, backend)
@@ -107,18 +120,18 @@ def moe_name(name: str) -> str:
     return name.replace(".block_sparse_moe.", ".mlp.")
 
 
-def moe_layers(model: nn.Module) -> list[tuple[int, MoEBlock]]:
+def moe_layers(model: nn.Module) -> list[tuple[int, ExpertCounted]]:
     """(decoder layer index, its MoE block) for every MoE layer of ``model`` (found once, after load).
 
     Their counters start at zero here: the loader materialises buffers without their initial values."""
     out = []
     for name, module in model.named_modules():
-        if isinstance(module, MoEBlock):
+        if isinstance(module, ExpertCounted):
             module.expert_tokens.zero_()
             out.append((next((int(p) for p in name.split(".") if p.isdigit()), -1), module))
     return out
 
 
-def expert_token_counts(layers: list[tuple[int, MoEBlock]]) -> list[tuple[int, list[int]]]:
+def expert_token_counts(layers: list[tuple[int, ExpertCounted]]) -> list[tuple[int, list[int]]]:
     """(MoE layer index, tokens routed to each expert since start) for each of ``layers``."""
     return [(layer, [int(n) for n in block.expert_tokens.tolist()]) for layer, block in layers]

@@ -80,6 +80,8 @@ def detect(path: Path) -> QuantConfig:
     method = str(qc.get("quant_method", "")).lower()
     bits = int(qc.get("bits", qc.get("w_bit", 0)) or 0)
     group = int(qc.get("group_size", qc.get("q_group_size", -1)) or -1)
+    if method == "mxfp4":  # gpt-oss: its model class keeps the MXFP4 experts packed; every linear is float
+        return QuantConfig()
     if method == "gptq" and bits in (4, 8):
         return QuantConfig(
             method="gptq",
