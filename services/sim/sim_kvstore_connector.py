@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from services.common.kv.kv_transfer import KVTransferParams
-from services.engine.core.kv_connector import FinishedTransfers, Match, TransferStats
+from services.engine.core.kv_connector import Match
 from services.engine.core.request import Request
 from services.sim.sim_kvstore import SimKVStore
+from services.sim.timed_loads import TimedLoads
 from services.sim.virtual_clock import VirtualClock
 
 
-class SimKVStoreConnector:
+class SimKVStoreConnector(TimedLoads):
     """The engine's kvstore connector (``services.engine.kv_transfer.kvstore_connector``) on a virtual clock.
 
     As the real one: a request whose prompt is not all in the local cache is looked up once (here the
@@ -30,12 +31,11 @@ class SimKVStoreConnector:
         wake: Callable[[], None],
         offload: bool = True,
     ) -> None:
-        self.store, self.clock, self.s_per_block = store, clock, s_per_block
-        self.block_size, self.wake, self.offload = block_size, wake, offload
+        super().__init__(clock, wake)
+        self.store, self.s_per_block = store, s_per_block
+        self.block_size, self.offload = block_size, offload
         self._answers: dict[str, tuple[int, int]] = {}  # request id -> (first block asked, blocks found)
         self._checked: set[str] = set()  # asked once per request: never again (preemption)
-        self._loads: dict[str, float] = {}  # request id -> when its blocks have arrived
-        self._stats = TransferStats()
 
     def get_num_new_matched_tokens(self, request: Request, num_local_computed: int) -> Match | None:
         rid, bs = request.request_id, self.block_size
@@ -59,10 +59,7 @@ class SimKVStoreConnector:
         del self._answers[rid]
         self._checked.add(rid)
         blocks = -(-num_external // self.block_size)
-        done = self.clock.now + blocks * self.s_per_block
-        self._loads[rid] = done
-        self._stats.add_blocks("received", "kvstore", blocks)
-        self.clock.call_at(done, self.wake)
+        self.start_load(rid, blocks, self.s_per_block, "received", "kvstore")
 
     def request_finished(
         self, request: Request, block_ids: Sequence[int]
@@ -70,7 +67,7 @@ class SimKVStoreConnector:
         rid = request.request_id
         self._checked.discard(rid)
         self._answers.pop(rid, None)
-        self._loads.pop(rid, None)
+        self.forget(rid)
         if self.offload and request.status.completed:
             bs = self.block_size
             first = max(request.num_cached_tokens, 0) // bs
@@ -79,16 +76,3 @@ class SimKVStoreConnector:
                 self.store.put(request.block_hashes[first:last])
                 self._stats.add_blocks("sent", "kvstore", last - first)
         return False, None
-
-    def get_finished(self) -> FinishedTransfers:
-        now = self.clock.now
-        done = frozenset(rid for rid, at in self._loads.items() if at <= now)
-        for rid in done:
-            del self._loads[rid]
-        return FinishedTransfers(received=done) if done else FinishedTransfers()
-
-    def stats(self) -> TransferStats:
-        return self._stats
-
-    def close(self) -> None:
-        return None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -28,24 +28,28 @@ def grouped_moe(
     With scales (``[E, 2I]`` / ``[E, H]`` in x's dtype) the weights are int8 codes, one scale per
     (expert, output row), multiplied by kvferry's int8 kernels without a dequantized copy.
     """
-    num_experts, k = w13.shape[0], topk_ids.shape[1]
-    flat = topk_ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts).tolist()
     weights = topk_weights.reshape(-1)
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    start = 0
-    for expert, n in enumerate(counts):
-        if n == 0:
-            continue
-        rows = order[start : start + n]
-        start += n
-        tokens = rows // k
+    for expert, tokens, rows in by_expert(topk_ids, w13.shape[0]):
         up = _linear(x.index_select(0, tokens), w13[expert], None if w13_scale is None else w13_scale[expert])
         h = silu_and_mul(up)
         down = _linear(h, w2[expert], None if w2_scale is None else w2_scale[expert])
         out.index_add_(0, tokens, down.float() * weights.index_select(0, rows).unsqueeze(1))
     return out.to(x.dtype)
+
+
+def by_expert(topk_ids: torch.Tensor, num_experts: int) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """(expert, its tokens, its (token, k) pair indices into ``topk_ids.reshape(-1)``) for every expert that
+    has tokens: the pairs are sorted by expert once (stable), no per-token loop."""
+    k = topk_ids.shape[1]
+    flat = topk_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    start = 0
+    for expert, n in enumerate(torch.bincount(flat, minlength=num_experts).tolist()):
+        if n:
+            rows = order[start : start + n]
+            yield expert, rows // k, rows
+        start += n
 
 
 def _linear(rows: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.engine.worker.attention import ComputeBackend as Backend
+from services.engine.worker.grouped_moe import by_expert
 from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models.llama import LlamaDecoderLayer, LlamaForCausalLM, OtherStage, RMSNorm
 from services.engine.worker.models.moe import ExpertCounted
@@ -105,19 +106,9 @@ class GptOssMoE(ExpertCounted):
     def forward(self, x: torch.Tensor, backend: Backend) -> torch.Tensor:
         weights, ids = self.route(x)
         self.count(ids)
-        k = ids.shape[1]
-        flat = ids.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
         flat_weights = weights.reshape(-1)
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        start = 0
-        for expert, n in enumerate(counts):
-            if n == 0:
-                continue
-            rows = order[start : start + n]
-            start += n
-            tokens = rows // k
+        for expert, tokens, rows in by_expert(ids, self.num_experts):
             w13, w2 = self.expert_weights(expert)
             h = self.activation(F.linear(x.index_select(0, tokens), w13, self.b13[expert]))
             down = F.linear(h, w2, self.b2[expert]) * flat_weights.index_select(0, rows).unsqueeze(1)
