@@ -70,7 +70,8 @@ class EngineCore:
         )
         self._build_connector(self.runner.kv_cache, connectors)
         kv = self.runner.kv_cache
-        self.kv_block_bytes = kv[0].numel() * kv.element_size()  # one block of this rank's cache
+        # one block of this rank's cache (0: an embedding engine keeps none)
+        self.kv_block_bytes = kv[0].numel() * kv.element_size() if len(kv) else 0
         self.scheduler = self._build_scheduler()
         self.last_step_tokens = 0
         # attached by LLMEngine (it owns the tokenizer)
