@@ -10,11 +10,11 @@ from fastapi import APIRouter
 from services.common.kv.kv_transfer import KVTransferParams
 from services.common.pool.roles import RoleName
 from services.engine.core.kv_connector import KVConnector
-from services.engine.entrypoints.role import parse_kv_transfer_params
+from services.engine.entrypoints.handshake import handshake_router
+from services.engine.entrypoints.kv_params import parse_kv_transfer_params
 from services.engine.kv_transfer.context import KVTransferContext
 from services.engine.kv_transfer.lease_connector import LeaseConnector, LeaseSettings
 from services.engine.kv_transfer.nixl_transfer import BlockTransfer
-from services.prefill.handshake import handshake_router
 
 
 class PrefillSettings(LeaseSettings):
