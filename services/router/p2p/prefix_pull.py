@@ -23,6 +23,21 @@ log = logging.getLogger(__name__)
 OUTCOMES = ("leased", "holder_unreachable", "not_cached", "refused", "bad_answer")
 
 
+def p2p_counter(registry: CollectorRegistry) -> Counter:
+    """``kvferry_router_p2p_pulls_total{outcome}`` in ``registry``, every outcome declared."""
+    counter = Counter(
+        "kvferry_router_p2p_pulls",
+        "Prefix pulls from a peer engine (--p2p-min-tokens), by outcome: leased (the picked engine was "
+        "sent the holder's blocks), holder_unreachable, not_cached (the holder no longer had them), "
+        "refused (a 4xx) or bad_answer; all but leased recompute the prompt on the picked engine.",
+        ["outcome"],
+        registry=registry,
+    )
+    for outcome in OUTCOMES:
+        counter.labels(outcome=outcome)
+    return counter
+
+
 class PrefixPull:
     """Finds a holder with ``min_tokens`` more of the prompt in its primary pool than the picked engine has in
     any tier (the prefix index says), and asks it over ``/kv/export`` for do_remote_prefill params."""
@@ -30,16 +45,7 @@ class PrefixPull:
     def __init__(self, settings: P2PSettings, client: EngineClient, registry: CollectorRegistry) -> None:
         self.settings, self.client = settings, client
         self._headers = auth_headers(settings.pool_secret)
-        self.pulls = Counter(
-            "kvferry_router_p2p_pulls",
-            "Prefix pulls from a peer engine (--p2p-min-tokens), by outcome: leased (the picked engine was "
-            "sent the holder's blocks), holder_unreachable, not_cached (the holder no longer had them), "
-            "refused (a 4xx) or bad_answer; all but leased recompute the prompt on the picked engine.",
-            ["outcome"],
-            registry=registry,
-        )
-        for outcome in OUTCOMES:
-            self.pulls.labels(outcome=outcome)
+        self.pulls = p2p_counter(registry)
 
     def holder(
         self, decision: RouteDecision, ctx: RequestContext, endpoints: Sequence[Endpoint]
