@@ -136,3 +136,33 @@ def test_a_holder_that_does_not_answer_is_counted_and_nothing_is_sent() -> None:
 
     assert asyncio.run(run()) is None
     assert registry.get_sample_value("kvferry_router_p2p_pulls_total", {"outcome": "holder_unreachable"}) == 1
+
+
+@pytest.mark.parametrize(
+    ("holder_blocks", "picked_blocks", "healthy", "enabled", "expected"),
+    [
+        (12, 0, True, True, "http://a:1"),  # 192 tokens more, threshold 64
+        (12, 9, True, True, None),  # 48 more: under the threshold
+        (12, 0, False, True, None),  # the holder is down
+        (12, 0, True, False, None),  # --no-p2p-pull
+    ],
+)
+def test_the_holder_is_the_engine_with_enough_more_of_the_prompt(
+    holder_blocks: int, picked_blocks: int, healthy: bool, enabled: bool, expected: str | None
+) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from services.common.kv.prefix_index import PrefixMatch
+    from services.router.scheduling import RequestContext, RouteDecision
+    from services.router.scheduling.strategies import Choice
+
+    a, b = Endpoint("http://a:1", healthy=healthy), Endpoint("http://b:1")
+    matches = {
+        a.url: PrefixMatch("a", a.url, gpu=holder_blocks, longest=holder_blocks),
+        b.url: PrefixMatch("b", b.url, gpu=picked_blocks, longest=picked_blocks),
+    }
+    ctx = RequestContext(200, BS, matches)
+    decision = RouteDecision(b, None, picked_blocks * BS, 200 - picked_blocks * BS, Choice(b))
+    pull = PrefixPull(P2PSettings(enabled=enabled, min_tokens=64), EngineClient(), CollectorRegistry())
+    holder = pull.holder(decision, ctx, [a, b])
+    assert (holder.url if holder else None) == expected
