@@ -89,3 +89,28 @@ def test_a_drained_engine_hands_its_streams_kv_to_another(llama_dir: Path, tmp_p
         router.stop()
         for d in decodes:
             d.stop()
+
+
+def test_without_nixl_a_drained_aggregated_engines_streams_are_replayed(
+    llama_dir: Path, tmp_path: Path
+) -> None:
+    """--no-nixl: nothing moves; the drain timeout fails the stream and the router recomputes it elsewhere."""
+    common = ("--block-size", "16", "--num-kv-blocks", "256", "--max-model-len", "512", "--no-nixl")
+    engines = [start_in_process(llama_dir, *common, "--drain-timeout", "0.05") for _ in range(2)]
+    router = start_router(llama_dir, tmp_path, [e.url for e in engines])
+    try:
+        reference = _stream(router.url)
+        started, codes = threading.Event(), []
+        stopper = _drain_when(started, engines, codes)
+        seen = _stream(router.url, (5, started))
+        stopper.join(60)
+        assert seen == (reference[0], "length", 1)
+        m = router.metrics()
+        assert m['kvferry_router_migrations_total{outcome="resumed"}'] == 1
+        assert m['kvferry_router_migrations_total{outcome="moved"}'] == 0
+        survivor = next(e for e in engines if e._thread.is_alive())
+        assert survivor.metrics().get(RECEIVED, 0.0) == 0
+    finally:
+        router.stop()
+        for e in engines:
+            e.stop()
