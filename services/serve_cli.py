@@ -24,7 +24,7 @@ def _prefill(args: argparse.Namespace) -> EngineRole:
 
 
 def _lease(args: argparse.Namespace) -> LeaseSettings:
-    """Where peers reach this engine's leased blocks (prefill's prompts, a draining decode's streams)."""
+    """Where peers reach this engine's leased blocks (prefill's prompts, a draining engine's streams)."""
     url = engine_cli.advertised_url(args.host, args.port, args.advertise_url)
     host = url.removeprefix("http://").rsplit(":", 1)[0]
     lease = DEFAULT_LEASE_S if args.kv_lease is None else args.kv_lease
@@ -44,9 +44,11 @@ def _decode(args: argparse.Namespace) -> EngineRole:
 
 
 def _aggregated(args: argparse.Namespace) -> EngineRole:
-    if args.kv_lease is not None:
-        raise ValueError("--kv-lease: applies to --role prefill and decode (this engine is --role both)")
-    return AggregatedRole()
+    if args.task == "embed":  # nothing streams: no KV to move, no NIXL agent to register
+        if args.kv_lease is not None:
+            raise ValueError("--kv-lease: an embedding engine (--task embed) leases no KV")
+        return AggregatedRole()
+    return AggregatedRole(_lease(args))  # a NIXL agent (unless --no-nixl): drained streams move with their KV
 
 
 ROLE_FACTORIES: Mapping[str, engine_cli.RoleFactory] = MappingProxyType(

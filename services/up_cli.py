@@ -211,6 +211,8 @@ def start_pool(stack: LocalStack, s: UpSettings, redis_url: str, kvstore_url: st
             s.strategy,
             # stored /v1/responses bodies sealed with the stack's pool secret, as in an operator pool
             *(["--responses-key-file", str(stack.pool_secret_file)] if stack.pool_secret_file else []),
+            # the engines' side channel (/kv/export: peer-to-peer prefix pulls)
+            *(["--pool-secret-file", str(stack.pool_secret_file)] if stack.pool_secret_file else []),
             *s.router_args,
             *pool,
         ),

@@ -194,6 +194,7 @@ class CommandLines:
             args.append("--salt-from-api-key")
         # stored /v1/responses bodies are sealed with a key derived from the pool Secret (mounted already)
         args += ["--responses-key-file", pool_secret.SECRET_FILE]
+        args += ["--pool-secret-file", pool_secret.SECRET_FILE]  # the engines' /kv/export (P2P prefix pulls)
         args += self.admission_args()
         return args + self.session_args() + self.chat_shaping_args() + self.gateway_args()
 

@@ -149,6 +149,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         "python benchmarks/pd_ttft.py",
         "time to first token of one engine against a prefill + decode pair, by prompt length.",
     ),
+    "p2p_pull": Benchmark(
+        "Peer-to-peer prefix pull TTFT",
+        "python benchmarks/p2p_pull.py",
+        "time to first token on an engine that lacks a long prompt another engine holds: its blocks leased through the holder's `/kv/export` and READ over NIXL, against recomputing them; two aggregated SmolLM2 engines, fp32, by prompt length.",
+    ),
     "kv_transfer": Benchmark(
         "KV transfer",
         "python benchmarks/kv_transfer.py",

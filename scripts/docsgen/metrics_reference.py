@@ -51,9 +51,11 @@ def _router(full: bool) -> CollectorRegistry:
     from services.router.circuit_breaker import BreakerSettings, CircuitBreaker
     from services.router.metrics import RouterMetrics
     from services.router.migration.migrator import migration_counter
+    from services.router.p2p.prefix_pull import p2p_counter
 
     registry = RouterMetrics(with_index=True).registry
     migration_counter(registry)  # request migration's, registered by its Migrator
+    p2p_counter(registry)  # peer-to-peer prefix pulls', registered by PrefixPull
     PredictionAccuracy(AccuracySettings(), 16, registry)  # routing accuracy's, registered by RouterState
     AdmissionMetrics(registry)  # the admission package's metrics share the router's registry
     CircuitBreaker(BreakerSettings(), registry)  # and the circuit breakers'

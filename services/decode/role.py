@@ -10,11 +10,13 @@ from fastapi import APIRouter
 
 from services.common.kv.kv_transfer import KVTransferParams
 from services.common.pool.roles import RoleName
-from services.decode.admission import DecodeAdmission
-from services.decode.pull_connector import PullConnector
 from services.engine.core.kv_connector import KVConnector
+from services.engine.entrypoints.pull_admission import PullAdmission
+from services.engine.entrypoints.role import side_channel_routes
 from services.engine.kv_transfer.context import KVTransferContext
 from services.engine.kv_transfer.lease_connector import LeaseConnector, LeaseSettings
+from services.engine.kv_transfer.nixl_transfer import BlockTransfer
+from services.engine.kv_transfer.pull_connector import PullConnector
 
 
 class DecodeRole:
@@ -25,18 +27,20 @@ class DecodeRole:
 
     def __init__(self, settings: LeaseSettings | None = None) -> None:
         self.settings = settings or LeaseSettings()
-        self._admission: DecodeAdmission | None = None
+        self._admission: PullAdmission | None = None
+        self._transfer: BlockTransfer | None = None
+        self._lease: LeaseConnector | None = None
 
     def connectors(self, ctx: KVTransferContext) -> Sequence[KVConnector]:
         s = self.settings
-        transfer = ctx.transfer(purpose=self.name)
+        self._transfer = transfer = ctx.transfer(purpose=self.name)
         pull = PullConnector(transfer, ctx.block_size)
-        lease = LeaseConnector(transfer, s.host, s.port, ctx.block_size, s.lease_s)
-        self._admission = DecodeAdmission(transfer, pull, ctx.config.pool_secret)
+        self._lease = lease = LeaseConnector(transfer, s.host, s.port, ctx.block_size, s.lease_s)
+        self._admission = PullAdmission(transfer, pull, ctx.config.pool_secret)
         return [pull, lease, *ctx.tiers(offload=False)]  # prefill already offloaded the prompt
 
     def routes(self) -> Sequence[APIRouter]:
-        return ()
+        return side_channel_routes(self._transfer, self._lease)
 
     async def admit(
         self, raw: dict[str, Any] | None, n: int, lora_name: str | None = None

@@ -11,7 +11,7 @@ import threading
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from services.common.kv.kv_transfer import KVTransferParams
 from services.engine.core.config import EngineConfig
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from services.common.kv.kv_event_publisher import KVEventPublisher
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _IDLE_S = 0.25  # nothing to do: wake this often (lease expiry, notifications)
 _POLL_S = 0.001  # requests wait on remote KV: poll transfers this often
@@ -59,6 +60,15 @@ class _LoRAUpdate:
 @dataclass
 class _Abort:
     request_id: str
+
+
+@dataclass
+class _Call:
+    """Run ``fn`` on the engine thread, between steps (``AsyncLLM.call``)."""
+
+    fn: Callable[[LLMEngine], Any]
+    done: asyncio.Future
+    loop: asyncio.AbstractEventLoop
 
 
 class _MigrateOut:
@@ -279,7 +289,10 @@ class AsyncLLM:
             except queue.Empty:
                 return
 
-    def _apply(self, cmd: _Add | _Abort | _LoRAUpdate | _MigrateOut) -> None:
+    def _apply(self, cmd: _Add | _Abort | _LoRAUpdate | _MigrateOut | _Call) -> None:
+        if isinstance(cmd, _Call):
+            self._call(cmd)
+            return
         if isinstance(cmd, _LoRAUpdate):
             self._update_lora(cmd)
             return
@@ -308,6 +321,21 @@ class AsyncLLM:
         except (ValueError, KeyError, OSError) as exc:
             result = exc
         cmd.loop.call_soon_threadsafe(_settle, cmd.done, result)
+
+    def _call(self, cmd: _Call) -> None:
+        try:
+            result = cmd.fn(self.engine)
+        except Exception as exc:  # noqa: BLE001 - the caller gets it
+            cmd.loop.call_soon_threadsafe(_settle, cmd.done, exc)
+            return
+        cmd.loop.call_soon_threadsafe(_resolve, cmd.done, result)
+
+    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
+        """``fn(engine)`` on the engine thread between steps (what touches the scheduler's state from HTTP)."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+        self._commands.put(_Call(fn, done, loop))
+        return await done
 
     async def update_lora(self, name: str, path: str | None) -> None:
         """Load an adapter (``path``) or unload it (None) between engine steps; raises what the engine raised."""
@@ -341,7 +369,7 @@ class AsyncLLM:
                 return
             if isinstance(cmd, _Add):
                 _put(cmd.sink, cmd.loop, exc)
-            elif isinstance(cmd, _LoRAUpdate):
+            elif isinstance(cmd, _LoRAUpdate | _Call):
                 cmd.loop.call_soon_threadsafe(_settle, cmd.done, exc)
 
 
@@ -385,3 +413,8 @@ def _lora_stats(core: EngineCore) -> LoRAStats | None:
 def _mm_cache(core: EngineCore) -> tuple[int, int] | None:
     cache = core.scheduler.encoder
     return (cache.queries, cache.hits) if cache is not None else None
+
+
+def _resolve(done: asyncio.Future, result: object) -> None:
+    if not done.done():
+        done.set_result(result)

@@ -101,7 +101,7 @@ class EngineCore:
         ranks = self._parallel.kv_ranks if self._parallel is not None else []
         self.kv_transfer = KVTransferContext(
             self.config, kv_cache, self.kv_compat(), ranks, self.worker.kv_head_ranges(),
-            emit=self.kv_manager.pool.emit,
+            emit=self.kv_manager.pool.emit, task=self.task,
         )  # fmt: skip
         try:
             self.connector: KVConnector = compose(list(connectors(self.kv_transfer)))
@@ -230,8 +230,9 @@ class EngineCore:
 
     @property
     def num_held_finished(self) -> int:
-        """Finished requests whose blocks a connector still holds (leases not yet read, reads in flight)."""
-        return len(self.scheduler.delayed_free)
+        """Finished requests (and exported prefixes) whose blocks a connector still holds (leases not yet read,
+        reads in flight)."""
+        return len(self.scheduler.delayed_free) + len(self.scheduler.exports)
 
     def step(self) -> list[EngineCoreOutput]:
         failed = self._fail_bad_grammars()

@@ -10,11 +10,12 @@ from fastapi import APIRouter
 from services.common.kv.kv_transfer import KVTransferParams
 from services.common.pool.roles import RoleName
 from services.engine.core.kv_connector import KVConnector
-from services.engine.entrypoints.role import parse_kv_transfer_params
+from services.engine.entrypoints.handshake import handshake_router
+from services.engine.entrypoints.kv_params import parse_kv_transfer_params
+from services.engine.entrypoints.role import side_channel_routes
 from services.engine.kv_transfer.context import KVTransferContext
 from services.engine.kv_transfer.lease_connector import LeaseConnector, LeaseSettings
 from services.engine.kv_transfer.nixl_transfer import BlockTransfer
-from services.prefill.handshake import handshake_router
 
 
 class PrefillSettings(LeaseSettings):
@@ -30,15 +31,18 @@ class PrefillRole:
     def __init__(self, settings: PrefillSettings) -> None:
         self.settings = settings
         self.transfer: BlockTransfer | None = None
+        self._lease: LeaseConnector | None = None
 
     def connectors(self, ctx: KVTransferContext) -> Sequence[KVConnector]:
         s = self.settings
         self.transfer = ctx.transfer(purpose=self.name)
-        lease = LeaseConnector(self.transfer, s.host, s.port, ctx.block_size, s.lease_s)
+        self._lease = lease = LeaseConnector(self.transfer, s.host, s.port, ctx.block_size, s.lease_s)
         return [lease, *ctx.tiers(offload=True)]
 
     def routes(self) -> Sequence[APIRouter]:
-        return (handshake_router(self.transfer),)
+        if self.transfer is None:  # its 404 says why decode gets nothing over NIXL
+            return (handshake_router(None),)
+        return side_channel_routes(self.transfer, self._lease)
 
     async def admit(
         self, raw: dict[str, Any] | None, n: int, lora_name: str | None = None

@@ -21,6 +21,7 @@ from services.router.discovery import DiscoverySettings, in_cluster_url
 from services.router.endpoints import EndpointSpec, PollerSettings
 from services.router.epp.epp_settings import EppSettings
 from services.router.migration.migration_settings import add_migration_flags, migration_settings
+from services.router.p2p.p2p_settings import add_p2p_flags, p2p_settings
 from services.router.responses.responses_settings import add_responses_flags, responses_settings
 from services.router.scheduling import SchedulingConfig, ScorerWeights
 from services.router.scheduling.scorers import DEFAULT_TIER_WEIGHTS, TIER_WEIGHT_NAMES
@@ -204,6 +205,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_responses_flags(p)
     add_session_flags(p)
     add_migration_flags(p)
+    add_p2p_flags(p)
     add_accuracy_flags(p)
     add_admission_flags(p)
     add_breaker_flags(p)
@@ -273,6 +275,7 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         responses=responses_settings(args),
         sessions=session_settings(args),
         migration=migration_settings(args),
+        p2p=p2p_settings(args),
         accuracy=accuracy_settings(args),
         admission=admission_settings(args, tenants),
         breaker=breaker_settings(args),

@@ -6,7 +6,8 @@ One request's path through the pool, top to bottom:
    is at least ``--pd-threshold`` tokens (P/D pools only);
 2. prefill computes the prompt and answers ``kv_transfer_params`` naming its blocks; if it fails for
    any reason the request is served decode-only (decode recomputes the prompt) and the fallback is
-   counted;
+   counted; without prefill, when another engine holds a long prefix the picked one lacks, that engine
+   leases it (``services/router/p2p``) and the picked one READs it;
 3. decode gets the original request plus those params; a failure before its first token (connection
    refused, 5xx, a stream that ends or errors before any token) is retried once on another endpoint;
 4. the caller streams decode's answer back; after the first token a failure is migrated to another
@@ -31,6 +32,7 @@ from services.common.openai.protocol_structured import CONSTRAINT_FIELDS
 from services.router.circuit_breaker import CircuitBreaker
 from services.router.engine_client import EngineClient, EngineStream, EngineUnavailable
 from services.router.metrics import RouterMetrics
+from services.router.p2p.prefix_pull import PrefixPull
 from services.router.prompt import PreparedRequest
 from services.router.scheduling import Endpoint, RequestContext, RouteDecision, Scheduler
 
@@ -102,6 +104,7 @@ class PDFlow:
         self.max_attempts = MAX_ATTEMPTS
         self.retry_jitter_s = 0.0  # a retry first waits up to this long times its number
         self.breaker: CircuitBreaker | None = None  # engines failing in a row are left out for a while
+        self.p2p: PrefixPull | None = None  # the picked engine READs a long prefix another engine holds
 
     async def run(
         self, req: PreparedRequest, ctx: RequestContext, request_id: str, exclude: Sequence[str] = ()
@@ -127,6 +130,8 @@ class PDFlow:
             headers = {"X-Request-Id": f"{request_id}-{attempt}" if attempt else request_id}
             moved = (req.engine_body.get("kv_transfer_params") or {}).get("do_remote_prefill", False)
             params = await self._prefill(decision, req, headers) if decision.prefill and not moved else None
+            if params is None and not moved:
+                params = await self._pull(decision, req, ctx)
             url = decision.decode.url
             if self.breaker is not None:
                 self.breaker.picked(url)
@@ -185,6 +190,14 @@ class PDFlow:
             return None
         return answer["kv_transfer_params"]
 
+    async def _pull(
+        self, decision: RouteDecision, req: PreparedRequest, ctx: RequestContext
+    ) -> dict[str, Any] | None:
+        """A peer's lease of the prompt's cached prefix for the picked engine (None: it computes the prompt)."""
+        if self.p2p is None or (holder := self.p2p.holder(decision, ctx, self.endpoints())) is None:
+            return None
+        return await self.p2p.lease(holder, req.block_hashes, ctx.lora_name)
+
     async def _decode(
         self,
         decision: RouteDecision,
@@ -194,7 +207,9 @@ class PDFlow:
         overhead: float,
     ) -> Dispatched:
         body = dict(req.engine_body)
-        if params is not None:  # prefill's answer, with what the router asked of decode (migrate_on_drain)
+        if (
+            params is not None
+        ):  # prefill's (or a peer's) answer, with what the router asked (migrate_on_drain)
             body["kv_transfer_params"] = {**(body.get("kv_transfer_params") or {}), **params}
         url = decision.decode.url
         if req.stream:

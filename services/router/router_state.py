@@ -26,6 +26,7 @@ from services.router.engine_client import EngineClient
 from services.router.engine_history import EngineHistory
 from services.router.metrics import RouterMetrics
 from services.router.migration.migrator import Migrator
+from services.router.p2p.prefix_pull import PrefixPull
 from services.router.pd_flow import PDFlow
 from services.router.prompt import PreparedRequest, PromptPreparer
 from services.router.scheduling import RequestContext, RouteDecision, Scheduler
@@ -120,6 +121,7 @@ class RouterState:
         poller.listeners.append(state.admission.kick)
         state.sessions = SessionAffinity.build(settings.sessions, settings.redis_url)
         flow.on_route = state.note_route
+        flow.p2p = PrefixPull(settings.p2p, client, metrics.registry)
         state.migrator = Migrator(state, settings.migration)
         state.accuracy = PredictionAccuracy(settings.accuracy, settings.block_size, metrics.registry)
         flow.max_attempts = settings.breaker.retries + 1

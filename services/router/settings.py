@@ -15,6 +15,7 @@ from services.router.endpoints import EndpointSpec, PollerSettings
 from services.router.epp.addresses import endpoint_address
 from services.router.epp.epp_settings import EppSettings
 from services.router.migration.migration_settings import MigrationSettings
+from services.router.p2p.p2p_settings import P2PSettings
 from services.router.responses.responses_settings import ResponsesSettings
 from services.router.scheduling import SchedulingConfig
 from services.router.sessions.session_settings import SessionSettings
@@ -59,6 +60,7 @@ class RouterSettings(BaseModel):
     responses: ResponsesSettings = ResponsesSettings()  # /v1/responses: the store's TTL, cap and key
     sessions: SessionSettings = SessionSettings()  # session affinity (sticky until saturated)
     migration: MigrationSettings = MigrationSettings()  # streams resumed elsewhere when their engine fails
+    p2p: P2PSettings = P2PSettings()  # the picked engine READs a long prefix another engine holds
     accuracy: AccuracySettings = AccuracySettings()  # below it an engine is routed by load only
     breaker: BreakerSettings = BreakerSettings()  # retries before the first byte, circuit breakers
     admission: AdmissionSettings = AdmissionSettings()  # tenants, bands, quotas, the flow-control queue

@@ -19,10 +19,10 @@ pytest.importorskip("nixl")
 from services.cli import main  # noqa: E402
 from services.common.kv.kv_transfer import KVTransferParams  # noqa: E402
 from services.common.openai.errors import OpenAIError  # noqa: E402
-from services.decode.admission import DecodeAdmission  # noqa: E402
-from services.decode.pull_connector import PullConnector  # noqa: E402
+from services.engine.entrypoints.handshake import handshake_router  # noqa: E402
+from services.engine.entrypoints.pull_admission import PullAdmission  # noqa: E402
 from services.engine.kv_transfer.nixl_transfer import NixlTransfer  # noqa: E402
-from services.prefill.handshake import handshake_router  # noqa: E402
+from services.engine.kv_transfer.pull_connector import PullConnector  # noqa: E402
 from services.prefill.role import PrefillRole, PrefillSettings  # noqa: E402
 from tests.engine.kv_transfer.nixl_peer import compat, make_cache  # noqa: E402
 from tests.kv_agents import BLOCK_SIZE, HASHER, nixl_agents  # noqa: E402
@@ -68,9 +68,7 @@ def test_first_request_loads_prefills_agent_over_http() -> None:
         fresh = NixlTransfer(make_cache(seed=1, num_blocks=4), compat())  # decode side, no peers yet
         pull = PullConnector(fresh, BLOCK_SIZE)
         with serving_handshake(agents.prefill) as address:
-            params = asyncio.run(
-                DecodeAdmission(fresh, pull).admit(_raw(agents.prefill.engine_id, address), 1)
-            )
+            params = asyncio.run(PullAdmission(fresh, pull).admit(_raw(agents.prefill.engine_id, address), 1))
         assert params is not None and params.do_remote_prefill and fresh.has_peer(agents.prefill.engine_id)
         assert not pull.stats().failures
         fresh.close()
@@ -82,9 +80,7 @@ def test_restarted_prefill_is_counted_and_served_locally() -> None:
         fresh = NixlTransfer(make_cache(seed=1, num_blocks=4), compat())
         pull = PullConnector(fresh, BLOCK_SIZE)
         with serving_handshake(agents.decode) as address:  # "restarted": a new agent at the old address
-            params = asyncio.run(
-                DecodeAdmission(fresh, pull).admit(_raw(agents.prefill.engine_id, address), 1)
-            )
+            params = asyncio.run(PullAdmission(fresh, pull).admit(_raw(agents.prefill.engine_id, address), 1))
         assert params is not None and not params.do_remote_prefill and params.remote_block_ids == []
         assert dict(pull.stats().failures) == {"peer_restarted": 1}
         fresh.close()
@@ -105,7 +101,7 @@ def test_prefill_without_nixl_answers_a_clear_404() -> None:
     ],
 )
 def test_decode_refuses_what_it_does_not_serve(raw: dict, n: int, param: str) -> None:
-    admission = DecodeAdmission(None, PullConnector(None, BLOCK_SIZE))
+    admission = PullAdmission(None, PullConnector(None, BLOCK_SIZE))
     with pytest.raises(OpenAIError) as err:
         asyncio.run(admission.admit(raw, n))
     assert err.value.status == 400 and err.value.info.param == param
@@ -119,9 +115,9 @@ def test_prefill_refuses_do_remote_prefill() -> None:
     assert asyncio.run(role.admit({"do_remote_decode": True}, 1)).do_remote_decode
 
 
-def test_kv_lease_on_an_aggregated_engine_is_a_cli_error(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["serve", "--role", "both", "--kv-lease", "5"]) == 2
-    assert "--kv-lease: applies to --role prefill and decode" in capsys.readouterr().err
+def test_kv_lease_on_an_embedding_engine_is_a_cli_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--role", "both", "--task", "embed", "--kv-lease", "5"]) == 2
+    assert "--kv-lease: an embedding engine (--task embed) leases no KV" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("kv_adapter", "request_adapter"), [("sql", None), (None, "sql"), ("sql", "chat")])
@@ -130,8 +126,8 @@ def test_decode_refuses_kv_of_another_adapter(kv_adapter: str | None, request_ad
     raw = _raw("prefill-1", "127.0.0.1:9") | {"lora_name": kv_adapter}
     pull = PullConnector(None, BLOCK_SIZE)
     with pytest.raises(OpenAIError) as err:
-        asyncio.run(DecodeAdmission(None, pull).admit(raw, 1, request_adapter))
+        asyncio.run(PullAdmission(None, pull).admit(raw, 1, request_adapter))
     assert err.value.status == 409 and err.value.info.code == "kv_incompatible"
     assert dict(pull.stats().failures) == {"adapter_mismatch": 1}
-    same = asyncio.run(DecodeAdmission(None, pull).admit(raw, 1, kv_adapter))
+    same = asyncio.run(PullAdmission(None, pull).admit(raw, 1, kv_adapter))
     assert same is not None and same.lora_name == kv_adapter and same.do_remote_prefill

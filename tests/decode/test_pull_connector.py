@@ -10,8 +10,8 @@ import torch
 pytest.importorskip("nixl")
 
 from services.common.kv.kv_transfer import KVTransferParams  # noqa: E402
-from services.decode.pull_connector import ABORT_PREFIX, PullConnector  # noqa: E402
 from services.engine.core.kv_connector import FinishedTransfers  # noqa: E402
+from services.engine.kv_transfer.pull_connector import ABORT_PREFIX, PullConnector  # noqa: E402
 from tests.kv_agents import BLOCK_SIZE, HASHER, Agents, nixl_agents, request  # noqa: E402
 
 

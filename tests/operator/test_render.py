@@ -168,6 +168,8 @@ def test_engine_and_router_command_lines_follow_the_cli_contract():
         "/etc/kvferry/api-key/keys.txt",
         "--responses-key-file",
         "/etc/kvferry/pool-secret/token",
+        "--pool-secret-file",
+        "/etc/kvferry/pool-secret/token",
     ]
     kvstore = by_name(manifests, "Deployment", "llama-pd-kvstore")["spec"]["template"]["spec"]["containers"][
         0

@@ -1,6 +1,7 @@
-"""KV migration on drain: a decode engine that gets SIGTERM leases its running streams' KV and ends them with
-kv_transfer_params; the router continues each on another decode, which READs that KV over NIXL instead of
-recomputing it, and the client sees the undisturbed stream. The drained engine waits for the read, then exits."""
+"""KV migration on drain: an engine (decode, or aggregated with a NIXL agent) that gets SIGTERM leases its running
+streams' KV and ends them with kv_transfer_params; the router continues each on another engine of the role, which
+READs that KV over NIXL instead of recomputing it, and the client sees the undisturbed stream. The drained engine
+waits for the read, then exits."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import threading
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.engine.entrypoints.helpers import MODEL
 from tests.engine_harness import InProcessEngine, start_in_process
@@ -54,11 +56,16 @@ def _drain_when(event: threading.Event, engines: list[InProcessEngine], codes: l
     return thread
 
 
-def test_a_drained_decode_hands_its_streams_kv_to_another_decode(llama_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("role", ["decode", "both"])
+def test_a_drained_engine_hands_its_streams_kv_to_another(llama_dir: Path, tmp_path: Path, role: str) -> None:
     # no prefix caching: the survivor cannot find the prefix locally (it served the reference), so it must READ
     common = ("--block-size", "16", "--num-kv-blocks", "256", "--max-model-len", "512", "--no-prefix-caching")
-    decodes = [start_in_process(llama_dir, "--role", "decode", *common) for _ in range(2)]
-    router = start_router(llama_dir, tmp_path, [], *[a for d in decodes for a in ("--decode", d.url)])
+    decodes = [start_in_process(llama_dir, "--role", role, *common) for _ in range(2)]
+    urls = [d.url for d in decodes]
+    if role == "decode":
+        router = start_router(llama_dir, tmp_path, [], *[a for u in urls for a in ("--decode", u)])
+    else:
+        router = start_router(llama_dir, tmp_path, urls)
     try:
         reference = _stream(router.url)
         assert reference[1] == "length" and reference[2] == 0
@@ -82,3 +89,28 @@ def test_a_drained_decode_hands_its_streams_kv_to_another_decode(llama_dir: Path
         router.stop()
         for d in decodes:
             d.stop()
+
+
+def test_without_nixl_a_drained_aggregated_engines_streams_are_replayed(
+    llama_dir: Path, tmp_path: Path
+) -> None:
+    """--no-nixl: nothing moves; the drain timeout fails the stream and the router recomputes it elsewhere."""
+    common = ("--block-size", "16", "--num-kv-blocks", "256", "--max-model-len", "512", "--no-nixl")
+    engines = [start_in_process(llama_dir, *common, "--drain-timeout", "0.05") for _ in range(2)]
+    router = start_router(llama_dir, tmp_path, [e.url for e in engines])
+    try:
+        reference = _stream(router.url)
+        started, codes = threading.Event(), []
+        stopper = _drain_when(started, engines, codes)
+        seen = _stream(router.url, (5, started))
+        stopper.join(60)
+        assert seen == (reference[0], "length", 1)
+        m = router.metrics()
+        assert m['kvferry_router_migrations_total{outcome="resumed"}'] == 1
+        assert m['kvferry_router_migrations_total{outcome="moved"}'] == 0
+        survivor = next(e for e in engines if e._thread.is_alive())
+        assert survivor.metrics().get(RECEIVED, 0.0) == 0
+    finally:
+        router.stop()
+        for e in engines:
+            e.stop()

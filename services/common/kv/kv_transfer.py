@@ -5,12 +5,50 @@ from __future__ import annotations
 import time
 from typing import Self
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
 
 DEFAULT_LEASE_S = 30.0
 HANDSHAKE_PATH = (
     "/kv/handshake"  # a prefill engine's side channel: GET it for its NIXL metadata (KVHandshake)
 )
+
+EXPORT_PATH = (
+    "/kv/export"  # any engine with a NIXL agent: POST a prompt's block hashes, get its cached prefix leased
+)
+MAX_EXPORT_BLOCKS = 65536  # hashes in one /kv/export body (a 1M-token prompt at block size 16)
+
+
+class KVExportRequest(BaseModel):
+    """``POST /kv/export``'s body: a prompt's chained block hashes; the engine leases the leading ones it holds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    block_hashes: list[str] = Field(
+        min_length=1,
+        max_length=MAX_EXPORT_BLOCKS,
+        description="Hex chained block hashes of the prompt (services.common.kv.hashing), first block first.",
+    )
+    lora_name: str | None = Field(
+        None, description="The LoRA adapter the prompt runs under (echoed in the answer's params)."
+    )
+
+    @field_validator("block_hashes")
+    @classmethod
+    def _hex(cls, hashes: list[str]) -> list[str]:
+        for h in hashes:
+            bytes.fromhex(h)  # raises ValueError on a malformed hash: a 400 naming the field
+        return hashes
+
+    def hashes(self) -> list[bytes]:
+        return [bytes.fromhex(h) for h in self.block_hashes]
 
 
 class KVTransferError(RuntimeError):

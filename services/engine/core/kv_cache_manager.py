@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from services.engine.core.block_pool import BlockPool, KVCacheBlock
 from services.engine.core.request import Request
 
@@ -154,6 +156,21 @@ class KVCacheManager:
             if block.external:
                 return min(num_computed, i * self.block_size)
         return num_computed
+
+    def pin_cached_prefix(self, block_hashes: Sequence[bytes]) -> list[KVCacheBlock]:
+        """The leading blocks of ``block_hashes`` in the prefix cache, each with a reference taken (a peer
+        reads them): release them with ``unpin``."""
+        blocks: list[KVCacheBlock] = []
+        for h in block_hashes:
+            if (block := self.pool.get_cached_block(h)) is None:
+                break
+            blocks.append(block)
+        self.pool.touch(blocks)
+        return blocks
+
+    def unpin(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Drop the references ``pin_cached_prefix`` took."""
+        self.pool.free_blocks(blocks)
 
     def free(self, request: Request) -> None:
         """Release every block of the request, tail first so tail blocks are evicted first."""

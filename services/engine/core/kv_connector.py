@@ -1,7 +1,7 @@
 """KVConnector: the scheduler's one port for KV that enters or leaves the engine (vLLM V1's verbs).
 
-Implementations: the prefill lease connector (services/prefill), the decode pull connector
-(services/decode), the kvstore connector (services/engine/kv_transfer). ``MultiConnector`` asks its
+Implementations: the lease connector and the pull connector (services/engine/kv_transfer, composed by
+the roles), the kvstore connector (services/engine/kv_transfer). ``MultiConnector`` asks its
 members in order; ``NullConnector`` is an engine with no KV tier at all. Pure Python, no torch.
 
 The protocol, as the scheduler uses it:

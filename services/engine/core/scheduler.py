@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Sequence
 
 from services.engine.core.block_pool import KVCacheBlock
 from services.engine.core.encoder_cache_manager import EncoderCacheManager, plan_encoder
@@ -45,6 +46,9 @@ class Scheduler:
         self.running: list[Request] = []
         self.loading: dict[str, Request] = {}  # WAITING_FOR_REMOTE_KV: a connector writes their blocks
         self.delayed_free: dict[str, Request] = {}  # finished; blocks kept until the connector lets go
+        self.exports: dict[
+            str, list[KVCacheBlock]
+        ] = {}  # cached prefixes pinned for a peer's read (by lease id)
         self.requests: dict[str, Request] = {}
         self._finished_since_last_step: set[str] = set()
         self._known_to_runner: set[str] = set()
@@ -97,6 +101,16 @@ class Scheduler:
             self._known_to_runner.discard(rid)
             self._finished_since_last_step.add(rid)
 
+    def pin_export(self, lease_id: str, block_hashes: Sequence[bytes]) -> list[int]:
+        """Pin the leading cached blocks of ``block_hashes`` until the connector lets ``lease_id`` go (a peer
+        read them, said it will not, or the lease expired); their block ids (none: nothing cached)."""
+        if lease_id in self.exports or lease_id in self.requests:
+            raise ValueError(f"lease id {lease_id!r} is already in use")
+        blocks = self.kv.pin_cached_prefix(block_hashes)
+        if blocks:
+            self.exports[lease_id] = blocks
+        return [b.block_id for b in blocks]
+
     @property
     def num_running(self) -> int:
         return len(self.running)
@@ -139,6 +153,8 @@ class Scheduler:
             finished = self.delayed_free.pop(rid, None)
             if finished is not None:
                 self.kv.free(finished)
+            if (pinned := self.exports.pop(rid, None)) is not None:
+                self.kv.unpin(pinned)
         for rid in done.received:
             if (request := self.loading.pop(rid, None)) is not None:
                 self.kv.cache_full_blocks(request, request.num_computed_tokens)

@@ -10,13 +10,20 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from fastapi import APIRouter
-from pydantic import ValidationError
 
-from services.common.kv.kv_transfer import KVIncompatibleError, KVTransferParams
-from services.common.openai.errors import OpenAIError, bad_request
+from services.common.kv.kv_transfer import KVTransferParams
 from services.common.pool.roles import RoleName
 from services.engine.core.kv_connector import KVConnector
+from services.engine.entrypoints.handshake import handshake_router
+from services.engine.entrypoints.kv_params import kv_incompatible, parse_kv_transfer_params
+from services.engine.entrypoints.prefix_export import export_router
+from services.engine.entrypoints.pull_admission import PullAdmission
 from services.engine.kv_transfer.context import KVTransferContext, aggregated_connectors
+from services.engine.kv_transfer.lease_connector import LeaseConnector, LeaseSettings
+from services.engine.kv_transfer.nixl_transfer import BlockTransfer
+from services.engine.kv_transfer.pull_connector import PullConnector
+
+__all__ = ["AggregatedRole", "EngineRole", "kv_incompatible", "parse_kv_transfer_params"]
 
 
 class EngineRole(Protocol):
@@ -39,41 +46,49 @@ class EngineRole(Protocol):
 
 
 class AggregatedRole:
-    """Role ``both``: prompts are computed and decoded here; the P/D hand-off is ignored."""
+    """Role ``both``: prompts are computed and decoded here; the P/D hand-off is ignored.
+
+    With a NIXL agent (``settings`` given, NIXL available and not ``--no-nixl``) it also moves KV between
+    aggregated engines: a drain leases its streams' KV (lease connector), and a request naming another
+    engine's blocks (``do_remote_prefill``: a moved stream, a peer's prefix) READs them (pull connector);
+    ``POST /kv/export`` leases a cached prefix a peer is about to compute (P2P prefix pull). Without one its
+    drained streams are replayed by the router (recompute), and kv_transfer_params are ignored.
+    """
 
     name: RoleName = "both"
-    moves_kv_on_drain = False  # no NIXL agent: a drained stream is replayed by the router (recompute)
+
+    def __init__(self, settings: LeaseSettings | None = None) -> None:
+        """``settings``: where peers reach this engine (None: no KV moves, e.g. an embedding engine)."""
+        self.settings = settings
+        self.transfer: BlockTransfer | None = None
+        self.moves_kv_on_drain = False  # set once connectors found a NIXL agent
+        self._admission: PullAdmission | None = None
+        self._lease: LeaseConnector | None = None
 
     def connectors(self, ctx: KVTransferContext) -> Sequence[KVConnector]:
-        return aggregated_connectors(ctx)
+        s = self.settings
+        self.transfer = ctx.transfer() if s is not None and ctx.task != "embed" else None
+        if s is None or self.transfer is None:
+            return aggregated_connectors(ctx)
+        pull = PullConnector(self.transfer, ctx.block_size)
+        self._lease = lease = LeaseConnector(self.transfer, s.host, s.port, ctx.block_size, s.lease_s)
+        self._admission = PullAdmission(self.transfer, pull, ctx.config.pool_secret, role=self.name)
+        self.moves_kv_on_drain = True
+        return [pull, lease, *aggregated_connectors(ctx)]
 
     def routes(self) -> Sequence[APIRouter]:
-        return ()
+        return side_channel_routes(self.transfer, self._lease)
 
     async def admit(
         self, raw: dict[str, Any] | None, n: int, lora_name: str | None = None
     ) -> KVTransferParams | None:
-        return None
+        if raw is None or self._admission is None or raw.get("do_remote_decode"):
+            return None  # no NIXL agent, or a P/D hand-off: served as a local request
+        return await self._admission.admit(raw, n, lora_name)
 
 
-def parse_kv_transfer_params(raw: dict[str, Any], n: int, role: str, unsupported: str) -> KVTransferParams:
-    """Validated params (400 naming the field otherwise); ``unsupported`` is the flag this role refuses."""
-    try:
-        params = KVTransferParams.model_validate(raw)
-    except ValidationError as exc:
-        raise bad_request(
-            f"invalid kv_transfer_params: {exc.errors()[0]['msg']}", "kv_transfer_params"
-        ) from exc
-    if n != 1:
-        raise bad_request("kv_transfer_params needs n=1", "n")
-    if getattr(params, unsupported):
-        raise bad_request(
-            f"this is a {role} engine: kv_transfer_params.{unsupported} is not served here",
-            "kv_transfer_params",
-        )
-    return params
-
-
-def kv_incompatible(exc: KVIncompatibleError) -> OpenAIError:
-    """Engines that disagree on model / block size / hash version refuse KV: loudly, never silently."""
-    return OpenAIError(409, str(exc), "invalid_request_error", "kv_transfer_params", "kv_incompatible")
+def side_channel_routes(transfer: BlockTransfer | None, lease: LeaseConnector | None) -> Sequence[APIRouter]:
+    """``GET /kv/handshake`` and ``POST /kv/export`` of an engine with a NIXL agent (none without one)."""
+    if transfer is None or lease is None:
+        return ()
+    return (handshake_router(transfer), export_router(lease))

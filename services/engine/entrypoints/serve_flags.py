@@ -119,7 +119,7 @@ def add_pool_flags(add: Callable[..., object]) -> None:
         "--kv-lease",
         type=float,
         default=None,
-        help="prefill and decode: seconds leased blocks (a prompt, a drained stream) wait for a peer's read (30)",
+        help="seconds leased blocks (a prefilled prompt, a drained stream) wait for a peer's read (30)",
     )
     add("--kvstore-url", default=None, help="shared KV tier (grpc://host:port): offload blocks, fetch misses")
     add(

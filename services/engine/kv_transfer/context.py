@@ -31,10 +31,13 @@ class KVTransferContext:
         ranks: Sequence[RankTransferClient] = (),
         kv_heads: Sequence[tuple[int, int]] = (),
         emit: Callable[[KVEvent], None] | None = None,
+        task: str = "generate",
     ) -> None:
         """``ranks``: the other ranks' agents (their KV shards and stages), when there are any;
         ``kv_heads``: each rank's (first KV head, count) under tensor parallelism, rank order;
-        ``emit``: where a tier's KV events go (published with the primary pool's)."""
+        ``emit``: where a tier's KV events go (published with the primary pool's); ``task``: the engine's
+        resolved task (an embedding engine's cache holds no stream to move)."""
+        self.task = task
         self.config, self.kv_cache, self.compat = config, kv_cache, compat
         self.kv_heads, self.emit = list(kv_heads), emit
         self.ranks = list(ranks)

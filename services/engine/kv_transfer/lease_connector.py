@@ -87,6 +87,28 @@ class LeaseConnector:
         self._leases[request.request_id] = (time.monotonic() + self.lease_s, len(leased))
         return True, params
 
+    def lease_export(
+        self, lease_id: str, block_ids: Sequence[int], block_hashes: Sequence[bytes], lora_name: str | None
+    ) -> KVTransferParams:
+        """Lease blocks the scheduler pinned for a peer's prefix pull (``/kv/export``); engine thread only.
+        The handshake goes inline: the reader needs no second call to this engine."""
+        if self.transfer is None:
+            raise RuntimeError("lease_export without a NIXL agent")
+        params = KVTransferParams.for_remote_decode(
+            engine_id=self.engine_id,
+            host=self.host,
+            port=self.port,
+            request_id=lease_id,
+            block_ids=list(block_ids),
+            block_hashes=list(block_hashes),
+            block_size=self.block_size,
+            lease_s=self.lease_s,
+            lora_name=lora_name,
+            handshake=self._handshake(),
+        )
+        self._leases[lease_id] = (time.monotonic() + self.lease_s, len(block_ids))
+        return params
+
     @property
     def num_leases(self) -> int:
         """Leases not yet read, released or expired (a draining engine waits for them before it exits)."""

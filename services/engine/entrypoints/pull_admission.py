@@ -1,4 +1,5 @@
-"""DecodeAdmission: validate a request's do_remote_prefill params and know prefill's NIXL agent before queueing."""
+"""PullAdmission: validate a request's do_remote_prefill params and know the source's NIXL agent before queueing
+(a decode engine reading prefill's blocks, any engine reading a moved stream's)."""
 
 from __future__ import annotations
 
@@ -16,24 +17,28 @@ from services.common.kv.kv_transfer import (
 )
 from services.common.openai.errors import OpenAIError
 from services.common.pool.pool_secret import auth_headers
-from services.decode.pull_connector import PullConnector
-from services.engine.entrypoints.role import kv_incompatible, parse_kv_transfer_params
+from services.engine.entrypoints.kv_params import kv_incompatible, parse_kv_transfer_params
 from services.engine.kv_transfer.nixl_transfer import BlockTransfer
+from services.engine.kv_transfer.pull_connector import PullConnector
 
 log = logging.getLogger(__name__)
 
 _HANDSHAKE_TIMEOUT_S = 5.0
 
 
-class DecodeAdmission:
+class PullAdmission:
     """Runs on the HTTP side: handshakes are HTTP calls, so they happen before the engine sees the request.
 
     ``pool_secret``: sent on every handshake (prefill engines started with --pool-secret-file require it)."""
 
     def __init__(
-        self, transfer: BlockTransfer | None, connector: PullConnector, pool_secret: SecretStr | None = None
+        self,
+        transfer: BlockTransfer | None,
+        connector: PullConnector,
+        pool_secret: SecretStr | None = None,
+        role: str = "decode",
     ) -> None:
-        self.transfer, self.connector = transfer, connector
+        self.transfer, self.connector, self.role = transfer, connector, role
         self._headers = auth_headers(pool_secret)
 
     async def admit(
@@ -42,7 +47,7 @@ class DecodeAdmission:
         """Parsed params; when prefill cannot be reached the request is served as a local one (counted)."""
         if raw is None:
             return None
-        params = parse_kv_transfer_params(raw, n, "decode", unsupported="do_remote_decode")
+        params = parse_kv_transfer_params(raw, n, self.role, unsupported="do_remote_decode")
         if params.do_remote_prefill and params.remote_block_ids and params.lora_name != lora_name:
             rid = params.remote_request_id or "?"
             detail = f"the KV was computed under {_adapter(params.lora_name)}, this request runs {_adapter(lora_name)}"

@@ -1,4 +1,4 @@
-"""GET /kv/handshake: a prefill engine's NIXL agent metadata, block layout and KV compatibility, for decode."""
+"""GET /kv/handshake: an engine's NIXL agent metadata, block layout and KV compatibility, for its READers."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from services.engine.kv_transfer.nixl_transfer import BlockTransfer
 
 
 def handshake_router(transfer: BlockTransfer | None) -> APIRouter:
-    """The side-channel route decode engines call before their first NIXL READ from this engine."""
+    """The side-channel route peers call before their first NIXL READ from this engine."""
     router = APIRouter()
 
     @router.get(HANDSHAKE_PATH)
@@ -19,8 +19,8 @@ def handshake_router(transfer: BlockTransfer | None) -> APIRouter:
         if transfer is None:
             err = OpenAIError(
                 404,
-                "this prefill engine has no NIXL agent (--no-nixl, or NIXL unavailable): its "
-                "KV reaches decode through the kvstore",
+                "this engine has no NIXL agent (--no-nixl, or NIXL unavailable): its KV reaches "
+                "other engines through the kvstore, or they recompute it",
                 "invalid_request_error",
                 None,
                 "kv_transfer_unavailable",
