@@ -1,0 +1,81 @@
+"""DeepseekMoE: DeepSeek-V3's routed experts behind a grouped top-k router (``noaux_tc``), plus its
+always-on shared experts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from services.engine.worker.attention import ComputeBackend as Backend
+from services.engine.worker.model_config import ModelConfig
+from services.engine.worker.models.llama import LlamaMLP
+from services.engine.worker.models.moe import ExpertCounted
+
+
+class GroupedTopKRouter(nn.Module):
+    """The router's [E, H] weight and its [E] ``e_score_correction_bias``, both held in fp32 whatever the
+    model's dtype (as HF keeps them); not an nn.Linear, so no packer or quantizer touches it."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        mla = cfg.mla
+        if mla is None:
+            raise ValueError("GroupedTopKRouter: the config declares no n_group / topk_group")
+        e = cfg.num_experts
+        self.weight = nn.Parameter(torch.empty(e, cfg.hidden_size), requires_grad=False)
+        self.e_score_correction_bias = nn.Parameter(torch.empty(e), requires_grad=False)
+        self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
+        self.groups, self.topk_group, self.scaling = mla.n_group, mla.topk_group, mla.routed_scaling_factor
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> GroupedTopKRouter:
+        super()._apply(fn, recurse)  # .to(dtype) / .to(device) / to_empty, then back to fp32
+        self.weight = nn.Parameter(self.weight.detach().float(), requires_grad=False)
+        bias = self.e_score_correction_bias.detach().float()
+        self.e_score_correction_bias = nn.Parameter(bias, requires_grad=False)
+        return self
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights, expert ids) [T, K]: the biased sigmoid scores choose the ``topk_group`` best groups (a
+        group's score: its two best experts), then the top-k experts in them; the unbiased scores weight
+        them (renormalised if ``norm_topk_prob``), times ``routed_scaling_factor``."""
+        scores = torch.sigmoid(F.linear(x.float(), self.weight))
+        choice = scores + self.e_score_correction_bias
+        t, e = choice.shape
+        grouped = choice.view(t, self.groups, e // self.groups)
+        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+        best = group_scores.topk(self.topk_group, dim=-1, sorted=False).indices
+        keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+        choice = choice.masked_fill(~keep[:, :, None].expand_as(grouped).reshape(t, e), float("-inf"))
+        ids = choice.topk(self.top_k, dim=-1, sorted=False).indices
+        weights = scores.gather(1, ids)
+        if self.renormalize:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * self.scaling, ids
+
+
+class DeepseekMoE(ExpertCounted):
+    """``w13 [E, 2I, H]`` (gate rows, then up rows) and ``w2 [E, H, I]`` run by the backend's fused MoE op;
+    ``shared_experts`` (n_shared_experts times moe_intermediate_size wide) added for every token."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg.num_experts)
+        mla = cfg.mla
+        if mla is None:
+            raise ValueError("DeepseekMoE: the config declares no MLA / grouped-routing facts")
+        e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.gate = GroupedTopKRouter(cfg)
+        self.w13 = nn.Parameter(torch.empty(e, 2 * i, h), requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(e, h, i), requires_grad=False)
+        shared = i * mla.n_shared_experts
+        self.shared_experts = LlamaMLP(cfg, shared) if shared else None
+
+    def forward(self, x: torch.Tensor, backend: Backend) -> torch.Tensor:
+        weights, ids = self.gate(x)
+        self.count(ids)
+        out = backend.fused_moe(x, self.w13, self.w2, weights, ids)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x, backend)
+        return out
