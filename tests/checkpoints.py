@@ -240,6 +240,14 @@ def _family_config(kind: str, common: dict) -> tuple[object, type]:
             },
         )  # fmt: skip
         return cfg, tf.DeepseekV3ForCausalLM
+    if kind == "deepseek_v3_plain":  # a plain q_proj, rotary pairs not interleaved, no YaRN, 2 dense layers
+        cfg = tf.DeepseekV3Config(
+            **{**common, "num_hidden_layers": 3}, moe_intermediate_size=32, n_routed_experts=4,
+            n_shared_experts=2, num_experts_per_tok=1, n_group=1, topk_group=1, first_k_dense_replace=2,
+            norm_topk_prob=False, routed_scaling_factor=1.0, kv_lora_rank=16, q_lora_rank=None,
+            qk_rope_head_dim=16, qk_nope_head_dim=8, v_head_dim=24, rope_interleave=False,
+        )  # fmt: skip
+        return cfg, tf.DeepseekV3ForCausalLM
     if kind == "qwen3_moe":
         cfg = tf.Qwen3MoeConfig(
             num_key_value_heads=2, head_dim=16, num_experts=8, norm_topk_prob=True, **moe, **common
