@@ -80,3 +80,79 @@ def test_v3_config_reads_as_latent_cache_facts() -> None:
     assert cfg.mla is not None and cfg.mla.latent_size == 24
     assert (cfg.num_key_value_heads, cfg.head_dim) == (1, 12)
     assert [cfg.is_moe_layer(i) for i in range(2)] == [False, True]
+
+
+_RELEASED = {  # deepseek-ai/DeepSeek-V3's config.json, the fields that shape the model
+    "architectures": ["DeepseekV3ForCausalLM"], "vocab_size": 129280, "hidden_size": 7168,
+    "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+    "num_nextn_predict_layers": 1, "num_attention_heads": 128, "num_key_value_heads": 128,
+    "n_shared_experts": 1, "n_routed_experts": 256, "routed_scaling_factor": 2.5, "kv_lora_rank": 512,
+    "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128,
+    "topk_method": "noaux_tc", "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8,
+    "moe_layer_freq": 1, "first_k_dense_replace": 3, "norm_topk_prob": True, "scoring_func": "sigmoid",
+    "hidden_act": "silu", "max_position_embeddings": 163840, "rms_norm_eps": 1e-06, "rope_theta": 10000,
+    "rope_scaling": {
+        "beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096, "type": "yarn",
+    },
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                            "weight_block_size": [128, 128]},
+}  # fmt: skip
+
+
+def test_the_released_deepseek_v3_config() -> None:
+    """Its FP8 checkpoint is refused naming quantization_config; its bf16 twin's config builds (on meta) the
+    released tensor shapes, caches 70,272 bytes per token in bf16, and scales scores as HF does."""
+    from transformers import DeepseekV3Config
+    from transformers.modeling_rope_utils import yarn_apply_mscale
+
+    from services.engine.worker.model_runner import bytes_per_block
+    from services.engine.worker.models import get_model_class
+    from services.engine.worker.models.capabilities import ModelCapabilities
+    from services.engine.worker.models.deepseek_v3 import DeepseekV3ForCausalLM, softmax_scale
+
+    with pytest.raises(ValueError, match="quantization_config"):
+        ModelConfig.from_hf_dict(_RELEASED)
+    bf16 = {k: v for k, v in _RELEASED.items() if k != "quantization_config"}
+    cfg = ModelConfig.from_hf_dict(bf16)
+    assert bytes_per_block(cfg, 1, torch.bfloat16) == 61 * (512 + 64) * 2 == 70272
+    with torch.device("meta"):
+        model = DeepseekV3ForCausalLM(cfg, 4096, torch.bfloat16)
+    dense, moe = model.layers[2], model.layers[3]
+    attn = moe.self_attn
+    assert attn.q_b_proj.weight.shape == (128 * 192, 1536) and attn.kv_b_proj.weight.shape == (128 * 256, 512)
+    assert attn.kv_a_proj_with_mqa.weight.shape == (576, 7168) and attn.o_proj.weight.shape == (
+        7168,
+        128 * 128,
+    )
+    assert dense.mlp.gate_up_proj.weight.shape == (2 * 18432, 7168)
+    assert moe.mlp.w13.shape == (256, 4096, 7168) and moe.mlp.shared_experts.down_proj.weight.shape == (
+        7168,
+        2048,
+    )
+    hf_cfg = DeepseekV3Config(**{**bf16, "rope_scaling": {**bf16["rope_scaling"], "mscale_all_dim": 0.8}})
+    ours = softmax_scale(cfg.model_copy(update={"rope_scaling": {**cfg.rope_scaling, "mscale_all_dim": 0.8}}))
+    assert ours == pytest.approx(yarn_apply_mscale(hf_cfg.rope_parameters, 192**-0.5), rel=1e-12)
+    caps = ModelCapabilities.of(get_model_class("DeepseekV3ForCausalLM"))
+    assert caps.tp_plan is None and caps.lora is None and not caps.pipeline and caps.logits
+
+
+def test_yarn_table_with_deepseek_mscales_equals_hf() -> None:
+    """cos / sin times mscale(factor, mscale) / mscale(factor, mscale_all_dim), as HF's rotary embedding."""
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding
+
+    from kvkernels.reference import build_cos_sin_cache
+    from services.engine.worker.rope import rope_rows
+
+    rope = {
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "mscale": 1.0, "mscale_all_dim": 0.7,
+        "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1,
+    }  # fmt: skip
+    hf = DeepseekV3RotaryEmbedding(DeepseekV3Config(qk_rope_head_dim=64, rope_parameters=rope))
+    positions = torch.arange(0, 160000, 997)
+    cos, sin = hf(torch.zeros(1), positions[None])
+    ours_cos, ours_sin = rope_rows(positions, build_cos_sin_cache(64, 160000, 10000.0, rope))
+    assert hf.attention_scaling != 1.0
+    torch.testing.assert_close(ours_cos, cos[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours_sin, sin[0], rtol=1e-5, atol=1e-5)
