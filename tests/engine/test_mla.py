@@ -156,3 +156,26 @@ def test_yarn_table_with_deepseek_mscales_equals_hf() -> None:
     assert hf.attention_scaling != 1.0
     torch.testing.assert_close(ours_cos, cos[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ours_sin, sin[0], rtol=1e-5, atol=1e-5)
+
+
+def test_int8_experts_compute_their_dequantized_twin() -> None:
+    """--quantization int8 holds DeepSeek's experts as int8 codes with a scale per (expert, row): the layer
+    equals the float layer holding codes x scales (the scales reach the fused MoE op)."""
+    import copy
+
+    from services.engine.worker.attention.torch_backend import TorchBackend
+    from services.engine.worker.models.deepseek_moe import DeepseekMoE
+
+    cfg = ModelConfig.from_hf_dict({**_V3, "n_shared_experts": 1})
+    torch.manual_seed(0)
+    floats = DeepseekMoE(cfg)
+    for p in floats.parameters():
+        p.data.normal_(0.0, 0.2)
+    int8 = copy.deepcopy(floats)
+    int8.quantize_int8()
+    assert int8.w13.dtype == torch.int8 and int8.w13_scale is not None and int8.w2_scale is not None
+    floats.w13.data = int8.w13.float() * int8.w13_scale[..., None]
+    floats.w2.data = int8.w2.float() * int8.w2_scale[..., None]
+    x = torch.randn(7, cfg.hidden_size)
+    torch.testing.assert_close(int8(x, TorchBackend()), floats(x, TorchBackend()), rtol=1e-5, atol=1e-5)
+    assert int8.expert_tokens.sum() == 7 * cfg.num_experts_per_tok

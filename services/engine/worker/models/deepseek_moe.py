@@ -12,7 +12,8 @@ from torch import nn
 from services.engine.worker.attention import ComputeBackend as Backend
 from services.engine.worker.model_config import ModelConfig
 from services.engine.worker.models.llama import LlamaMLP
-from services.engine.worker.models.moe import ExpertCounted
+from services.engine.worker.models.moe import ExpertCounted, MoEBlock
+from services.engine.worker.parallel.tp_group import TPGroup
 
 
 class GroupedTopKRouter(nn.Module):
@@ -58,7 +59,12 @@ class GroupedTopKRouter(nn.Module):
 
 class DeepseekMoE(ExpertCounted):
     """``w13 [E, 2I, H]`` (gate rows, then up rows) and ``w2 [E, H, I]`` run by the backend's fused MoE op;
-    ``shared_experts`` (n_shared_experts times moe_intermediate_size wide) added for every token."""
+    ``shared_experts`` (n_shared_experts times moe_intermediate_size wide) added for every token. Under
+    ``--quantization int8`` the experts become int8 codes with a scale per (expert, row), as MoEBlock's."""
+
+    w13_scale: torch.Tensor | None
+    w2_scale: torch.Tensor | None
+    tp: TPGroup | None = None  # not sharded (MoEBlock's quantize_int8 reads it)
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg.num_experts)
@@ -71,11 +77,17 @@ class DeepseekMoE(ExpertCounted):
         self.w2 = nn.Parameter(torch.empty(e, h, i), requires_grad=False)
         shared = i * mla.n_shared_experts
         self.shared_experts = LlamaMLP(cfg, shared) if shared else None
+        self.register_buffer("w13_scale", None, persistent=False)
+        self.register_buffer("w2_scale", None, persistent=False)
+
+    def quantize_int8(self) -> None:
+        """The experts as int8 codes with a scale per (expert, output row) (MoEBlock's quantizer)."""
+        MoEBlock.quantize_int8(self)  # type: ignore[arg-type]  # the same w13 / w2 / scale attributes
 
     def forward(self, x: torch.Tensor, backend: Backend) -> torch.Tensor:
         weights, ids = self.gate(x)
         self.count(ids)
-        out = backend.fused_moe(x, self.w13, self.w2, weights, ids)
+        out = backend.fused_moe(x, self.w13, self.w2, weights, ids, self.w13_scale, self.w2_scale)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x, backend)
         return out
