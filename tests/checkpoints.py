@@ -248,6 +248,14 @@ def _family_config(kind: str, common: dict) -> tuple[object, type]:
             qk_rope_head_dim=16, qk_nope_head_dim=8, v_head_dim=24, rope_interleave=False,
         )  # fmt: skip
         return cfg, tf.DeepseekV3ForCausalLM
+    if kind == "deepseek_v2":  # V2: softmax routing limited to the 2 best of 4 groups, q LoRA, 1 dense layer
+        cfg = tf.DeepseekV2Config(
+            **{**common, "num_hidden_layers": 3}, moe_intermediate_size=32, n_routed_experts=8,
+            n_shared_experts=1, num_experts_per_tok=2, n_group=4, topk_group=2, first_k_dense_replace=1,
+            topk_method="group_limited_greedy", routed_scaling_factor=1.5, kv_lora_rank=32, q_lora_rank=48,
+            qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+        )  # fmt: skip
+        return cfg, tf.DeepseekV2ForCausalLM
     if kind == "qwen3_moe":
         cfg = tf.Qwen3MoeConfig(
             num_key_value_heads=2, head_dim=16, num_experts=8, norm_topk_prob=True, **moe, **common

@@ -36,18 +36,28 @@ def test_kv_bytes_per_token_is_the_latent(family_dir, llama_dir: Path) -> None:
     assert llama.kv_bytes_per_token == per_layer * llama_cfg["num_hidden_layers"]
 
 
-def test_plain_query_mla_matches_hf(plain_mla_dir: Path) -> None:
-    """No q LoRA, rotary pairs in rotate-half order, v_head_dim != qk_nope_head_dim, ungrouped routing."""
+def _matches_hf(path: Path) -> None:
+    """Greedy tokens of a few prompts (chunked prefill) equal HF's, in fp32."""
     from transformers import AutoModelForCausalLM
 
-    vocab = json.loads((plain_mla_dir / "config.json").read_text())["vocab_size"]
+    vocab = json.loads((path / "config.json").read_text())["vocab_size"]
     rng = random.Random(3)
     prompts = [[rng.randrange(3, vocab) for _ in range(n)] for n in (1, 9, 33, 70)]
-    model = AutoModelForCausalLM.from_pretrained(str(plain_mla_dir), dtype=torch.float32).eval()
-    llm = LLM(model=str(plain_mla_dir), dtype="float32", num_kv_blocks=128, max_num_batched_tokens=40)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    llm = LLM(model=str(path), dtype="float32", num_kv_blocks=128, max_num_batched_tokens=40)
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
     for prompt, out in zip(prompts, outs, strict=True):
         assert out.outputs[0].token_ids == hf_greedy(model, prompt, 12)
+
+
+def test_plain_query_mla_matches_hf(plain_mla_dir: Path) -> None:
+    """No q LoRA, rotary pairs in rotate-half order, v_head_dim != qk_nope_head_dim, ungrouped routing."""
+    _matches_hf(plain_mla_dir)
+
+
+def test_deepseek_v2_matches_hf(tmp_path: Path) -> None:
+    """DeepSeek-V2: the same MLA, softmax routing limited to the best groups (group_limited_greedy)."""
+    _matches_hf(build_checkpoint(tmp_path, "deepseek_v2"))
 
 
 _V3 = {
@@ -179,3 +189,14 @@ def test_int8_experts_compute_their_dequantized_twin() -> None:
     x = torch.randn(7, cfg.hidden_size)
     torch.testing.assert_close(int8(x, TorchBackend()), floats(x, TorchBackend()), rtol=1e-5, atol=1e-5)
     assert int8.expert_tokens.sum() == 7 * cfg.num_experts_per_tok
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [({"norm_topk_prob": True}, "norm_topk_prob"), ({"topk_method": "noaux_tc"}, "topk_method")],
+)
+def test_unsupported_v2_config_names_the_field(change: dict, field: str) -> None:
+    v2 = {**_V3, "architectures": ["DeepseekV2ForCausalLM"], "topk_method": "group_limited_greedy"}
+    assert ModelConfig.from_hf_dict(v2).mla is not None
+    with pytest.raises(ValueError, match=field):
+        ModelConfig.from_hf_dict({**v2, **change})

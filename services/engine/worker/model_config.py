@@ -275,5 +275,6 @@ _ARCH_BY_TYPE = {
     "gemma3_text": "Gemma3ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
     "bert": "BertModel",
 }

@@ -29,6 +29,7 @@ _REGISTRY: MappingProxyType[str, type[nn.Module]] = MappingProxyType(
         "Gemma3ForCausalLM": Gemma3ForCausalLM,
         "GptOssForCausalLM": GptOssForCausalLM,
         "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
+        "DeepseekV2ForCausalLM": DeepseekV3ForCausalLM,  # the same MLA, V2's softmax routing
         "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
         "Idefics3ForConditionalGeneration": Idefics3ForConditionalGeneration,
         "SmolVLMForConditionalGeneration": Idefics3ForConditionalGeneration,
