@@ -70,7 +70,7 @@ def _check_supported(cfg: dict[str, Any], arch: str) -> None:
         )
     experts, groups = cfg.get("n_routed_experts") or 0, cfg.get("n_group") or 1
     if not experts:
-        raise ValueError("n_routed_experts: DeepseekV3ForCausalLM needs routed experts")
+        raise ValueError(f"n_routed_experts: {arch} needs routed experts")
     if experts % groups or experts // groups < 2:
         raise ValueError(f"n_group={groups}: must divide n_routed_experts={experts} into groups of 2 or more")
     if not 1 <= (cfg.get("topk_group") or 1) <= groups:
