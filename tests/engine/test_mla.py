@@ -4,6 +4,7 @@ the other MLA variant (plain q_proj, no interleave) equals HF, and unsupported c
 from __future__ import annotations
 
 import json
+import logging
 import random
 from pathlib import Path
 
@@ -20,14 +21,19 @@ def plain_mla_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_checkpoint(tmp_path_factory.mktemp("tiny-deepseek-plain"), "deepseek_v3_plain")
 
 
-def test_kv_bytes_per_token_is_the_latent(family_dir, llama_dir: Path) -> None:
-    """(kv_lora_rank + qk_rope_head_dim) x layers x 4 bytes in fp32, against Llama's 2 x kv heads x head_dim."""
+def test_kv_bytes_per_token_is_the_latent(
+    family_dir, llama_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """(kv_lora_rank + qk_rope_head_dim) x layers x 4 bytes in fp32, against Llama's 2 x kv heads x head_dim;
+    the engine's start-up line says it."""
     path = family_dir("deepseek_v3")
     cfg = json.loads((path / "config.json").read_text())
-    llm = LLM(model=str(path), dtype="float32", num_kv_blocks=64)
+    with caplog.at_level(logging.INFO, logger="services.engine.engine_core"):
+        llm = LLM(model=str(path), dtype="float32", num_kv_blocks=64)
     stats = llm.worker_stats()
     latent = cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]
     assert stats.kv_bytes_per_token == latent * cfg["num_hidden_layers"] * 4
+    assert f"({stats.kv_bytes_per_token} KV bytes per token)" in caplog.text
     assert stats.kv_cache_shape[1:] == (cfg["num_hidden_layers"], 2, 16, 1, latent // 2)
     llama_cfg = json.loads((llama_dir / "config.json").read_text())
     llama = LLM(model=str(llama_dir), dtype="float32", num_kv_blocks=64).worker_stats()
