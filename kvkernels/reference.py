@@ -176,22 +176,28 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     return torch.where(is_medium_freq, smoothed, inv_freq_llama)
 
 
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction 0.1 * mscale * ln(factor) + 1 (1 when the context is not stretched)."""
+    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
 def _yarn_inv_freq(
     inv_freq: torch.Tensor, head_dim: int, base: float, scaling: dict
 ) -> tuple[torch.Tensor, float]:
     """HF transformers' YaRN frequencies and attention factor (gpt-oss): extrapolated (original) frequencies
     for the fast dimensions, interpolated (divided by ``factor``) for the slow ones, a linear ramp between,
-    and cos/sin scaled by 0.1 * ln(factor) + 1 unless ``attention_factor`` is given."""
+    and cos/sin scaled by 0.1 * ln(factor) + 1 unless ``attention_factor`` is given (or, DeepSeek, by
+    ``yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)`` when both are set)."""
     for field in ("factor", "original_max_position_embeddings"):
         if scaling.get(field) is None:
             raise ValueError(f"rope_parameters.{field} is required for rope_type 'yarn'")
-    for field in ("mscale", "mscale_all_dim"):
-        if scaling.get(field):
-            raise ValueError(f"rope_parameters.{field}: YaRN's mscale variants are not supported")
     factor, original = float(scaling["factor"]), scaling["original_max_position_embeddings"]
     attention_factor = scaling.get("attention_factor")
-    if attention_factor is None:
-        attention_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+    mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if attention_factor is None and mscale and mscale_all_dim:  # DeepSeek: the ratio of two mscales
+        attention_factor = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+    elif attention_factor is None:
+        attention_factor = yarn_mscale(factor)
 
     def correction_dim(rotations: float) -> float:
         return (head_dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))

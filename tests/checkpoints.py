@@ -165,11 +165,16 @@ def build_checkpoint(
                 p.add_(torch.randn_like(p) * 0.1)  # biases start at 0 and norms at 1: make them matter
             if name.endswith("sinks"):  # gpt-oss: sinks the size of the attention scores
                 p.normal_(0.0, 1.0)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek: a router bias that changes the choice
+                b.normal_(0.0, 0.1)
     model.save_pretrained(str(out), safe_serialization=True)
     return out
 
 
-FAMILY_KINDS = ("qwen3", "phi3", "qwen2_sw", "mixtral", "qwen2_moe", "qwen3_moe", "gemma3", "gpt_oss")
+FAMILY_KINDS = (
+    "qwen3", "phi3", "qwen2_sw", "mixtral", "qwen2_moe", "qwen3_moe", "gemma3", "gpt_oss", "deepseek_v3"
+)  # fmt: skip
 
 
 def _family_config(kind: str, common: dict) -> tuple[object, type]:
@@ -223,6 +228,34 @@ def _family_config(kind: str, common: dict) -> tuple[object, type]:
             **common,
         )  # fmt: skip
         return cfg, tf.GptOssForCausalLM
+    if kind == "deepseek_v3":  # MLA (q LoRA, YaRN with both mscales), a dense layer, 2 MoE layers of 8
+        cfg = tf.DeepseekV3Config(  # experts in 4 groups (2 kept), top-2, a shared expert
+            **{**common, "num_hidden_layers": 3}, moe_intermediate_size=32, n_routed_experts=8,
+            n_shared_experts=1, num_experts_per_tok=2, n_group=4, topk_group=2, first_k_dense_replace=1,
+            routed_scaling_factor=2.5, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=8,
+            qk_nope_head_dim=16, v_head_dim=16,
+            rope_parameters={
+                "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 1.0,
+                "mscale_all_dim": 0.5, "original_max_position_embeddings": 256,
+            },
+        )  # fmt: skip
+        return cfg, tf.DeepseekV3ForCausalLM
+    if kind == "deepseek_v3_plain":  # a plain q_proj, rotary pairs not interleaved, no YaRN, 2 dense layers
+        cfg = tf.DeepseekV3Config(
+            **{**common, "num_hidden_layers": 3}, moe_intermediate_size=32, n_routed_experts=4,
+            n_shared_experts=2, num_experts_per_tok=1, n_group=1, topk_group=1, first_k_dense_replace=2,
+            norm_topk_prob=False, routed_scaling_factor=1.0, kv_lora_rank=16, q_lora_rank=None,
+            qk_rope_head_dim=16, qk_nope_head_dim=8, v_head_dim=24, rope_interleave=False,
+        )  # fmt: skip
+        return cfg, tf.DeepseekV3ForCausalLM
+    if kind == "deepseek_v2":  # V2: softmax routing limited to the 2 best of 4 groups, q LoRA, 1 dense layer
+        cfg = tf.DeepseekV2Config(
+            **{**common, "num_hidden_layers": 3}, moe_intermediate_size=32, n_routed_experts=8,
+            n_shared_experts=1, num_experts_per_tok=2, n_group=4, topk_group=2, first_k_dense_replace=1,
+            topk_method="group_limited_greedy", routed_scaling_factor=1.5, kv_lora_rank=32, q_lora_rank=48,
+            qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+        )  # fmt: skip
+        return cfg, tf.DeepseekV2ForCausalLM
     if kind == "qwen3_moe":
         cfg = tf.Qwen3MoeConfig(
             num_key_value_heads=2, head_dim=16, num_experts=8, norm_topk_prob=True, **moe, **common

@@ -109,6 +109,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         "python benchmarks/moe.py",
         "a Mixtral-shaped MoE layer in each implementation, then a random 4-layer Mixtral end to end.",
     ),
+    "models": Benchmark(
+        "Model families: KV bytes per token, decode tok/s",
+        "python benchmarks/models.py",
+        "per family (Llama, Gemma 3, gpt-oss, DeepSeek-V3 MLA) on tiny-ish random checkpoints: the KV bytes per token the engine caches against a Llama (MHA) of the same hidden size and heads (and, for MLA, against its keys and values expanded per head), the released DeepSeek-V3 shape computed from its config numbers, and decode tok/s at batch 1 and 16 on CPU.",
+    ),
     "kv_tiers": Benchmark(
         "KV tiers",
         "python benchmarks/kv_tiers.py",

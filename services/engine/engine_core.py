@@ -77,10 +77,12 @@ class EngineCore:
         # attached by LLMEngine (it owns the tokenizer)
         self.structured: StructuredOutputManager | None = None
         log.info(
-            "engine ready: %s, %d KV blocks of %d tokens, dtype %s, weights %s, device %s",
+            "engine ready: %s, %d KV blocks of %d tokens (%d KV bytes per token), dtype %s, weights %s, "
+            "device %s",
             config.model_name,
             self.num_blocks,
             self.block_size,
+            self.kv_block_bytes // self.block_size,
             self.dtype,
             self.quant.describe(),
             self.device,

@@ -185,6 +185,7 @@ class GraphFacts:
     parallel: bool  # tensor or pipeline parallel ranks
     moe: bool
     quantized: bool
+    latent_attention: bool = False  # MLA: each step's plan is built in Python from the host metadata
 
     def refusal(self) -> str | None:
         """Why graphs stay off (None: they run). Off where a decode step syncs with the host or runs per
@@ -200,6 +201,7 @@ class GraphFacts:
             (self.parallel, "tensor/pipeline parallelism"),
             (self.moe, "a mixture-of-experts model"),
             (self.quantized, "quantized weights"),
+            (self.latent_attention, "multi-head latent attention (torch path)"),
         ]
         return next((why for off, why in checks if off), None)
 

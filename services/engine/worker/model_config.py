@@ -8,6 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from services.engine.worker.mla_config import MLA_ARCHITECTURES, MLAConfig, with_mla
+
 
 class VisionTower(BaseModel):
     """A LLaVA-style model's CLIP vision tower, projector and image placeholder."""
@@ -84,6 +86,9 @@ class ModelConfig(BaseModel):
     swiglu_limit: float | None = None
     mxfp4_experts: bool = False  # gpt-oss checkpoints: experts stored as MXFP4 blocks + scales
     vision: VisionTower | None = None  # a vision-language model (LLaVA): its tower and projector
+    # DeepSeek-V3: multi-head latent attention (then num_key_value_heads = 1 and head_dim = half the latent:
+    # the cache's view of one token's [c_kv | k_pe], split over a block's K and V halves)
+    mla: MLAConfig | None = None
     # BERT-family encoders only (Llama ignores them)
     layer_norm_eps: float = 1e-12
     type_vocab_size: int = 0
@@ -112,7 +117,7 @@ class ModelConfig(BaseModel):
         attention_bias = bool(cfg.get("attention_bias", False))
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        return cls(
+        base = cls(
             architecture=arch,
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
@@ -149,6 +154,7 @@ class ModelConfig(BaseModel):
             mxfp4_experts=_mxfp4(cfg, arch),
             **_moe_fields(cfg, arch),
         )
+        return with_mla(base, cfg) if arch in MLA_ARCHITECTURES else base
 
     def is_moe_layer(self, layer_idx: int) -> bool:
         """Whether decoder layer ``layer_idx`` has a mixture-of-experts MLP."""
@@ -268,5 +274,7 @@ _ARCH_BY_TYPE = {
     "phi3": "Phi3ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
     "bert": "BertModel",
 }

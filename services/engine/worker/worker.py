@@ -218,4 +218,5 @@ class Worker:
             parallel=self.groups is not None,
             moe=bool(self.moe_layers),
             quantized=plan.quant.quantized,
+            latent_attention=plan.model_config.mla is not None,
         )

@@ -18,6 +18,7 @@ class WorkerStats:
     weight_bytes: int  # packed bytes for quantized layers
     kv_cache_bytes: int
     kv_cache_shape: tuple[int, ...]  # [blocks, layers, 2, block_size, kv_heads, head_dim] on this rank
+    kv_bytes_per_token: int  # one token's KV over all of this rank's layers (MLA: its latents)
     layer_kinds: frozenset[str]  # class names of the model's modules (e.g. "Int8Linear", "TPRowLinear")
     speculative: bool  # a proposer drafts tokens here (rank 0)
     graph_replays: int  # decode steps replayed from a CUDA graph, since start
@@ -38,6 +39,7 @@ class WorkerStats:
             weight_bytes=weight_bytes(model),
             kv_cache_bytes=cache.numel() * cache.element_size(),
             kv_cache_shape=tuple(cache.shape),
+            kv_bytes_per_token=_bytes_per_token(cache),
             layer_kinds=frozenset(type(m).__name__ for m in model.modules()),
             speculative=runner.spec.proposes,
             graph_replays=runner.graphs.replays,
@@ -45,3 +47,11 @@ class WorkerStats:
             encoded_items=items,
             encoder_cache_items=held,
         )
+
+
+def _bytes_per_token(cache: torch.Tensor) -> int:
+    """One token's bytes in a block-major cache [blocks, layers, 2, block_size, heads, dim] (0: no cache)."""
+    if cache.dim() != 6:
+        return 0
+    blocks, layers, _, block_size, heads, dim = cache.shape
+    return layers * 2 * heads * dim * cache.element_size()

@@ -85,6 +85,10 @@ def test_graph_policy_names_why_graphs_are_off() -> None:
     assert GraphFacts(**base | {"device": torch.device("cpu")}).refusal() == "device cpu"
     assert GraphFacts(**base | {"lora": True}).refusal() == "LoRA"
     assert GraphFacts(**base | {"backend": "torch"}).refusal() == "attention backend torch"
+    assert (
+        GraphFacts(**base | {"latent_attention": True}).refusal()
+        == "multi-head latent attention (torch path)"
+    )
 
 
 def test_engine_greedy_with_replayed_graphs_equals_eager(llama_dir: Path) -> None:

@@ -87,7 +87,8 @@ def test_unknown_architecture_lists_supported(llama_dir: Path, tmp_path: Path) -
     (bad / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(
         ValueError,
-        match="GPTNeoXForCausalLM.*supported: Gemma3ForCausalLM, GptOssForCausalLM, Idefics3ForConditionalGeneration, LlamaForCausalLM, "
+        match="GPTNeoXForCausalLM.*supported: DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Gemma3ForCausalLM, "
+        "GptOssForCausalLM, Idefics3ForConditionalGeneration, LlamaForCausalLM, "
         "LlavaForConditionalGeneration, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM",
     ):
         LLM(model=str(bad), dtype="float32", num_kv_blocks=16)

@@ -9,6 +9,7 @@ from torch import nn
 
 from services.engine.worker.models.bert import BertModel
 from services.engine.worker.models.capabilities import ModelCapabilities
+from services.engine.worker.models.deepseek_v3 import DeepseekV3ForCausalLM
 from services.engine.worker.models.gemma3 import Gemma3ForCausalLM
 from services.engine.worker.models.gpt_oss import GptOssForCausalLM
 from services.engine.worker.models.idefics3 import Idefics3ForConditionalGeneration
@@ -27,6 +28,8 @@ _REGISTRY: MappingProxyType[str, type[nn.Module]] = MappingProxyType(
         "Qwen3MoeForCausalLM": LlamaForCausalLM,
         "Gemma3ForCausalLM": Gemma3ForCausalLM,
         "GptOssForCausalLM": GptOssForCausalLM,
+        "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
+        "DeepseekV2ForCausalLM": DeepseekV3ForCausalLM,  # the same MLA, V2's softmax routing
         "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
         "Idefics3ForConditionalGeneration": Idefics3ForConditionalGeneration,
         "SmolVLMForConditionalGeneration": Idefics3ForConditionalGeneration,
