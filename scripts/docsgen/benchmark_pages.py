@@ -47,7 +47,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "agentic_affinity": Benchmark(
         "Agent sessions: sticky until saturated",
         "python benchmarks/agentic_affinity.py",
-        "the agentic workload (`kvferry bench serve --dataset agentic`) on 3 SmolLM2 engines under `kvferry up`, once per routing policy: the prefix-aware scorer, sticky-until-saturated session affinity, and round robin; medians over repeats.",
+        "the agentic workload (`kvferry bench serve --dataset agentic`) on 3 SmolLM2 engines under `kvferry up`, once per routing policy: the prefix-aware scorer, sticky-until-saturated session affinity (its limit written first by `kvferry router calibrate` on one engine, as a user runs it), and round robin; medians over repeats.",
     ),
     "recovery": Benchmark(
         "Recovery: engines killed under load",
