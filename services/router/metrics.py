@@ -10,6 +10,14 @@ _LOOKUP_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.0
 _OVERHEAD_BUCKETS = (0.0002, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.5)
 
 
+def outcome_counter(name: str, doc: str, outcomes: tuple[str, ...], registry: CollectorRegistry) -> Counter:
+    """``{name}_total{outcome}`` in ``registry``, every outcome declared at 0 (a rate never starts absent)."""
+    counter = Counter(name, doc, ["outcome"], registry=registry)
+    for outcome in outcomes:
+        counter.labels(outcome=outcome)
+    return counter
+
+
 class RouterMetrics:
     """Counters by route decision, prefix hits, index latency, fallbacks, retries and the self-check."""
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter
 
 from services.common.openai.protocol_structured import CONSTRAINT_FIELDS
+from services.router.metrics import outcome_counter
 from services.router.migration.migration_settings import MigrationSettings
 from services.router.migration.splice import Splice
 from services.router.prompt import PreparedRequest
@@ -22,17 +23,14 @@ OUTCOMES = ("resumed", "moved", "exhausted", "refused")
 
 def migration_counter(registry: CollectorRegistry) -> Counter:
     """``kvferry_router_migrations_total{outcome}`` in ``registry``, every outcome declared."""
-    counter = Counter(
+    return outcome_counter(
         "kvferry_router_migrations",
         "Streams whose engine failed or drained mid-way, by outcome: resumed on another engine (it "
         "recomputed the tokens so far), moved (a draining decode handed its KV to the next engine), "
         "exhausted (--migration-attempts reached) or refused (no engine could take the continuation).",
-        ["outcome"],
-        registry=registry,
+        OUTCOMES,
+        registry,
     )
-    for outcome in OUTCOMES:
-        counter.labels(outcome=outcome)
-    return counter
 
 
 class Migrator:

@@ -13,6 +13,7 @@ from services.common.kv.kv_transfer import EXPORT_PATH, KVTransferParams
 from services.common.openai.errors import OpenAIError
 from services.common.pool.pool_secret import auth_headers
 from services.router.engine_client import EngineClient, EngineUnavailable
+from services.router.metrics import outcome_counter
 from services.router.p2p.p2p_settings import P2PSettings
 from services.router.scheduling import Endpoint, RequestContext, RouteDecision
 
@@ -25,17 +26,14 @@ OUTCOMES = ("leased", "holder_unreachable", "not_cached", "refused", "bad_answer
 
 def p2p_counter(registry: CollectorRegistry) -> Counter:
     """``kvferry_router_p2p_pulls_total{outcome}`` in ``registry``, every outcome declared."""
-    counter = Counter(
+    return outcome_counter(
         "kvferry_router_p2p_pulls",
         "Prefix pulls from a peer engine (--p2p-min-tokens), by outcome: leased (the picked engine was "
         "sent the holder's blocks), holder_unreachable, not_cached (the holder no longer had them), "
         "refused (a 4xx) or bad_answer; all but leased recompute the prompt on the picked engine.",
-        ["outcome"],
-        registry=registry,
+        OUTCOMES,
+        registry,
     )
-    for outcome in OUTCOMES:
-        counter.labels(outcome=outcome)
-    return counter
 
 
 class PrefixPull:
